@@ -1,0 +1,51 @@
+"""The `dradriver` command line.
+
+Each public module in this package is one subcommand and provides `register(subparsers)`,
+which adds its parser and sets `run` (a callable taking the parsed args and returning the exit
+code). Subcommands import their heavy dependencies inside `run`, so that `dradriver serve` and
+`dradriver --help` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from dradriver import __version__, logs
+from dradriver.cli._common import CLIError, Parser, print_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="dradriver",
+        description="Kubernetes DRA kubelet plugin for NVIDIA GPUs, and tools that explain it.",
+    )
+    parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not module_info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module_info.name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if not args.defer_logging:
+            logs.configure(args.log_format, args.verbosity)
+        code: int = args.run(args)
+    except CLIError as err:
+        print_error(args.prog, str(err))
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `dradriver slices | head`
+        return 0
+    return code

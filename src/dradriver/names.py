@@ -1,0 +1,123 @@
+"""Name and value formats that Kubernetes validates, restated as pure checks.
+
+Each `*_error` function returns None when the value is valid, else a message in the API
+server's own words, so that what we render never reaches the server only to be rejected.
+"""
+
+from __future__ import annotations
+
+import re
+
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+DRIVER_NAME_MAX = 63
+C_IDENTIFIER_MAX = 32
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# semver.org 2.0.0, as the API server checks version attributes.
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
+)
+_LOOSE_VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def dns_label_error(value: str) -> str | None:
+    """RFC 1123 label: device names, request names, counter names."""
+    if len(value) > DNS_LABEL_MAX:
+        return f"must be no more than {DNS_LABEL_MAX} characters"
+    if not _DNS_LABEL.fullmatch(value):
+        return (
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+            "and must start and end with an alphanumeric character"
+        )
+    return None
+
+
+def dns_subdomain_error(value: str) -> str | None:
+    """RFC 1123 subdomain: object names, namespaces' peers, pool name parts."""
+    if len(value) > DNS_SUBDOMAIN_MAX:
+        return f"must be no more than {DNS_SUBDOMAIN_MAX} characters"
+    if not _DNS_SUBDOMAIN.fullmatch(value):
+        return (
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+            "and must start and end with an alphanumeric character"
+        )
+    return None
+
+
+def driver_name_error(value: str) -> str | None:
+    """A DRA driver name: a lowercase DNS subdomain of at most 63 characters.
+
+    The API server lower-cases before checking, but the name is also the CEL attribute domain and
+    must match allocation results exactly, so we insist on lowercase.
+    """
+    if not value:
+        return "must not be empty"
+    if len(value) > DRIVER_NAME_MAX:
+        return f"must be no more than {DRIVER_NAME_MAX} characters"
+    if value != value.lower():
+        return "must be lowercase"
+    return dns_subdomain_error(value)
+
+
+def c_identifier_error(value: str) -> str | None:
+    """The name part of an attribute or capacity name."""
+    if not value:
+        return "the name must not be empty"
+    if len(value) > C_IDENTIFIER_MAX:
+        return f"must be no more than {C_IDENTIFIER_MAX} characters"
+    if not _C_IDENTIFIER.fullmatch(value):
+        return (
+            "a valid C identifier must start with alphabetic character or '_', "
+            "followed by a string of alphanumeric characters or '_'"
+        )
+    return None
+
+
+def qualified_name_error(value: str) -> str | None:
+    """An attribute or capacity key: `<C identifier>` or `<domain>/<C identifier>`."""
+    domain, slash, name = value.rpartition("/")
+    if slash:
+        if "/" in domain:
+            return "must not contain more than one slash"
+        if not domain:
+            return "the domain must not be empty"
+        if (err := driver_name_error(domain)) is not None:
+            return f"domain {domain!r}: {err}"
+    return c_identifier_error(name)
+
+
+def semver_error(value: str) -> str | None:
+    """A version attribute value: strict semver 2.0.0, at most 64 bytes."""
+    if len(value.encode()) > 64:
+        return "must be no more than 64 bytes"
+    if not _SEMVER.fullmatch(value):
+        return "must be a string compatible with semver.org spec 2.0.0"
+    return None
+
+
+def normalize_version(raw: str) -> str | None:
+    """Turn what tools report ("8.6", "570.124.06", "v12.4") into strict semver, or None.
+
+    Missing minor/patch parts become 0 and leading zeros are dropped; anything with more than
+    three numeric parts or trailing text cannot be represented and gives None.
+    """
+    text = raw.strip()
+    if _SEMVER.fullmatch(text):
+        return text
+    match = _LOOSE_VERSION.fullmatch(text)
+    if match is None:
+        return None
+    return ".".join(str(int(part or "0")) for part in match.groups())
+
+
+def uid_error(value: str) -> str | None:
+    """A Kubernetes object UID as we accept it before it becomes part of a path or file name."""
+    if not _UUID.fullmatch(value):
+        return "must be a lowercase RFC 4122 UUID"
+    return None
