@@ -21,6 +21,7 @@ from dradriver.discovery.errors import DiscoveryError
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NESTED_FIELD = re.compile(r"[a-zA-Z_][\w.\[\]]*: ")
 _PROFILES_PACKAGE = "dradriver.discovery.profiles"
 _MIG_TABLES_FILE = "mig-tables.yaml"
@@ -217,7 +218,7 @@ def parse_profile(data: Any, source: str) -> FakeProfile:
 
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (the C one when built)
     except yaml.YAMLError as err:
         raise DiscoveryError(
             f"invalid fake GPU profile {source}: not valid YAML: {err}".replace("\n", " ")
