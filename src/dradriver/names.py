@@ -149,10 +149,10 @@ def parse_quantity(value: str) -> Fraction | None:
         return None
     sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
     amount = Fraction(number)
-    if suffix[:1] in {"e", "E"}:
-        amount *= Fraction(10) ** int(suffix[1:])
-    else:
+    if suffix in _QUANTITY_SUFFIXES:
         amount *= _QUANTITY_SUFFIXES[suffix]
+    else:  # a decimal exponent, "e3" or "E-2" ("E" alone is exa)
+        amount *= Fraction(10) ** int(suffix[1:])
     return -amount if sign == "-" else amount
 
 

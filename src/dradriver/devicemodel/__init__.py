@@ -27,6 +27,7 @@ from dradriver.names import dns_label_error, driver_name_error
 
 __all__ = [
     "DeviceSet",
+    "Hardware",
     "PossibleMig",
     "PublishedDevice",
     "build_devices",

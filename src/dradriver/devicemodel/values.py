@@ -34,9 +34,10 @@ def binary_quantity(count: int) -> str:
     """Bytes as Kubernetes writes a BinarySI quantity: the largest exact 1024-power suffix ("81559Mi").
 
     Values that no power of 1024 divides are plain integers, which the API server reads as
-    DecimalSI, so they take that canonical form.
+    DecimalSI, so they take that canonical form; so do values beyond int64, which the API server
+    would cap if they came with a binary suffix.
     """
-    if count != 0 and abs(count) >= 1024:
+    if 1024 <= abs(count) <= _INT64_MAX:
         exponent, mantissa = 0, count
         while mantissa % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
             mantissa //= 1024

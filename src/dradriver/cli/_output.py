@@ -1,0 +1,31 @@
+"""Writing command output as JSON or YAML (fast C dumper when PyYAML has it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def dump_yaml_documents(documents: Sequence[Any]) -> str:
+    """Multi-document YAML (`---` between documents), as `kubectl create -f` reads it."""
+    return yaml.dump_all(
+        documents,
+        Dumper=_DUMPER,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        explicit_start=True,
+    )
