@@ -8,7 +8,16 @@ from typing import Any
 
 import yaml
 
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Safe dumper that writes repeated objects out instead of as YAML anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_DUMPER = _Dumper
 
 
 def dump_json(data: Any) -> str:

@@ -38,6 +38,8 @@ __all__ = [
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+#: Upstream ResourceSliceMaxCountersPerCounterSet (1.35+).
+MAX_COUNTERS_PER_SET = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,18 +181,27 @@ def _counters(resources: MigResources, memory_bytes: int, memory_slices: range) 
 
 
 def _partitioned_gpu(
-    gpu: Gpu, inventory: NodeInventory, largest: MigProfile
-) -> tuple[dict[str, Any], list[tuple[dict[str, Any], Hardware]], list[str]]:
-    """The GPU's counter set, its devices (full GPU first, then placements) and warnings."""
+    gpu: Gpu, inventory: NodeInventory
+) -> tuple[dict[str, Any], list[tuple[dict[str, Any], Hardware]], list[str]] | None:
+    """The GPU's counter set, its devices (full GPU first, then placements) and warnings.
+
+    None when the GPU's MIG profile table cannot be expressed in one counter set.
+    """
+    largest = _largest_profile(gpu)
+    slice_count = max((p.start + p.size for profile in gpu.mig_profiles for p in profile.placements), default=0)
+    if largest is None or slice_count == 0:
+        return None
     set_name = counter_set_name(gpu.minor)
-    slice_count = max(p.start + p.size for profile in gpu.mig_profiles for p in profile.placements)
-    full = _counters(largest.resources, gpu.memory_bytes, range(slice_count))
-    counter_set = {"name": set_name, "counters": full}
+    counter_set = {"name": set_name, "counters": _counters(largest.resources, gpu.memory_bytes, range(slice_count))}
+    if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
+        return None
     warnings: list[str] = []
     devices: list[tuple[dict[str, Any], Hardware]] = []
 
     gpu_json, gpu_warnings = _gpu_device(gpu, inventory)
-    gpu_json["consumesCounters"] = [{"counterSet": set_name, "counters": full}]
+    # The full GPU consumes every counter, so no partition can be allocated beside it.
+    all_counters = _counters(largest.resources, gpu.memory_bytes, range(slice_count))
+    gpu_json["consumesCounters"] = [{"counterSet": set_name, "counters": all_counters}]
     devices.append((gpu_json, gpu))
     warnings += gpu_warnings
 
@@ -234,13 +245,19 @@ def build_devices(inventory: NodeInventory, *, driver_name: str, partitionable: 
     counter_sets: list[dict[str, Any]] = []
     warnings: list[str] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
-        largest = _largest_profile(gpu)
-        if partitionable and gpu.mig_enabled and largest is not None:
-            counter_set, devices, more = _partitioned_gpu(gpu, inventory, largest)
+        partitioned = _partitioned_gpu(gpu, inventory) if partitionable and gpu.mig_enabled else None
+        if partitioned is not None:
+            counter_set, devices, more = partitioned
             counter_sets.append(counter_set)
             candidates += devices
             warnings += more
-        elif gpu.mig_enabled:
+            continue
+        if partitionable and gpu.mig_enabled:
+            warnings.append(
+                f"GPU {gpu.minor}: cannot be partitioned (no MIG placements known, or more than "
+                f"{MAX_COUNTERS_PER_SET} counters needed); its MIG devices are published as they are"
+            )
+        if gpu.mig_enabled:
             for mig in gpu.mig_devices:
                 mig_json, more = _mig_device(mig, gpu, inventory)
                 candidates.append((mig_json, mig))
