@@ -156,11 +156,15 @@ def parse_quantity(value: str) -> Fraction | None:
     return -amount if sign == "-" else amount
 
 
+def is_quantity(value: str) -> bool:
+    return _QUANTITY.fullmatch(value) is not None
+
+
 def quantity_error(value: object) -> str | None:
     """A capacity or counter value: a quantity, which we always write as a string."""
     if not isinstance(value, str):
         return f'must be a quantity string like "80Gi", not {type(value).__name__}'
-    if parse_quantity(value) is None:
+    if not is_quantity(value):
         return "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
     return None
 

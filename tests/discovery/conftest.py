@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fakenvml.harness import CONFIG_ENV, Failure, build_library, compiler, config_text, write_proc, write_sys
 
 from dradriver.discovery import NodeInventory
 from dradriver.discovery.nvml import NvmlLibrary
-from fakenvml.harness import CONFIG_ENV, Failure, build_library, compiler, config_text, write_proc, write_sys
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,9 @@ FakeNodeFactory = Callable[..., FakeNode]
 def fake_node(fake_nvml_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeNodeFactory:
     """fake_node(inventory, failures=()) -> a FakeNode that NVML will report as `inventory`."""
 
-    def make(inventory: NodeInventory, failures: Sequence[Failure] = (), config: str | None = None) -> FakeNode:
+    def make(
+        inventory: NodeInventory, failures: Sequence[Failure] = (), config: str | None = None
+    ) -> FakeNode:
         node = FakeNode(fake_nvml_library, tmp_path / "nvml.conf", tmp_path / "proc", tmp_path / "sys")
         node.config.write_text(config if config is not None else config_text(inventory, failures))
         write_proc(inventory, node.proc_root)

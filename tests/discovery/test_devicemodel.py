@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from dradriver.devicemodel import PossibleMig, build_devices, counter_set_name, gpu_device_name, mig_device_name
+from dradriver.devicemodel import (
+    PossibleMig,
+    build_devices,
+    counter_set_name,
+    gpu_device_name,
+    mig_device_name,
+)
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
 from dradriver.discovery import Gpu, MigDevice, NodeInventory, open_library
 from dradriver.names import dns_label_error, parse_quantity
@@ -115,7 +121,9 @@ def test_partitionable_publishes_full_gpu_and_every_placement() -> None:
     assert len(gpu0) == 1 + sum(len(p.placements) for p in profiles)
     assert gpu0[0].name == "gpu-0"
     # MIG devices that exist keep their static name and are attached to their placement.
-    existing = {d.name: d.hardware for d in gpu0 if isinstance(d.hardware, PossibleMig) and d.hardware.existing}
+    existing = {
+        d.name: d.hardware for d in gpu0 if isinstance(d.hardware, PossibleMig) and d.hardware.existing
+    }
     assert set(existing) == {"gpu-0-mig-3g40gb-0", "gpu-0-mig-2g20gb-4", "gpu-0-mig-1g10gb-6"}
     assert devices.get("gpu-0-mig-7g80gb-0") is not None
     # GPUs with MIG off are not partitioned.
@@ -236,5 +244,5 @@ def test_odd_hardware_values_never_make_invalid_devices() -> None:
 
 
 def test_invalid_driver_name_is_rejected() -> None:
-    with pytest.raises(ValueError, match="invalid driver name 'GPU.Example.com'"):
+    with pytest.raises(ValueError, match=r"invalid driver name 'GPU\.Example\.com'"):
         build_devices(_inventory("t4x4"), driver_name="GPU.Example.com")

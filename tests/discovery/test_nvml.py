@@ -13,11 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from dradriver.devicemodel import build_devices, mig_device_name
-from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
-from dradriver.discovery.nvidia_caps import driver_layout_minor
-from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
 from fakenvml.harness import (
     CONFIG_ENV,
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -27,13 +22,20 @@ from fakenvml.harness import (
     config_text,
 )
 
+from dradriver.devicemodel import build_devices, mig_device_name
+from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
+from dradriver.discovery.nvidia_caps import driver_layout_minor
+from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
+
 from .conftest import FakeNodeFactory
 
 DRIVER = "gpu.dradriver.dev"
 
 
 @pytest.mark.parametrize("profile", builtin_profile_names())
-def test_nvml_discovers_what_the_equivalent_fake_profile_reports(profile: str, fake_node: FakeNodeFactory) -> None:
+def test_nvml_discovers_what_the_equivalent_fake_profile_reports(
+    profile: str, fake_node: FakeNodeFactory
+) -> None:
     expected = open_library(profile).discover()
     assert fake_node(expected).discover() == expected
 
@@ -63,7 +65,9 @@ def test_error_on_one_gpu_skips_it_and_reports_why(fake_node: FakeNodeFactory) -
 
 def test_lost_gpu_is_skipped(fake_node: FakeNodeFactory) -> None:
     expected = open_library("t4x4").discover()
-    got = fake_node(expected, [Failure("nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST, gpu=0)]).discover()
+    got = fake_node(
+        expected, [Failure("nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST, gpu=0)]
+    ).discover()
     assert [gpu.minor for gpu in got.gpus] == [1, 2, 3]
     assert "GPU is lost" in got.skipped[0].reason
 
@@ -75,13 +79,18 @@ def test_error_on_mig_devices_skips_only_those(fake_node: FakeNodeFactory) -> No
     assert got.gpus[1].mig_devices == ()
     assert got.gpus[0].mig_devices == expected.gpus[0].mig_devices
     assert [s.index for s in got.skipped] == [1, 1, 1]
-    assert all(s.reason.startswith("MIG device ") and "nvmlDeviceGetAttributes" in s.reason for s in got.skipped)
+    assert all(
+        s.reason.startswith("MIG device ") and "nvmlDeviceGetAttributes" in s.reason for s in got.skipped
+    )
 
 
 def test_unsupported_optional_queries_do_not_lose_the_gpu(fake_node: FakeNodeFactory) -> None:
     expected = open_library("t4x4").discover()
     not_supported = 3
-    failures = [Failure("nvmlDeviceGetArchitecture", not_supported), Failure("nvmlDeviceGetMemoryInfo_v2", not_supported)]
+    failures = [
+        Failure("nvmlDeviceGetArchitecture", not_supported),
+        Failure("nvmlDeviceGetMemoryInfo_v2", not_supported),
+    ]
     got = fake_node(expected, failures).discover()
     assert got.skipped == ()
     assert [gpu.architecture for gpu in got.gpus] == ["Unknown"] * 4
@@ -89,7 +98,9 @@ def test_unsupported_optional_queries_do_not_lose_the_gpu(fake_node: FakeNodeFac
 
 
 def test_driver_not_loaded_is_a_clear_startup_error(fake_node: FakeNodeFactory) -> None:
-    node = fake_node(open_library("t4x4").discover(), [Failure("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)])
+    node = fake_node(
+        open_library("t4x4").discover(), [Failure("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)]
+    )
     with pytest.raises(DiscoveryError, match="NVIDIA kernel driver is not loaded"):
         node.open()
 
@@ -105,7 +116,7 @@ def test_failing_gpu_listing_is_a_discovery_error(fake_node: FakeNodeFactory) ->
 
 
 def test_missing_library_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DiscoveryError, match="cannot load NVML library .*no-such-lib"):
+    with pytest.raises(DiscoveryError, match=r"cannot load NVML library .*no-such-lib"):
         NvmlLibrary(library_path=str(tmp_path / "no-such-lib.so.1"))
 
 
@@ -146,7 +157,12 @@ def test_bus_id_normalisation() -> None:
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DRADRIVER_")}
     return subprocess.run(
-        [sys.executable, "-m", "dradriver", *args], env={**clean, **env}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "dradriver", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -155,7 +171,9 @@ def test_cli_over_ld_library_path_publishes_what_the_fake_profile_publishes(
 ) -> None:
     """The whole product path in a fresh process: libnvidia-ml found by the dynamic loader."""
     # /proc and /sys are this machine's here, so the profile leaves PCIe roots and NUMA unknown.
-    profile = yaml.safe_load(resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text())
+    profile = yaml.safe_load(
+        resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text()
+    )
     for group in profile["gpus"]:
         group.pop("pcieRoots", None)
         group.pop("numaNodes", None)

@@ -10,7 +10,12 @@ import yaml
 
 from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
 from dradriver.discovery.fake import FakeLibrary
-from dradriver.discovery.nvidia_caps import driver_layout_minor, parse_char_major, parse_mig_minors, read_mig_caps
+from dradriver.discovery.nvidia_caps import (
+    driver_layout_minor,
+    parse_char_major,
+    parse_mig_minors,
+    read_mig_caps,
+)
 from dradriver.discovery.profile import builtin_mig_tables, load_builtin_profile
 
 
@@ -40,7 +45,10 @@ def test_dgx_a100_mig_has_mig_devices_of_several_profiles() -> None:
     assert profiles == {"3g.40gb", "2g.20gb", "1g.10gb"}
     mig = inventory.gpus[0].mig_devices[0]
     assert (mig.parent_minor, mig.parent_uuid) == (0, inventory.gpus[0].uuid)
-    assert (mig.gi_caps_minor, mig.ci_caps_minor) == (driver_layout_minor(0, mig.gi_id), driver_layout_minor(0, mig.gi_id, 0))
+    assert (mig.gi_caps_minor, mig.ci_caps_minor) == (
+        driver_layout_minor(0, mig.gi_id),
+        driver_layout_minor(0, mig.gi_id, 0),
+    )
     assert inventory.nvidia_caps_major is not None
 
 
@@ -59,7 +67,9 @@ def test_fake_libraries_do_not_share_state() -> None:
 def test_mig_tables_are_consistent() -> None:
     for name, table in builtin_mig_tables().items():
         for profile in table:
-            assert len(profile.placement_starts) >= profile.instance_count or profile.name.endswith("+me"), name
+            assert len(profile.placement_starts) >= profile.instance_count or profile.name.endswith("+me"), (
+                name
+            )
             assert max(profile.placement_starts) + profile.placement_size <= 8, (name, profile.name)
 
 
@@ -108,11 +118,23 @@ def test_inline_mig_profile_table(tmp_path: Path) -> None:
             r"gpus\[0\]\.mig: MIG devices are listed but MIG is not enabled",
         ),
         (
-            _minimal(mig={"table": "a100-sxm4-80gb", "enabled": True, "devices": [{"profile": "9g.1tb", "start": 0}]}),
+            _minimal(
+                mig={
+                    "table": "a100-sxm4-80gb",
+                    "enabled": True,
+                    "devices": [{"profile": "9g.1tb", "start": 0}],
+                }
+            ),
             r"gpus\[0\]\.mig\.devices\[0\]\.profile: '9g\.1tb' is not in the MIG profile table",
         ),
         (
-            _minimal(mig={"table": "a100-sxm4-80gb", "enabled": True, "devices": [{"profile": "3g.40gb", "start": 2}]}),
+            _minimal(
+                mig={
+                    "table": "a100-sxm4-80gb",
+                    "enabled": True,
+                    "devices": [{"profile": "3g.40gb", "start": 2}],
+                }
+            ),
             r"gpus\[0\]\.mig\.devices\[0\]\.start: 2 is not a placement of 3g\.40gb \(allowed: 0, 4\)",
         ),
         (
@@ -162,7 +184,9 @@ def test_mig_caps_tables(tmp_path: Path) -> None:
     devices = "Character devices:\n  1 mem\n195 nvidia\n237 nvidia-caps\n\nBlock devices:\n259 nvidia-caps\n"
     assert parse_char_major(devices) == 237
     assert parse_char_major("Block devices:\n237 nvidia-caps\n") is None
-    assert parse_mig_minors("config 1\nmonitor 2\ngpu0/gi1/access 12\nbroken line here\ngpu0/gi1/ci0/access 13\n") == {
+    assert parse_mig_minors(
+        "config 1\nmonitor 2\ngpu0/gi1/access 12\nbroken line here\ngpu0/gi1/ci0/access 13\n"
+    ) == {
         "config": 1,
         "monitor": 2,
         "gpu0/gi1/access": 12,

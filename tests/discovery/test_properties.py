@@ -123,7 +123,9 @@ node_names = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?(\.[a-z0-9]{1,1
 
 @SETTINGS
 @given(inventory=inventories(max_gpus=12), partitionable=st.booleans(), node=node_names)
-def test_rendered_slices_always_pass_the_upstream_limits(inventory: NodeInventory, partitionable: bool, node: str) -> None:
+def test_rendered_slices_always_pass_the_upstream_limits(
+    inventory: NodeInventory, partitionable: bool, node: str
+) -> None:
     devices = build_devices(inventory, driver_name=DRIVER, partitionable=partitionable)
     slices = render_slices(devices, node_name=node, driver_name=DRIVER)
     assert validate_slices(slices) == []
@@ -132,7 +134,9 @@ def test_rendered_slices_always_pass_the_upstream_limits(inventory: NodeInventor
     assert len(names) == len(set(names))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(inventory=inventories(min_gpus=100, max_gpus=300, gpu=plain_gpus))
 def test_hundreds_of_devices_split_into_valid_slices(inventory: NodeInventory) -> None:
     devices = build_devices(inventory, driver_name=DRIVER)

@@ -40,7 +40,12 @@ def _set_version(s: Slices, value: str) -> None:
 
 STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
     ("device name", lambda s: _device(s).update(name="GPU_0"), "[0].spec.devices[0].name", "RFC 1123 label"),
-    ("device name long", lambda s: _device(s).update(name="g" * 64), "[0].spec.devices[0].name", "no more than 63"),
+    (
+        "device name long",
+        lambda s: _device(s).update(name="g" * 64),
+        "[0].spec.devices[0].name",
+        "no more than 63",
+    ),
     (
         "attribute name with a dot",
         lambda s: _attrs(s).update({"compute.major": {"int": 9}}),
@@ -74,10 +79,30 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
         "[0].spec.devices[0].attributes.type",
         "exactly one value",
     ),
-    ("no value", lambda s: _attrs(s).update(type={}), "[0].spec.devices[0].attributes.type", "exactly one value"),
-    ("bool as int", lambda s: _attrs(s).update(minor={"int": True}), ".attributes.minor.int", "64-bit integer"),
-    ("int64 overflow", lambda s: _attrs(s).update(minor={"int": 2**63}), ".attributes.minor.int", "64-bit integer"),
-    ("empty list value", lambda s: _attrs(s).update(tags={"strings": []}), ".attributes.tags.strings", "not be empty"),
+    (
+        "no value",
+        lambda s: _attrs(s).update(type={}),
+        "[0].spec.devices[0].attributes.type",
+        "exactly one value",
+    ),
+    (
+        "bool as int",
+        lambda s: _attrs(s).update(minor={"int": True}),
+        ".attributes.minor.int",
+        "64-bit integer",
+    ),
+    (
+        "int64 overflow",
+        lambda s: _attrs(s).update(minor={"int": 2**63}),
+        ".attributes.minor.int",
+        "64-bit integer",
+    ),
+    (
+        "empty list value",
+        lambda s: _attrs(s).update(tags={"strings": []}),
+        ".attributes.tags.strings",
+        "not be empty",
+    ),
     (
         "33 attributes and capacities",
         lambda s: _attrs(s).update({f"extra{i}": {"int": i} for i in range(32 - 25 + 1)}),
@@ -108,8 +133,18 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
         "[0].spec.devices[0].basic",
         "unknown field",
     ),
-    ("taint effect", lambda s: _device(s).update(taints=[{"key": "a", "effect": "Evict"}]), ".taints[0].effect", "NoSchedule"),
-    ("taint key", lambda s: _device(s).update(taints=[{"key": "-a", "effect": "NoSchedule"}]), ".taints[0].key", "name part"),
+    (
+        "taint effect",
+        lambda s: _device(s).update(taints=[{"key": "a", "effect": "Evict"}]),
+        ".taints[0].effect",
+        "NoSchedule",
+    ),
+    (
+        "taint key",
+        lambda s: _device(s).update(taints=[{"key": "-a", "effect": "NoSchedule"}]),
+        ".taints[0].key",
+        "name part",
+    ),
     (
         "17 taints",
         lambda s: _device(s).update(taints=[{"key": f"k{i}", "effect": "NoSchedule"} for i in range(17)]),
@@ -143,20 +178,45 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
         "at most 128",
     ),
     ("no node selection", lambda s: s[0]["spec"].pop("nodeName"), "[0].spec", "exactly one of `nodeName`"),
-    ("two node selections", lambda s: s[0]["spec"].update(allNodes=True), "[0].spec", "multiple fields are set"),
-    ("allNodes false", lambda s: s[0]["spec"].update(allNodes=False), "[0].spec.allNodes", "unset or set to true"),
+    (
+        "two node selections",
+        lambda s: s[0]["spec"].update(allNodes=True),
+        "[0].spec",
+        "multiple fields are set",
+    ),
+    (
+        "allNodes false",
+        lambda s: s[0]["spec"].update(allNodes=False),
+        "[0].spec.allNodes",
+        "unset or set to true",
+    ),
     ("empty node name", lambda s: s[0]["spec"].update(nodeName=""), "[0].spec.nodeName", "non-empty"),
-    ("bad node name", lambda s: s[0]["spec"].update(nodeName="Node_A"), "[0].spec.nodeName", "RFC 1123 subdomain"),
+    (
+        "bad node name",
+        lambda s: s[0]["spec"].update(nodeName="Node_A"),
+        "[0].spec.nodeName",
+        "RFC 1123 subdomain",
+    ),
     (
         "node selector with two terms",
         lambda s: s[0]["spec"].update(nodeName=None, nodeSelector={"nodeSelectorTerms": [{}, {}]}),
         "[0].spec.nodeSelector.nodeSelectorTerms",
         "exactly one node selector term",
     ),
-    ("uppercase driver", lambda s: s[0]["spec"].update(driver="GPU.example.com"), "[0].spec.driver", "lowercase"),
+    (
+        "uppercase driver",
+        lambda s: s[0]["spec"].update(driver="GPU.example.com"),
+        "[0].spec.driver",
+        "lowercase",
+    ),
     ("long driver", lambda s: s[0]["spec"].update(driver="a" * 64), "[0].spec.driver", "no more than 63"),
     ("bad pool name", lambda s: s[0]["spec"]["pool"].update(name="a//b"), "[0].spec.pool.name", "subdomain"),
-    ("negative generation", lambda s: s[0]["spec"]["pool"].update(generation=-1), "[0].spec.pool.generation", "greater than or equal"),
+    (
+        "negative generation",
+        lambda s: s[0]["spec"]["pool"].update(generation=-1),
+        "[0].spec.pool.generation",
+        "greater than or equal",
+    ),
     (
         "zero slice count",
         lambda s: s[0]["spec"]["pool"].update(resourceSliceCount=0),
@@ -169,11 +229,26 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
         "[0].spec.pool.resourceSliceCount",
         "incomplete",
     ),
-    ("wrong apiVersion", lambda s: s[0].update(apiVersion="resource.k8s.io/v1beta1"), "[0].apiVersion", "must be"),
+    (
+        "wrong apiVersion",
+        lambda s: s[0].update(apiVersion="resource.k8s.io/v1beta1"),
+        "[0].apiVersion",
+        "must be",
+    ),
     ("wrong kind", lambda s: s[0].update(kind="DeviceClass"), "[0].kind", "must be ResourceSlice"),
     ("no name", lambda s: s[0].update(metadata={}), "[0].metadata.name", "generateName is required"),
-    ("bad generateName", lambda s: s[0]["metadata"].update(generateName="-x-"), "[0].metadata.generateName", "RFC 1123"),
-    ("unknown spec field", lambda s: s[0]["spec"].update(partitionTypeAttribute="x"), "[0].spec.partitionTypeAttribute", "unknown"),
+    (
+        "bad generateName",
+        lambda s: s[0]["metadata"].update(generateName="-x-"),
+        "[0].metadata.generateName",
+        "RFC 1123",
+    ),
+    (
+        "unknown spec field",
+        lambda s: s[0]["spec"].update(partitionTypeAttribute="x"),
+        "[0].spec.partitionTypeAttribute",
+        "unknown",
+    ),
     (
         "bare and qualified twin",
         lambda s: _attrs(s).update({f"{DRIVER}/uuid": {"string": "x"}}),
@@ -183,7 +258,9 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("mutate", "path", "message"), [c[1:] for c in STATIC_CASES], ids=[c[0] for c in STATIC_CASES])
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"), [c[1:] for c in STATIC_CASES], ids=[c[0] for c in STATIC_CASES]
+)
 def test_static_rules(static: Slices, mutate: Callable[[Slices], None], path: str, message: str) -> None:
     slices = copy.deepcopy(static)
     mutate(slices)
@@ -240,7 +317,9 @@ COUNTER_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
     ),
     (
         "33 counters",
-        lambda s: _counter_slice(s)["sharedCounters"][0]["counters"].update({f"c{i}": {"value": "1"} for i in range(20)}),
+        lambda s: _counter_slice(s)["sharedCounters"][0]["counters"].update(
+            {f"c{i}": {"value": "1"} for i in range(20)}
+        ),
         "[3].spec.sharedCounters[0].counters",
         "at most 32",
     ),
@@ -260,7 +339,9 @@ COUNTER_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
     ),
     (
         "duplicate counter set",
-        lambda s: _counter_slice(s)["sharedCounters"].append(copy.deepcopy(_counter_slice(s)["sharedCounters"][0])),
+        lambda s: _counter_slice(s)["sharedCounters"].append(
+            copy.deepcopy(_counter_slice(s)["sharedCounters"][0])
+        ),
         "[3].spec.sharedCounters[6]",
         "Duplicate value",
     ),
@@ -279,8 +360,12 @@ COUNTER_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("mutate", "path", "message"), [c[1:] for c in COUNTER_CASES], ids=[c[0] for c in COUNTER_CASES])
-def test_counter_rules(partitioned: Slices, mutate: Callable[[Slices], None], path: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "path", "message"), [c[1:] for c in COUNTER_CASES], ids=[c[0] for c in COUNTER_CASES]
+)
+def test_counter_rules(
+    partitioned: Slices, mutate: Callable[[Slices], None], path: str, message: str
+) -> None:
     slices = copy.deepcopy(partitioned)
     mutate(slices)
     findings = validate_slices(slices)
@@ -306,7 +391,10 @@ def _with_policy(slices: Slices, policy: dict[str, Any]) -> None:
         ({"default": "1Gi", "validRange": {"max": "2Gi"}}, "min: required"),
         ({"default": "1Gi", "validRange": {"min": "2Gi"}}, "default is less than min"),
         ({"default": "3Gi", "validRange": {"min": "1Gi", "step": "2Gi", "max": "39Gi"}}, None),
-        ({"default": "2Gi", "validRange": {"min": "1Gi", "step": "2Gi"}}, "default is not a multiple of step"),
+        (
+            {"default": "2Gi", "validRange": {"min": "1Gi", "step": "2Gi"}},
+            "default is not a multiple of step",
+        ),
         ({"default": "1Gi", "validRange": {"min": "1Gi", "step": "0"}}, "greater than zero"),
         ({"default": "1Gi", "validRange": {"min": "1Gi", "max": "41Gi"}}, "max is larger than capacity"),
     ],
@@ -323,8 +411,9 @@ def test_request_policy_rules(static: Slices, policy: dict[str, Any], message: s
 
 @pytest.mark.parametrize(
     "junk",
-    [None, 3, "slice", [], {"spec": []}, {"spec": {"devices": "x", "pool": "p"}}, {"spec": {"devices": [None, 1]}},
-     {"spec": {"devices": [{"attributes": [], "capacity": 5}]}}, {"spec": {"sharedCounters": [None, {"counters": 1}]}}],
+    [None, 3, "slice", [], {"spec": []}, {"spec": {"devices": "x", "pool": "p"}},
+     {"spec": {"devices": [None, 1]}}, {"spec": {"devices": [{"attributes": [], "capacity": 5}]}},
+     {"spec": {"sharedCounters": [None, {"counters": 1}]}}],
 )  # fmt: skip
 def test_bad_shapes_are_findings_not_exceptions(junk: Any) -> None:
     findings = validate_slices([junk])
@@ -336,5 +425,10 @@ def test_validate_slice_on_one_object(static: Slices) -> None:
     assert validate_slice(static[0]) == []
     broken = copy.deepcopy(static[0])
     broken["spec"]["devices"][3]["attributes"]["productName"] = {"string": "x" * 65}
-    assert validate_slice(broken) == [Finding(".spec.devices[3].attributes.productName.string", "may not be more than 64 bytes")]
-    assert str(validate_slices([broken])[0]) == "[0].spec.devices[3].attributes.productName.string: may not be more than 64 bytes"
+    assert validate_slice(broken) == [
+        Finding(".spec.devices[3].attributes.productName.string", "may not be more than 64 bytes")
+    ]
+    assert (
+        str(validate_slices([broken])[0])
+        == "[0].spec.devices[3].attributes.productName.string: may not be more than 64 bytes"
+    )

@@ -67,7 +67,9 @@ def _cuda_number(version: str) -> int:
     return major * 1000 + minor * 10
 
 
-def config_text(inventory: NodeInventory, failures: Sequence[Failure] = (), *, numa_from_nvml: bool = True) -> str:
+def config_text(
+    inventory: NodeInventory, failures: Sequence[Failure] = (), *, numa_from_nvml: bool = True
+) -> str:
     """The fake's config for `inventory`; GPUs at odd NVML indexes leave NUMA to sysfs."""
     lines = [f"driver\t{inventory.driver_version}", f"cuda\t{_cuda_number(inventory.cuda_driver_version)}"]
     for position, gpu in enumerate(inventory.gpus):
@@ -151,7 +153,10 @@ def write_proc(inventory: NodeInventory, proc_root: Path) -> None:
     for gpu in inventory.gpus:
         for gi in range(15):
             lines.append(f"{gi_access_name(gpu.minor, gi)} {driver_layout_minor(gpu.minor, gi)}")
-            lines += [f"{ci_access_name(gpu.minor, gi, ci)} {driver_layout_minor(gpu.minor, gi, ci)}" for ci in range(8)]
+            lines += [
+                f"{ci_access_name(gpu.minor, gi, ci)} {driver_layout_minor(gpu.minor, gi, ci)}"
+                for ci in range(8)
+            ]
     (proc_root / "driver" / "nvidia-caps" / "mig-minors").write_text("\n".join(lines) + "\n")
 
 
@@ -164,4 +169,6 @@ def write_sys(inventory: NodeInventory, sys_root: Path) -> None:
         device_dir = sys_root / "devices" / root / "0000:00:01.0" / gpu.pci_bus_id
         device_dir.mkdir(parents=True, exist_ok=True)
         (device_dir / "numa_node").write_text(f"{gpu.numa_node if gpu.numa_node is not None else -1}\n")
-        (links / gpu.pci_bus_id).symlink_to(Path("../../..") / "devices" / root / "0000:00:01.0" / gpu.pci_bus_id)
+        (links / gpu.pci_bus_id).symlink_to(
+            Path("../../..") / "devices" / root / "0000:00:01.0" / gpu.pci_bus_id
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cli._common import CLIError, add_command, add_fake_gpus_flag, add_partitionable_flag, env_flag
@@ -102,7 +102,7 @@ def _print_table(inventory: NodeInventory, devices: DeviceSet) -> None:
     )
     for column in ("DEVICE", "TYPE", "PRODUCT", "PROFILE", "MEMORY", "COMPUTE", "PCI BUS", "NUMA", "UUID"):
         # Names never wrap; UUIDs are cut first when the terminal is narrow (-o json has them whole).
-        wrap = "ellipsis" if column == "UUID" else "fold"
+        wrap: Literal["ellipsis", "fold"] = "ellipsis" if column == "UUID" else "fold"
         table.add_column(column, min_width=len(column), no_wrap=column in {"DEVICE", "UUID"}, overflow=wrap)
     for device in devices.devices:
         attrs = device.json["attributes"]

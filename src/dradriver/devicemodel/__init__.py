@@ -188,11 +188,16 @@ def _partitioned_gpu(
     None when the GPU's MIG profile table cannot be expressed in one counter set.
     """
     largest = _largest_profile(gpu)
-    slice_count = max((p.start + p.size for profile in gpu.mig_profiles for p in profile.placements), default=0)
+    slice_count = max(
+        (p.start + p.size for profile in gpu.mig_profiles for p in profile.placements), default=0
+    )
     if largest is None or slice_count == 0:
         return None
     set_name = counter_set_name(gpu.minor)
-    counter_set = {"name": set_name, "counters": _counters(largest.resources, gpu.memory_bytes, range(slice_count))}
+    counter_set = {
+        "name": set_name,
+        "counters": _counters(largest.resources, gpu.memory_bytes, range(slice_count)),
+    }
     if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
         return None
     warnings: list[str] = []

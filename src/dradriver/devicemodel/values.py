@@ -12,6 +12,7 @@ The value-representation rule (README "Attribute values"):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dradriver.names import ATTRIBUTE_VALUE_MAX_BYTES, normalize_version, semver_error
@@ -30,6 +31,7 @@ def truncate_utf8(value: str, limit: int = MAX_STRING_BYTES) -> str:
     return encoded[:limit].decode("utf-8", "ignore")
 
 
+@functools.lru_cache(maxsize=1024)
 def binary_quantity(count: int) -> str:
     """Bytes as Kubernetes writes a BinarySI quantity: the largest exact 1024-power suffix ("81559Mi").
 
@@ -47,6 +49,7 @@ def binary_quantity(count: int) -> str:
     return decimal_quantity(count)
 
 
+@functools.lru_cache(maxsize=1024)
 def decimal_quantity(count: int) -> str:
     """An integer as Kubernetes writes a DecimalSI quantity: trailing zeros in steps of 3 ("1k")."""
     if count == 0:
@@ -56,6 +59,10 @@ def decimal_quantity(count: int) -> str:
         mantissa //= 1000
         exponent += 3
     return f"{mantissa}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+# The same driver versions are written on every device of a node: normalise each once.
+_normalized_version = functools.lru_cache(maxsize=256)(normalize_version)
 
 
 class AttributeWriter:
@@ -83,7 +90,7 @@ class AttributeWriter:
             self.attributes[key] = {"string": published}
 
     def version(self, key: str, raw: str) -> None:
-        normalized = normalize_version(raw)
+        normalized = _normalized_version(raw)
         if normalized is None or semver_error(normalized) is not None:
             self._warn(key, f"{raw!r} is not a version that can be written as semver, left out")
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dradriver.slices.compare import stored_differences
 from dradriver.slices.render import render_slices, slice_name_prefix
 from dradriver.slices.validate import Finding, validate_slice, validate_slices
 
@@ -18,6 +19,7 @@ __all__ = [
     "build_node_slices",
     "render_slices",
     "slice_name_prefix",
+    "stored_differences",
     "validate_slice",
     "validate_slices",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from dradriver.names import (
     dns_label_error,
     dns_subdomain_error,
+    is_quantity,
     label_name_error,
     label_value_error,
     parse_quantity,
@@ -53,9 +55,7 @@ _DEVICE_KEYS = {
 }
 _SCALAR_ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
 LIST_ATTRIBUTE_TYPES = ("ints", "bools", "strings", "versions")
-_TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-_SCALAR_ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
-LIST_ATTRIBUTE_TYPES = ("ints", "bools", "strings", "versions")
+_SCALAR_KEYS = frozenset(_SCALAR_ATTRIBUTE_TYPES)
 _TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 
 
@@ -114,11 +114,40 @@ def _attribute(value: Any, path: str) -> Iterator[Finding]:
             yield from _VALUE_CHECKS[kind[:-1]](item, f"{item_path}[{index}]")
 
 
+# Names and versions repeat across thousands of devices: check each distinct one once.
+_qualified_name_error = functools.lru_cache(maxsize=4096)(qualified_name_error)
+_semver_error = functools.lru_cache(maxsize=4096)(semver_error)
+_dns_label_error = functools.lru_cache(maxsize=4096)(dns_label_error)
+
+
+def _plain_valid_attribute(value: Any) -> bool:
+    """The common case, checked without building paths: one scalar value that is fine as it is."""
+    if type(value) is not dict or len(value) != 1:
+        return False
+    ((kind, item),) = value.items()
+    if kind == "string":
+        return type(item) is str and len(item.encode("utf-8", "surrogatepass")) <= MAX_STRING_BYTES
+    if kind == "int":
+        return type(item) is int and INT64_MIN <= item <= INT64_MAX
+    if kind == "bool":
+        return type(item) is bool
+    return kind == "version" and type(item) is str and _semver_error(item) is None
+
+
+def _plain_valid_quantity(obj: Any) -> bool:
+    """`{"value": "<quantity>"}` and nothing else, valid."""
+    return (
+        type(obj) is dict and len(obj) == 1 and type(value := obj.get("value")) is str and is_quantity(value)
+    )
+
+
 def _attribute_value_count(attributes: Mapping[str, Any]) -> int:
+    """Attribute values, list items counted one by one (the 1.36 limit)."""
     count = 0
     for value in attributes.values():
-        lists = [value.get(k) for k in LIST_ATTRIBUTE_TYPES] if isinstance(value, Mapping) else []
-        items = sum(len(v) for v in lists if isinstance(v, list))
+        items = 0
+        if isinstance(value, Mapping) and not value.keys() <= _SCALAR_KEYS:
+            items = sum(len(v) for k in LIST_ATTRIBUTE_TYPES if isinstance(v := value.get(k), list))
         count += items or 1
     return count
 
@@ -129,7 +158,8 @@ def _qualified_key(key: Any, path: str) -> Iterator[Finding]:
         return
     if len(key) > MAX_KEY_LENGTH:
         yield Finding(field_key(path, key), f"must be no more than {MAX_KEY_LENGTH} characters")
-    yield from checked(qualified_name_error(key), field_key(path, key))
+    if (err := _qualified_name_error(key)) is not None:
+        yield Finding(field_key(path, key), err)
 
 
 def _quantity_field(obj: Any, path: str) -> Iterator[Finding]:
@@ -237,8 +267,10 @@ def counter_findings(counters: Any, path: str) -> Iterator[Finding]:
         yield Finding(path, f"must have at most {MAX_COUNTERS} counters")
         return
     for name, counter in counters.items():
-        yield from checked(dns_label_error(str(name)), field_key(path, str(name)))
-        yield from _quantity_field(counter, field_key(path, str(name)))
+        if (err := _dns_label_error(str(name))) is not None:
+            yield Finding(field_key(path, str(name)), err)
+        if not _plain_valid_quantity(counter):
+            yield from _quantity_field(counter, field_key(path, str(name)))
 
 
 def _taints(taints: Any, path: str) -> Iterator[Finding]:
@@ -316,11 +348,14 @@ def device_findings(device: Any, path: str, per_device_node_selection: bool) -> 
         )
     for key, value in attributes.items():
         yield from _qualified_key(key, f"{path}.attributes")
-        yield from _attribute(value, field_key(f"{path}.attributes", str(key)))
+        if not _plain_valid_attribute(value):
+            yield from _attribute(value, field_key(f"{path}.attributes", str(key)))
     multi = device.get("allowMultipleAllocations") is True
     for key, value in capacity.items():
-        where = field_key(f"{path}.capacity", str(key))
         yield from _qualified_key(key, f"{path}.capacity")
+        if _plain_valid_quantity(value):
+            continue
+        where = field_key(f"{path}.capacity", str(key))
         yield from _quantity_field(value, where)
         if isinstance(value, Mapping):
             yield from unknown_keys(value, {"value", "requestPolicy"}, where)

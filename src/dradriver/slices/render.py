@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dradriver.devicemodel import DeviceSet
+from dradriver.names import DNS_SUBDOMAIN_MAX
 from dradriver.slices.rules import API_VERSION, KIND, MAX_COUNTER_SETS, MAX_DEVICES, MAX_DEVICES_ADVANCED
 
 #: Minimum width of the hex slice index in generateName (upstream resourceSliceIndexMinLength).
@@ -28,9 +29,17 @@ def _uses_advanced_features(device: dict[str, Any]) -> bool:
 
 
 def slice_name_prefix(index: int, slice_count: int, *, driver_name: str, node_name: str) -> str:
-    """generateName of slice `index` of `slice_count`: `00000-gpu.dradriver.dev-node-1-`."""
+    """generateName of slice `index` of `slice_count`: `00000-gpu.dradriver.dev-node-1-`.
+
+    Node names may be up to 253 characters, which would make the prefix longer than a name may
+    be; the API server keeps only the first 58 characters of a prefix anyway, so it is cut to
+    stay valid (only the leading index matters for matching slices).
+    """
     width = max(INDEX_MIN_WIDTH, len(f"{max(slice_count - 1, 0):x}"))
-    return f"{index:0{width}x}-{driver_name}-{node_name}-"
+    prefix = f"{index:0{width}x}-{driver_name}-{node_name}-"
+    if len(prefix) > DNS_SUBDOMAIN_MAX:
+        prefix = prefix[: DNS_SUBDOMAIN_MAX - 1].rstrip(".-") + "-"
+    return prefix
 
 
 def render_slices(
