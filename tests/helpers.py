@@ -49,6 +49,7 @@ class ServeProcess:
         self.registry_dir = root / "plugins_registry"
         self.plugins_dir = root / "plugins"
         self.cdi_dir = root / "cdi"
+        self.claims_dir = root / "claims"
         self.driver = driver
         self.args = [
             "--kubelet-registry-dir",
@@ -59,6 +60,10 @@ class ServeProcess:
             str(self.cdi_dir),
             "--node-name",
             "node-1",
+            "--fake-gpus",
+            "dgx-h100",
+            "--claims-dir",
+            str(self.claims_dir),
             *extra_args,
         ]
         # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.
@@ -119,3 +124,46 @@ def running_serve(
             yield serve
         finally:
             serve.kill()
+
+
+def allocated_claim(
+    name: str,
+    uid: str,
+    results: Sequence[dict[str, object]],
+    *,
+    namespace: str = "default",
+    config: Sequence[dict[str, object]] = (),
+    pool: str = "node-1",
+    driver: str = DRIVER,
+) -> dict[str, object]:
+    """A resource.k8s.io/v1 ResourceClaim as the scheduler leaves it: allocated, results filled in.
+
+    Each result needs at least `request` and `device`; driver and pool default to ours.
+    """
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"driver": driver, "pool": pool} | dict(r) for r in results],
+                    "config": list(config),
+                }
+            }
+        },
+    }
+
+
+def opaque(
+    parameters: dict[str, object], *, requests: Sequence[str] = (), source: str = "FromClaim"
+) -> dict[str, object]:
+    entry: dict[str, object] = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+def uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"

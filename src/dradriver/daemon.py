@@ -46,6 +46,10 @@ class ServeConfig:
     verbosity: int
     shutdown_grace: float
     metrics_address: str | None
+    claims_dir: Path | None
+    driver_root: Path
+    container_driver_root: Path
+    partitionable: bool
 
 
 class DeferredDriver:
@@ -77,18 +81,6 @@ class DeferredDriver:
         if self._driver is None:
             raise CallError(f"driver failed to initialize: {self._failure}")
         return self._driver
-
-
-class UnimplementedDriver:
-    """Answers every claim with a per-claim error until claim preparation is available."""
-
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        return {
-            c.uid: PrepareResult(error=f"claim {c}: preparing claims is not implemented yet") for c in claims
-        }
-
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return {c.uid: "" for c in claims}
 
 
 class Daemon:
@@ -168,10 +160,65 @@ class Daemon:
 
     def _initialize(self) -> None:
         try:
-            self.driver.set(UnimplementedDriver())
-            self.board.set_devices([])
+            self.driver.set(self._build_driver())
         except Exception as err:
             log.exception("initialization failed")
             self._fatal = str(err)
             self.driver.fail(str(err))
             self._stop.set()
+
+    def _build_driver(self) -> Driver:
+        """Discovery, the device model and the GPU driver, built once the sockets are up."""
+        from dradriver.devicemodel import build_devices
+        from dradriver.discovery import open_library
+        from dradriver.prepare.cdi import CdiDirectory
+        from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
+        from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
+        from dradriver.prepare.driver import GpuDriver
+        from dradriver.prepare.edits import common_edits
+        from dradriver.prepare.hostdriver import driver_mounts
+        from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
+
+        config = self.config
+        library = open_library(config.fake_gpus)
+        try:
+            inventory = library.discover()
+        finally:
+            library.close()
+        for skipped in inventory.skipped:
+            log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
+        devices = build_devices(inventory, driver_name=config.driver_name, partitionable=config.partitionable)
+        for warning in devices.warnings:
+            log.warning("device model", detail=warning)
+        self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
+        sharing: SharingControl = (
+            FakeSharing()
+            if config.fake_gpus
+            else NvidiaSharing(config.container_driver_root / "usr/bin", config.state_dir)
+        )
+        driver = GpuDriver(
+            driver_name=config.driver_name,
+            pool_name=config.node_name,
+            devices={d.name: d.hardware for d in devices.devices},
+            claims=DirectoryClaimSource(config.claims_dir) if config.claims_dir else NoClaimSource(),
+            cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
+            store=CheckpointStore(config.state_dir),
+            common_edits=common_edits(
+                inventory.nvidia_uvm_major,
+                driver_mounts(config.container_driver_root, config.driver_root, inventory.driver_version),
+            ),
+            caps_major=inventory.nvidia_caps_major,
+            sharing=sharing,
+            boot_id=read_boot_id(),
+        )
+        recovery = driver.recover()
+        log.info(
+            "driver ready",
+            devices=len(devices.devices),
+            prepared_claims=len(driver.records()),
+            rolled_back=recovery.rolled_back,
+            orphans_removed=recovery.orphans_removed,
+            rebuilt_from_cdi=recovery.rebuilt_from_cdi,
+            cleared_after_reboot=recovery.cleared_after_reboot,
+        )
+        return driver

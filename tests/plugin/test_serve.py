@@ -13,16 +13,28 @@ import urllib.request
 
 import grpc
 import pytest
+import yaml
 
 from dradriver import kubeletclient
 from dradriver.kubeletapi.pluginregistration import api_pb2 as reg_pb
 from dradriver.kubeletapi.pluginregistration import api_pb2_grpc as reg_grpc
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import ServeProcess, running_serve, short_tmpdir, wait_for
+from tests.helpers import ServeProcess, allocated_claim, running_serve, short_tmpdir, uid, wait_for
 
 
 def claim(i: int) -> ClaimRef:
-    return ClaimRef(namespace="default", name=f"claim-{i}", uid=f"00000000-0000-4000-8000-{i:012d}")
+    return ClaimRef(namespace="default", name=f"claim-{i}", uid=uid(i))
+
+
+def write_claims(serve: ServeProcess, numbers: range) -> list[ClaimRef]:
+    """Allocated claims for the serve's claim directory: admin access, so any number share 8 GPUs."""
+    serve.claims_dir.mkdir(exist_ok=True)
+    claims = [
+        allocated_claim(f"claim-{i}", uid(i), [{"request": "gpu", "device": f"gpu-{i % 8}", "adminAccess": True}])
+        for i in numbers
+    ]
+    (serve.claims_dir / "claims.yaml").write_text(yaml.safe_dump_all(claims))
+    return [claim(i) for i in numbers]
 
 
 def free_port() -> int:
@@ -59,23 +71,29 @@ def test_prepare_and_unprepare_answer_every_claim(service: str) -> None:
     with running_serve() as serve, kubeletclient.DRAClient(serve.dra_socket, service) as client:
         assert dict(client.prepare([]).claims) == {}
         assert dict(client.unprepare([]).claims) == {}
-        claims = [claim(i) for i in range(200)]
+        claims = write_claims(serve, range(200))
         prepared = client.prepare(claims)
         assert set(prepared.claims) == {c.uid for c in claims}
+        assert all(entry.error == "" and len(entry.devices) == 1 for entry in prepared.claims.values())
+        assert len(list(serve.cdi_dir.glob("*.json"))) == 200
         unprepared = client.unprepare(claims)
         assert set(unprepared.claims) == {c.uid for c in claims}
         assert all(entry.error == "" for entry in unprepared.claims.values())
+        assert list(serve.cdi_dir.glob("*.json")) == []
 
 
 def test_concurrent_calls_from_many_threads() -> None:
     with running_serve() as serve, kubeletclient.DRAClient(serve.dra_socket) as client:
+        write_claims(serve, range(1700))
         failures: list[BaseException] = []
 
         def worker(offset: int) -> None:
             try:
                 for i in range(10):
                     mine = [claim(offset * 100 + i), claim(offset * 100 + i + 50)]
-                    assert set(client.prepare(mine).claims) == {c.uid for c in mine}
+                    prepared = client.prepare(mine).claims
+                    assert set(prepared) == {c.uid for c in mine}
+                    assert all(e.error == "" for e in prepared.values())
                     assert set(client.unprepare(mine).claims) == {c.uid for c in mine}
             except BaseException as err:  # collected and re-raised in the main thread
                 failures.append(err)

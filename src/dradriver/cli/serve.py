@@ -14,6 +14,7 @@ from dradriver.cli._common import (
     add_fake_gpus_flag,
     add_plugins_dir_flag,
     env_flag,
+    env_switch,
 )
 
 
@@ -67,6 +68,32 @@ def register(subparsers: Any) -> None:
     add_fake_gpus_flag(parser)
     env_flag(
         parser,
+        "--claims-dir",
+        type=absolute_path,
+        metavar="DIR",
+        help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
+        "(node-only set-ups, the demo and tests)",
+    )
+    env_flag(
+        parser,
+        "--driver-root",
+        type=absolute_path,
+        default=Path("/"),
+        help="the NVIDIA driver's root on the host (/run/nvidia/driver with the GPU operator)",
+    )
+    env_flag(
+        parser,
+        "--container-driver-root",
+        type=absolute_path,
+        help="where --driver-root is mounted inside this container (default: the same path)",
+    )
+    env_switch(
+        parser,
+        "--partitionable",
+        help="publish full GPUs plus all possible MIG placements with shared counters (Kubernetes >= 1.35)",
+    )
+    env_flag(
+        parser,
         "--shutdown-grace",
         type=float,
         default=10.0,
@@ -108,5 +135,9 @@ def run(args: argparse.Namespace) -> int:
         verbosity=args.verbosity,
         shutdown_grace=args.shutdown_grace,
         metrics_address=args.metrics_address,
+        claims_dir=args.claims_dir,
+        driver_root=args.driver_root,
+        container_driver_root=args.container_driver_root or args.driver_root,
+        partitionable=args.partitionable,
     )
     return Daemon(config).run()
