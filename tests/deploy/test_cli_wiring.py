@@ -27,12 +27,16 @@ def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def env_names(parser: argparse.ArgumentParser) -> set[str]:
     """DRADRIVER_* names of every long flag of a subcommand."""
-    return {env_name(opt) for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+    return {
+        env_name(opt) for action in parser._actions for opt in action.option_strings if opt.startswith("--")
+    }
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 @pytest.mark.parametrize("command", ["serve", "healthcheck"])
-def test_container_env_parses_as_flags(kustomization: str, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_container_env_parses_as_flags(
+    kustomization: str, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = container_env(plugin_container(render(kustomization)))
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX) or n == "NODE_NAME"]:
         monkeypatch.delenv(name)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import celpy
 import pytest
+from celpy.celparser import CELParseError
 
 from tests.deploy.manifests import (
     DEVICECLASSES,
@@ -59,7 +60,7 @@ def selector_problems(expression: str) -> list[str]:
     problems = []
     try:
         celpy.Environment().compile(expression)
-    except celpy.CELParseError as err:
+    except CELParseError as err:
         problems.append(f"does not parse: {err}")
     for domain in re.findall(r'device\.(?:attributes|capacity)\["([^"]+)"\]', expression):
         if domain not in DOMAINS:
@@ -70,13 +71,16 @@ def selector_problems(expression: str) -> list[str]:
 @pytest.mark.parametrize("path", deviceclass_files() + example_files(), ids=lambda p: p.name)
 def test_file_starts_with_a_comment_saying_what_it_shows(path: Path) -> None:
     first = path.read_text().splitlines()[0]
-    assert first.startswith("# ") and len(first) > 20, f"{path.name}: first line must describe the file"
+    assert first.startswith("# "), f"{path.name}: must open with a comment saying what it shows"
+    assert len(first) > 20, f"{path.name}: the opening comment is too short to say anything"
 
 
 def test_deviceclasses_select_on_our_driver() -> None:
     for name, cls in deviceclasses().items():
         expressions = cel_expressions(cls["spec"]["selectors"])
-        assert any(f'device.driver == "{DRIVER}"' in e for e in expressions), f"{name} does not select {DRIVER}"
+        assert any(f'device.driver == "{DRIVER}"' in e for e in expressions), (
+            f"{name} does not select {DRIVER}"
+        )
         for expression in expressions:
             assert not selector_problems(expression), f"DeviceClass {name}: {selector_problems(expression)}"
         for config in cls["spec"].get("config", []):
@@ -84,14 +88,18 @@ def test_deviceclasses_select_on_our_driver() -> None:
 
 
 def test_one_class_maps_an_extended_resource() -> None:
-    mapped = [c["spec"]["extendedResourceName"] for c in deviceclasses().values() if "extendedResourceName" in c["spec"]]
+    mapped = [
+        c["spec"]["extendedResourceName"]
+        for c in deviceclasses().values()
+        if "extendedResourceName" in c["spec"]
+    ]
     assert mapped == ["nvidia.com/gpu"]
 
 
 def class_kind(cls: Manifest) -> str:
     """'gpu' or 'mig': which device type a class selects (every class selects exactly one)."""
     expressions = " ".join(cel_expressions(cls["spec"]["selectors"]))
-    kinds = set(re.findall(r'\.type == "(\w+)"', expressions))
+    kinds: set[str] = set(re.findall(r'\.type == "(\w+)"', expressions))
     assert len(kinds) == 1, f"DeviceClass {cls['metadata']['name']} selects types {kinds}"
     return kinds.pop()
 
@@ -100,7 +108,9 @@ def check_opaque(opaque: Manifest, where: str, device_type: str) -> None:
     assert opaque["driver"] == DRIVER, f"{where}: opaque config for driver {opaque['driver']}"
     parameters = opaque["parameters"]
     assert parameters["apiVersion"] == OPAQUE_API_VERSION, f"{where}: apiVersion {parameters['apiVersion']}"
-    assert OPAQUE_KINDS.get(parameters["kind"]) == device_type, f"{where}: {parameters['kind']} on {device_type}"
+    assert OPAQUE_KINDS.get(parameters["kind"]) == device_type, (
+        f"{where}: {parameters['kind']} on {device_type}"
+    )
     sharing = parameters["sharing"]
     strategy_key = SHARING[sharing["strategy"]]
     assert set(sharing) <= {"strategy", strategy_key}, f"{where}: sharing settings {set(sharing)}"
@@ -108,13 +118,19 @@ def check_opaque(opaque: Manifest, where: str, device_type: str) -> None:
 
 def test_examples_are_self_contained() -> None:
     classes = deviceclasses()
-    extended = {c["spec"]["extendedResourceName"] for c in classes.values() if "extendedResourceName" in c["spec"]}
+    extended = {
+        c["spec"]["extendedResourceName"] for c in classes.values() if "extendedResourceName" in c["spec"]
+    }
     for path, documents in examples():
         where = path.name
         namespaces = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Namespace"}
-        claims = {(namespace_of(d), d["metadata"]["name"]): d for d in documents if d["kind"] == "ResourceClaim"}
+        claims = {
+            (namespace_of(d), d["metadata"]["name"]): d for d in documents if d["kind"] == "ResourceClaim"
+        }
         templates = {
-            (namespace_of(d), d["metadata"]["name"]): d for d in documents if d["kind"] == "ResourceClaimTemplate"
+            (namespace_of(d), d["metadata"]["name"]): d
+            for d in documents
+            if d["kind"] == "ResourceClaimTemplate"
         }
         used: set[tuple[str, str]] = set()
         workloads = [(d, spec) for d in documents for spec in pod_specs(d)]
@@ -137,7 +153,9 @@ def test_examples_are_self_contained() -> None:
             referenced = set()
             for container in pod["containers"]:
                 for ref in container.get("resources", {}).get("claims", []):
-                    assert ref["name"] in pod_claims, f"{where}: container {container['name']} names {ref['name']}"
+                    assert ref["name"] in pod_claims, (
+                        f"{where}: container {container['name']} names {ref['name']}"
+                    )
                     referenced.add(ref["name"])
                     requests = {r["name"] for r in pod_claims[ref["name"]]["devices"]["requests"]}
                     if "request" in ref:
@@ -173,7 +191,9 @@ def test_example_claims_are_consistent() -> None:
                 for request in spec["devices"]["requests"]:
                     if request.get("exactly", {}).get("adminAccess"):
                         labels = namespaces[namespace_of(doc)]["metadata"]["labels"]
-                        assert labels[ADMIN_ACCESS_LABEL] == "true", f"{where}: adminAccess needs {ADMIN_ACCESS_LABEL}"
+                        assert labels[ADMIN_ACCESS_LABEL] == "true", (
+                            f"{where}: adminAccess needs {ADMIN_ACCESS_LABEL}"
+                        )
 
 
 def test_example_names_do_not_collide() -> None:
@@ -195,7 +215,9 @@ def test_examples_table_covers_every_example() -> None:
         assert row.profile in FAKE_PROFILES, f"{row.file}: unknown profile {row.profile}"
         assert row.expected in OUTCOMES, f"{row.file}: expected outcome {row.expected!r}"
         assert row.shows, f"{row.file}: empty 'shows' cell"
-    assert files == {row.file for row in rows}, f"examples missing from the README: {files - {r.file for r in rows}}"
+    assert files == {row.file for row in rows}, (
+        f"examples missing from the README: {files - {r.file for r in rows}}"
+    )
     pairs = Counter((row.file, row.profile) for row in rows)
     assert [pair for pair, count in pairs.items() if count > 1] == []
     assert {row.expected for row in rows} == OUTCOMES, "the table should show both outcomes"

@@ -95,8 +95,13 @@ def test_identity_is_consistent(kustomization: str) -> None:
     username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
     assert daemonset_pod(objects)["serviceAccountName"] == account["name"]
     subjects = one(objects, "ClusterRoleBinding")["subjects"]
-    assert subjects == [{"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}]
-    assert one(objects, "ClusterRoleBinding")["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+    assert subjects == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    assert (
+        one(objects, "ClusterRoleBinding")["roleRef"]["name"]
+        == one(objects, "ClusterRole")["metadata"]["name"]
+    )
     policy = one(objects, "ValidatingAdmissionPolicy")
     [condition] = policy["spec"]["matchConditions"]
     assert condition["expression"] == f'request.userInfo.username == "{username}"'
@@ -121,7 +126,8 @@ def test_admission_policy_guards_every_slice_write(kustomization: str) -> None:
 def test_rbac_is_exactly_what_the_code_uses(kustomization: str) -> None:
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in one(render(kustomization), "ClusterRole")["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        assert "resourceNames" not in rule
+        assert "nonResourceURLs" not in rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])
@@ -151,7 +157,9 @@ def test_scheduling_and_rollout(kustomization: str) -> None:
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     quota_scope = one(objects, "ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"]
-    assert quota_scope == [{"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}]
+    assert quota_scope == [
+        {"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}
+    ]
     assert {"operator": "Exists"} in pod["tolerations"]
     # Fixed socket names and the instance lock rule out two plugin pods on one node: no surge.
     rolling = daemonset["spec"]["updateStrategy"]["rollingUpdate"]
@@ -159,7 +167,8 @@ def test_scheduling_and_rollout(kustomization: str) -> None:
     resources = plugin_container(objects)["resources"]
     assert set(resources["requests"]) == {"cpu", "memory"}
     assert set(resources["limits"]) == {"memory"}
-    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(host_namespace), f"the plugin needs no {host_namespace}"
 
 
 def test_base_reads_the_host_driver_with_nvml_privileges() -> None:
@@ -170,13 +179,21 @@ def test_base_reads_the_host_driver_with_nvml_privileges() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert env["DRADRIVER_DRIVER_ROOT"] == "/"
     assert host_paths(objects)[env["DRADRIVER_DRIVER_ROOT_MOUNT"]] == env["DRADRIVER_DRIVER_ROOT"]
-    [driver_mount] = [m for m in container["volumeMounts"] if m["mountPath"] == env["DRADRIVER_DRIVER_ROOT_MOUNT"]]
+    [driver_mount] = [
+        m for m in container["volumeMounts"] if m["mountPath"] == env["DRADRIVER_DRIVER_ROOT_MOUNT"]
+    ]
     assert driver_mount["readOnly"] is True
     assert driver_mount["mountPropagation"] == "HostToContainer"
     assert "DRADRIVER_FAKE_GPUS" not in env
-    terms = daemonset_pod(objects)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms = daemonset_pod(objects)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
     keys = {e["key"] for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]}
-    assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present", "gpu.dradriver.dev/present"}
+    assert keys == {
+        "feature.node.kubernetes.io/pci-10de.present",
+        "nvidia.com/gpu.present",
+        "gpu.dradriver.dev/present",
+    }
 
 
 def test_fake_overlay_runs_unprivileged_without_a_driver() -> None:
@@ -184,7 +201,8 @@ def test_fake_overlay_runs_unprivileged_without_a_driver() -> None:
     container = plugin_container(objects)
     env = container_env(container)
     assert env["DRADRIVER_FAKE_GPUS"] == "dgx-h100"
-    assert "DRADRIVER_DRIVER_ROOT" not in env and "DRADRIVER_DRIVER_ROOT_MOUNT" not in env
+    assert "DRADRIVER_DRIVER_ROOT" not in env
+    assert "DRADRIVER_DRIVER_ROOT_MOUNT" not in env
     security = container["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
@@ -199,7 +217,11 @@ def test_gpu_operator_overlay_reads_the_driver_container_root() -> None:
     env = container_env(container)
     assert env["DRADRIVER_DRIVER_ROOT"] == "/run/nvidia/driver"
     assert host_paths(objects)[env["DRADRIVER_DRIVER_ROOT_MOUNT"]] == "/run/nvidia/driver"
-    [volume] = [v for v in daemonset_pod(objects)["volumes"] if v.get("hostPath", {}).get("path") == "/run/nvidia/driver"]
+    [volume] = [
+        v
+        for v in daemonset_pod(objects)["volumes"]
+        if v.get("hostPath", {}).get("path") == "/run/nvidia/driver"
+    ]
     assert volume["hostPath"]["type"] == "Directory"
     assert container["securityContext"]["privileged"] is True
     # Everything else is the base unchanged.
