@@ -37,6 +37,7 @@ pytestmark = pytest.mark.cluster
 MINIMUM_MINOR = 34
 PLUGIN_USER = "system:serviceaccount:dradriver:dradriver-kubelet-plugin"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
+CLUSTER_SCOPED = {"Namespace", "DeviceClass"}
 
 
 @dataclass
@@ -156,7 +157,11 @@ def test_server_accepts_example(cluster: Cluster, example_namespace: str, path: 
     objects = load_documents(path)
     for namespace in namespaces_in(objects):
         cluster.ensure_namespace(namespace)
-    result = cluster.dry_run_apply(objects, namespace=example_namespace)
+    for obj in objects:
+        # kubectl refuses -n for files that also name a namespace, so place the others here.
+        if obj["kind"] not in CLUSTER_SCOPED:
+            obj["metadata"].setdefault("namespace", example_namespace)
+    result = cluster.dry_run_apply(objects)
     assert result.returncode == 0, f"API server rejects {path.name}:\n{result.stderr}"
 
 
