@@ -116,6 +116,7 @@ def inventory_from_profile(profile: FakeProfile, seed: str) -> NodeInventory:
             _gpu(group, position, minor, index, seed) for index, (group, position, minor) in enumerate(slots)
         ),
         nvidia_caps_major=profile.nvidia_caps_major,
+        nvidia_uvm_major=profile.nvidia_uvm_major,
     )
 
 

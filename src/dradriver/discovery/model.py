@@ -117,11 +117,13 @@ class NodeInventory:
 
     `driver_version` and `cuda_driver_version` are as the driver reports them ("570.124.06",
     "12.8"); the device model normalises them. `nvidia_caps_major` is the character major of
-    /dev/nvidia-caps/* (dynamic, read from /proc/devices), None when MIG is not in use.
+    /dev/nvidia-caps/* (dynamic, read from /proc/devices), None when MIG is not in use;
+    `nvidia_uvm_major` likewise for /dev/nvidia-uvm (None when the UVM module is not loaded).
     """
 
     driver_version: str
     cuda_driver_version: str
     gpus: tuple[Gpu, ...]
     nvidia_caps_major: int | None = None
+    nvidia_uvm_major: int | None = None
     skipped: tuple[SkippedDevice, ...] = ()

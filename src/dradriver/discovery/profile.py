@@ -166,6 +166,8 @@ class FakeProfile(_Model):
     driver_version: Annotated[str, Field(min_length=1)]
     cuda_driver_version: Annotated[str, Field(min_length=1)]
     nvidia_caps_major: Positive = 236
+    #: Character major of /dev/nvidia-uvm (dynamic on real nodes; any free major works for fakes).
+    nvidia_uvm_major: Positive = 510
     gpus: tuple[GpuGroup, ...]
 
     @model_validator(mode="after")
