@@ -1,6 +1,6 @@
 """Issue 3 figures: `dradriver slices` wall time, and in-process rendering of 1,000 devices.
 
-    .venv/bin/python bench/bench_discovery.py [--cli-runs 30] [--render-runs 200]
+    .venv/bin/python -m bench.bench_discovery [--cli-runs 30] [--render-runs 200]
 
 Prints median and p99 of each measurement as a Markdown table (for bench/RESULTS.md).
 Targets: `dradriver slices --fake-gpus dgx-a100-mig` median <= 1.0 s; rendering 1,000 devices
@@ -23,19 +23,15 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import percentile
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devicemodel import build_devices
 from dradriver.discovery import NodeInventory, open_library
 from dradriver.slices import render_slices, validate_slices
 
 
-def _percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
 def _row(what: str, samples: list[float], target: str) -> str:
-    median, p99 = statistics.median(samples), _percentile(samples, 0.99)
+    median, p99 = statistics.median(samples), percentile(samples, 99)
     return f"| {what} | {len(samples)} | {median * 1000:.1f} ms | {p99 * 1000:.1f} ms | {target} |"
 
 

@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakenvml.harness import (
+
+from dradriver.devicemodel import build_devices, mig_device_name
+from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
+from dradriver.discovery.nvidia_caps import driver_layout_minor
+from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
+from tests.fakenvml.harness import (
     CONFIG_ENV,
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_GPU_IS_LOST,
@@ -21,11 +26,6 @@ from fakenvml.harness import (
     Failure,
     config_text,
 )
-
-from dradriver.devicemodel import build_devices, mig_device_name
-from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
-from dradriver.discovery.nvidia_caps import driver_layout_minor
-from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
 
 from .conftest import FakeNodeFactory
 
@@ -115,7 +115,7 @@ def test_failing_gpu_listing_is_a_discovery_error(fake_node: FakeNodeFactory) ->
         library.close()
 
 
-def test_missing_library_file_is_a_clear_error(tmp_path: Path) -> None:
+def test_missing_library_file_is_a_clear_error(tmp_path: Path, pristine_pynvml: None) -> None:
     with pytest.raises(DiscoveryError, match=r"cannot load NVML library .*no-such-lib"):
         NvmlLibrary(library_path=str(tmp_path / "no-such-lib.so.1"))
 

@@ -11,10 +11,11 @@ import yaml
 from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
 from dradriver.discovery.fake import FakeLibrary
 from dradriver.discovery.nvidia_caps import (
+    DriverNodes,
     driver_layout_minor,
     parse_char_major,
     parse_mig_minors,
-    read_mig_caps,
+    read_driver_nodes,
 )
 from dradriver.discovery.profile import builtin_mig_tables, load_builtin_profile
 
@@ -181,9 +182,12 @@ def test_builtin_profiles_validate() -> None:
 
 
 def test_mig_caps_tables(tmp_path: Path) -> None:
-    devices = "Character devices:\n  1 mem\n195 nvidia\n237 nvidia-caps\n\nBlock devices:\n259 nvidia-caps\n"
-    assert parse_char_major(devices) == 237
-    assert parse_char_major("Block devices:\n237 nvidia-caps\n") is None
+    devices = (
+        "Character devices:\n195 nvidia\n237 nvidia-caps\n510 nvidia-uvm\n\nBlock devices:\n259 nvidia-caps\n"
+    )
+    assert parse_char_major(devices, "nvidia-caps") == 237
+    assert parse_char_major(devices, "nvidia-uvm") == 510
+    assert parse_char_major("Block devices:\n237 nvidia-caps\n", "nvidia-caps") is None
     assert parse_mig_minors(
         "config 1\nmonitor 2\ngpu0/gi1/access 12\nbroken line here\ngpu0/gi1/ci0/access 13\n"
     ) == {
@@ -197,5 +201,7 @@ def test_mig_caps_tables(tmp_path: Path) -> None:
     assert driver_layout_minor(0, 0, 7) == 11
     assert driver_layout_minor(0, 1) == 12
     assert driver_layout_minor(1, 0) == 138
-    caps = read_mig_caps(tmp_path)  # nothing there: no MIG caps, no error
-    assert (caps.major, caps.minors) == (None, {})
+    nodes = read_driver_nodes(tmp_path)  # nothing there: no MIG caps, no UVM, no error
+    assert nodes == DriverNodes()
+    (tmp_path / "devices").write_text(devices)
+    assert read_driver_nodes(tmp_path) == DriverNodes(caps_major=237, uvm_major=510)

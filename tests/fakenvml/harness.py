@@ -21,6 +21,9 @@ from dradriver.discovery.nvidia_caps import (
 from dradriver.discovery.nvml import ARCHITECTURE_NAMES, BRAND_NAMES
 
 SONAME = "libnvidia-ml.so.1"
+#: For loading by path inside the test process: a soname of its own, so that a later
+#: dlopen("libnvidia-ml.so.1") in the same process does not find the fake already loaded.
+IN_PROCESS_SONAME = "libdradriver-fake-nvml.so.1"
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 CONFIG_ENV = "FAKE_NVML_CONFIG"
 
@@ -46,15 +49,15 @@ def compiler() -> str | None:
     return shutil.which("cc")
 
 
-def build_library(out_dir: Path) -> Path:
-    """Compile the fake with the system C compiler; returns the .so path (its soname is NVML's)."""
+def build_library(out_dir: Path, soname: str = SONAME) -> Path:
+    """Compile the fake with the system C compiler into `out_dir/<soname>`; returns its path."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / SONAME
+    library = out_dir / soname
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{SONAME}", "-o", library, SOURCE],
+        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{soname}", "-o", library, SOURCE],
         check=True,
         capture_output=True,
         text=True,
@@ -143,11 +146,12 @@ def config_text(
 
 
 def write_proc(inventory: NodeInventory, proc_root: Path) -> None:
-    """/proc/devices with the nvidia-caps major and the driver's full mig-minors table."""
+    """/proc/devices with the nvidia-caps and nvidia-uvm majors, and the driver's full mig-minors table."""
     (proc_root / "driver" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
-    major = inventory.nvidia_caps_major
+    caps, uvm = inventory.nvidia_caps_major, inventory.nvidia_uvm_major
     (proc_root / "devices").write_text(
-        f"Character devices:\n  1 mem\n195 nvidia\n{major} nvidia-caps\n\nBlock devices:\n  8 sd\n"
+        f"Character devices:\n  1 mem\n195 nvidia\n{uvm} nvidia-uvm\n{caps} nvidia-caps\n"
+        "\nBlock devices:\n  8 sd\n"
     )
     lines = ["config 1", "monitor 2"]
     for gpu in inventory.gpus:

@@ -12,7 +12,7 @@ import yaml
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """Safe dumper that writes repeated objects out instead of as YAML anchors and aliases."""
 
-    def ignore_aliases(self, data: Any) -> bool:  # noqa: ARG002 - the answer is the same for any data
+    def ignore_aliases(self, data: Any) -> bool:
         return True
 
 

@@ -1,10 +1,11 @@
-"""The nvidia-caps device nodes that guard MIG devices.
+"""The NVIDIA device nodes whose numbers the driver assigns at load time (nvidia-caps, nvidia-uvm).
 
 A container using a MIG device needs /dev/nvidia<parent minor> plus two capability nodes,
 /dev/nvidia-caps/nvidia-cap<m>, one for the GPU instance and one for the compute instance.
 The driver lists the minors in /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12",
-"gpu0/gi1/ci0/access 13", keyed by the GPU's minor number) and registers the character major
-as "nvidia-caps" in /proc/devices. The parsers are pure; `read_mig_caps` is the only I/O.
+"gpu0/gi1/ci0/access 13", keyed by the GPU's minor number) and registers the character majors
+of "nvidia-caps" and "nvidia-uvm" in /proc/devices. The parsers are pure; `read_driver_nodes`
+is the only I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 MIG_MINORS_FILE = "driver/nvidia-caps/mig-minors"
 DEVICES_FILE = "devices"
 CAPS_DEVICE_NAME = "nvidia-caps"
+UVM_DEVICE_NAME = "nvidia-uvm"
 
 # The driver's fixed layout: minors 1 and 2 are mig/config and mig/monitor, then per GPU 15 GPU
 # instances, each with one access node followed by 8 compute instance access nodes.
@@ -52,7 +54,7 @@ def parse_mig_minors(text: str) -> dict[str, int]:
     return minors
 
 
-def parse_char_major(proc_devices: str, name: str = CAPS_DEVICE_NAME) -> int | None:
+def parse_char_major(proc_devices: str, name: str) -> int | None:
     """The major registered for `name` in the "Character devices:" part of /proc/devices."""
     in_char_section = False
     for line in proc_devices.splitlines():
@@ -67,27 +69,32 @@ def parse_char_major(proc_devices: str, name: str = CAPS_DEVICE_NAME) -> int | N
 
 
 @dataclass(frozen=True)
-class MigCaps:
-    """The node's nvidia-caps major and the mig-minors table (empty when MIG is unused)."""
+class DriverNodes:
+    """The node's dynamic majors and the mig-minors table (None / empty where the driver has none)."""
 
-    major: int | None = None
-    minors: dict[str, int] = field(default_factory=dict)
+    caps_major: int | None = None
+    uvm_major: int | None = None
+    mig_minors: dict[str, int] = field(default_factory=dict)
 
     def gi_minor(self, gpu_minor: int, gi_id: int) -> int | None:
-        return self.minors.get(gi_access_name(gpu_minor, gi_id))
+        return self.mig_minors.get(gi_access_name(gpu_minor, gi_id))
 
     def ci_minor(self, gpu_minor: int, gi_id: int, ci_id: int) -> int | None:
-        return self.minors.get(ci_access_name(gpu_minor, gi_id, ci_id))
+        return self.mig_minors.get(ci_access_name(gpu_minor, gi_id, ci_id))
 
 
-def read_mig_caps(proc_root: Path) -> MigCaps:
-    """Read both tables under `proc_root` (normally /proc); missing files mean no MIG caps."""
+def read_driver_nodes(proc_root: Path) -> DriverNodes:
+    """Read /proc/devices and the mig-minors table under `proc_root`; missing files mean none."""
     try:
         minors = parse_mig_minors((proc_root / MIG_MINORS_FILE).read_text())
     except OSError:
         minors = {}
     try:
-        major = parse_char_major((proc_root / DEVICES_FILE).read_text())
+        devices = (proc_root / DEVICES_FILE).read_text()
     except OSError:
-        major = None
-    return MigCaps(major=major, minors=minors)
+        devices = ""
+    return DriverNodes(
+        caps_major=parse_char_major(devices, CAPS_DEVICE_NAME),
+        uvm_major=parse_char_major(devices, UVM_DEVICE_NAME),
+        mig_minors=minors,
+    )

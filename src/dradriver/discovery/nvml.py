@@ -25,7 +25,7 @@ from dradriver.discovery.model import (
     NodeInventory,
     SkippedDevice,
 )
-from dradriver.discovery.nvidia_caps import MigCaps, read_mig_caps
+from dradriver.discovery.nvidia_caps import DriverNodes, read_driver_nodes
 
 #: NVML_BRAND_* -> the name we publish (nvml.h's names without the prefix, as NVIDIA's driver does).
 BRAND_NAMES = {
@@ -88,7 +88,7 @@ class _Parent:
 class _Scan:
     """What one discovery pass shares across GPUs: the caps tables and the skipped-device report."""
 
-    caps: MigCaps
+    nodes: DriverNodes
     skipped: list[SkippedDevice]
 
 
@@ -188,7 +188,7 @@ class NvmlLibrary:
             count = self._call(nvml.nvmlDeviceGetCount)
         except _CallFailedError as err:
             raise DiscoveryError(f"NVML cannot list the node's GPUs: {err}") from None
-        scan = _Scan(read_mig_caps(self._proc_root), [])
+        scan = _Scan(read_driver_nodes(self._proc_root), [])
         gpus: list[Gpu] = []
         for index in range(count):
             try:
@@ -199,7 +199,8 @@ class NvmlLibrary:
             driver_version=driver_version,
             cuda_driver_version=cuda_version,
             gpus=tuple(sorted(gpus, key=lambda gpu: gpu.minor)),
-            nvidia_caps_major=scan.caps.major,
+            nvidia_caps_major=scan.nodes.caps_major,
+            nvidia_uvm_major=scan.nodes.uvm_major,
             skipped=tuple(scan.skipped),
         )
 
@@ -295,12 +296,12 @@ class NvmlLibrary:
                 )
                 continue
             try:
-                devices.append(self._mig_device(parent, mig, names, scan.caps))
+                devices.append(self._mig_device(parent, mig, names, scan.nodes))
             except _CallFailedError as err:
                 scan.skipped.append(SkippedDevice(parent.index, f"MIG device {slot}: {err}"))
         return tuple(sorted(devices, key=lambda d: (d.placement.start, d.compute_placement.start)))
 
-    def _mig_device(self, parent: _Parent, mig: Any, names: dict[int, str], caps: MigCaps) -> MigDevice:
+    def _mig_device(self, parent: _Parent, mig: Any, names: dict[int, str], nodes: DriverNodes) -> MigDevice:
         nvml = self._nvml
         gi_id = self._call(nvml.nvmlDeviceGetGpuInstanceId, mig)
         ci_id = self._call(nvml.nvmlDeviceGetComputeInstanceId, mig)
@@ -333,8 +334,8 @@ class NvmlLibrary:
                 jpeg_engines=attributes.sharedJpegCount,
                 ofa_engines=attributes.sharedOfaCount,
             ),
-            gi_caps_minor=caps.gi_minor(parent.minor, gi_id),
-            ci_caps_minor=caps.ci_minor(parent.minor, gi_id, ci_id),
+            gi_caps_minor=nodes.gi_minor(parent.minor, gi_id),
+            ci_caps_minor=nodes.ci_minor(parent.minor, gi_id, ci_id),
         )
 
     def _pcie_root(self, bus_id: str) -> str | None:
