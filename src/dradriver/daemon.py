@@ -48,7 +48,7 @@ class ServeConfig:
     metrics_address: str | None
     claims_dir: Path | None
     driver_root: Path
-    container_driver_root: Path
+    driver_root_mount: Path
     partitionable: bool
 
 
@@ -194,7 +194,7 @@ class Daemon:
         sharing: SharingControl = (
             FakeSharing()
             if config.fake_gpus
-            else NvidiaSharing(config.container_driver_root / "usr/bin", config.state_dir)
+            else NvidiaSharing(config.driver_root_mount / "usr/bin", config.state_dir)
         )
         driver = GpuDriver(
             driver_name=config.driver_name,
@@ -205,7 +205,7 @@ class Daemon:
             store=CheckpointStore(config.state_dir),
             common_edits=common_edits(
                 inventory.nvidia_uvm_major,
-                driver_mounts(config.container_driver_root, config.driver_root, inventory.driver_version),
+                driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
             ),
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,

@@ -16,13 +16,6 @@ from dradriver.cli import build_parser
 from dradriver.cli._common import ENV_PREFIX, env_name
 from tests.deploy.manifests import KUSTOMIZATIONS, container_env, plugin_container, render
 
-#: Variables the manifests already set for flags that another issue adds to `serve`. Each entry
-#: must go as soon as the flag exists (the test fails until it does), so this cannot go stale.
-PENDING_SERVE_FLAGS = {
-    "DRADRIVER_DRIVER_ROOT": "issue 5: --driver-root, the driver root's host path for CDI mounts",
-    "DRADRIVER_DRIVER_ROOT_MOUNT": "issue 5: --driver-root-mount, where the container sees the driver root",
-}
-
 
 def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
@@ -52,10 +45,7 @@ def test_container_env_parses_as_flags(
     parser = build_parser()
     sub = subcommand(parser, command)
     if command == "serve":
-        flags = env_names(sub)
-        landed = sorted(flags & PENDING_SERVE_FLAGS.keys())
-        assert not landed, f"serve has these flags now: remove them from PENDING_SERVE_FLAGS: {landed}"
-        unknown = {n for n in env if n.startswith(ENV_PREFIX)} - flags - PENDING_SERVE_FLAGS.keys()
+        unknown = {n for n in env if n.startswith(ENV_PREFIX)} - env_names(sub)
         assert not unknown, f"deploy/{kustomization} sets variables serve has no flag for: {sorted(unknown)}"
     args = parser.parse_args([command])
     # The probe must look at the very socket serve creates.

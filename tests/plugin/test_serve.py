@@ -30,7 +30,9 @@ def write_claims(serve: ServeProcess, numbers: range) -> list[ClaimRef]:
     """Allocated claims for the serve's claim directory: admin access, so any number share 8 GPUs."""
     serve.claims_dir.mkdir(exist_ok=True)
     claims = [
-        allocated_claim(f"claim-{i}", uid(i), [{"request": "gpu", "device": f"gpu-{i % 8}", "adminAccess": True}])
+        allocated_claim(
+            f"claim-{i}", uid(i), [{"request": "gpu", "device": f"gpu-{i % 8}", "adminAccess": True}]
+        )
         for i in numbers
     ]
     (serve.claims_dir / "claims.yaml").write_text(yaml.safe_dump_all(claims))
@@ -235,3 +237,41 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def healthcheck(serve: ServeProcess, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dradriver",
+            "healthcheck",
+            "--kubelet-plugins-dir",
+            str(serve.plugins_dir),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_healthcheck_probes_the_dra_socket() -> None:
+    with running_serve() as serve:
+        healthy = healthcheck(serve)
+        assert (healthy.returncode, healthy.stdout) == (
+            0,
+            f"healthy: {serve.dra_socket} answered NodeUnprepareResources\n",
+        )
+        wrong_driver = healthcheck(serve, "--driver-name", "other.example.com")
+        assert wrong_driver.returncode == 1
+        assert "does not exist" in wrong_driver.stdout
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGSTOP)  # alive but not answering: the probe must fail, not hang
+        try:
+            hung = healthcheck(serve, "--timeout", "1")
+        finally:
+            serve.proc.send_signal(signal.SIGCONT)
+        assert hung.returncode == 1
+        assert "DEADLINE_EXCEEDED" in hung.stdout

@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
     )
     env_flag(
         parser,
-        "--container-driver-root",
+        "--driver-root-mount",
         type=absolute_path,
         help="where --driver-root is mounted inside this container (default: the same path)",
     )
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        container_driver_root=args.container_driver_root or args.driver_root,
+        driver_root_mount=args.driver_root_mount or args.driver_root,
         partitionable=args.partitionable,
     )
     return Daemon(config).run()
