@@ -58,6 +58,21 @@ def test_slices_prints_multi_document_yaml_a_fresh_process(tmp_path: Path) -> No
     assert documents == build_node_slices("dgx-a100-mig", node_name="node-a", driver_name=DRIVER)
 
 
+def test_discover_and_slices_do_not_import_the_kubernetes_client() -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from dradriver.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['slices', '--fake-gpus', 't4x4', '--node-name', 'n1'])\n"
+        "    main(['discover', '--fake-gpus', 'mixed', '-o', 'json'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'kubernetes', 'grpc', 'pynvml'}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
 def test_slices_json_with_flags(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["slices", "--fake-gpus", "mixed", "--node-name", "n1", "--driver-name", "gpu.example.com"]
     assert main([*args, "--partitionable", "-o", "json"]) == 0
