@@ -35,7 +35,9 @@ def claim(i: int) -> dict[str, object]:
         "metadata": {"namespace": "bench", "name": f"c{i}", "uid": f"00000000-0000-4000-8000-{i:012d}"},
         "status": {
             "allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "bench", "device": f"gpu-{i}"}]}
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": "bench", "device": f"gpu-{i}"}]
+                }
             }
         },
     }

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import yaml
@@ -19,7 +20,7 @@ from tests.helpers import ServeProcess, allocated_claim, opaque, short_tmpdir, u
 
 CYCLES = 200
 KILL_ONE_IN = 12
-TIME_SLICING = {
+TIME_SLICING: dict[str, Any] = {
     "apiVersion": "gpu.dradriver.dev/v1alpha1",
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}},
@@ -92,7 +93,7 @@ def test_kill_9_during_prepare_and_unprepare_cycles() -> None:
             )
             request = request_type(claims=[pb.Claim(namespace="default", name=name, uid=claim_uid)])
             while True:
-                rpc = stub.NodePrepareResources if method == "prepare" else stub.NodeUnprepareResources
+                rpc: Any = stub.NodePrepareResources if method == "prepare" else stub.NodeUnprepareResources
                 future = rpc.future(request, timeout=30, wait_for_ready=True)
                 if rng.randrange(KILL_ONE_IN) == 0:
                     time.sleep(rng.uniform(0, 0.004))
