@@ -25,9 +25,9 @@ class Overload:
     args: tuple[t.Type, ...]
     result: t.Type
     member: bool = False
+    type_params: tuple[t.Type, ...] = field(init=False, default=())
 
-    @property
-    def type_params(self) -> tuple[t.Type, ...]:
+    def __post_init__(self) -> None:
         found: list[t.Type] = []
 
         def walk(ty: t.Type) -> None:
@@ -38,7 +38,7 @@ class Overload:
 
         for ty in (*self.args, self.result):
             walk(ty)
-        return tuple(found)
+        object.__setattr__(self, "type_params", tuple(found))
 
 
 @dataclass

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dradriver.cel.errors import EvalError
+from dradriver.cel.errors import CostLimitExceeded, EvalError
 from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
@@ -35,6 +35,9 @@ from dradriver.cel.values import (
 )
 
 STRING_TRAVERSAL_COST_FACTOR = 0.1
+# Values that amplify (a replace inserting around every character, a huge lists.range) are
+# stopped before they are built: no selector within the cost limit needs one this large.
+MAX_VALUE_SIZE = 10_000_000
 REGEX_STRING_LENGTH_COST_FACTOR = 0.25
 
 # -- regular expressions (RE2, like Go's regexp) -----------------------------------------------
@@ -460,6 +463,11 @@ def replace(s: Any, old: Any, new: Any, *count: Any) -> str:
     n = _int(count[0], "replace", s, old, new) if count else -1
     if n == 0:
         return text
+    occurrences = text.count(needle) if needle else len(text) + 1
+    if n > 0:
+        occurrences = min(occurrences, n)
+    if len(text) + occurrences * (len(repl) - len(needle)) > MAX_VALUE_SIZE:
+        raise CostLimitExceeded("operation cancelled: actual cost limit exceeded")
     if n < 0:
         return _go_replace_all(text, needle, repl)
     return _go_replace_n(text, needle, repl, n)
@@ -677,7 +685,10 @@ def sort_by_keys(items: Any, keys: Any) -> tuple[Any, ...]:
 
 
 def lists_range(n: Any) -> tuple[int, ...]:
-    return tuple(range(max(_int(n, "lists.range"), 0)))
+    count = _int(n, "lists.range")
+    if count > MAX_VALUE_SIZE:
+        raise CostLimitExceeded("operation cancelled: actual cost limit exceeded")
+    return tuple(range(max(count, 0)))
 
 
 def reverse(items: Any) -> tuple[Any, ...]:

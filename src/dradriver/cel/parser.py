@@ -40,6 +40,20 @@ _OPERATORS = {
     "multiplication_div": ast.DIVIDE,
     "multiplication_mod": ast.MODULO,
 }
+_OPERATOR_TEXT = {
+    "relation_lt": "<",
+    "relation_le": "<=",
+    "relation_gt": ">",
+    "relation_ge": ">=",
+    "relation_eq": "==",
+    "relation_ne": "!=",
+    "relation_in": "in",
+    "addition_add": "+",
+    "addition_sub": "-",
+    "multiplication_mul": "*",
+    "multiplication_div": "/",
+    "multiplication_mod": "%",
+}
 _PASSTHROUGH = frozenset(
     {"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary", "member", "primary"}
 )
@@ -49,13 +63,45 @@ _parser: Any = None
 
 
 def _lark_parser() -> Any:
+    """cel-python's CEL grammar in an LALR parser of our own, built once per process.
+
+    celpy's own CELParser asks Lark to propagate positions into every tree node, which triples
+    the parse time; token positions are all we need, so we build the parser without it.
+    """
     global _parser  # noqa: PLW0603 - one Lark instance per process, built on first use
     with _parser_lock:
         if _parser is None:
-            from celpy.celparser import CELParser
+            import re
+            from pathlib import Path
 
-            _parser = CELParser()
+            import celpy.celparser
+            from lark import Lark
+
+            grammar = (Path(celpy.celparser.__file__).parent / "cel.lark").read_text()
+            _parser = Lark(
+                grammar,
+                parser="lalr",
+                start="expr",
+                g_regex_flags=re.M,
+                lexer_callbacks={"IDENT": celpy.celparser.CELParser.ambiguous_literals},
+                maybe_placeholders=False,
+                priority="invert",
+            )
         return _parser
+
+
+def _syntax_message(err: Exception) -> str:
+    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
+    if isinstance(err, UnexpectedToken):
+        if err.token.type == "$END":
+            return "Syntax error: mismatched input '<EOF>'"
+        return f"Syntax error: mismatched input '{err.token}'"
+    if isinstance(err, UnexpectedCharacters):
+        return f"Syntax error: token recognition error at: '{err.char}'"
+    if isinstance(err, UnexpectedEOF):
+        return "Syntax error: mismatched input '<EOF>'"
+    return "Syntax error: " + str(err).splitlines()[0]
 
 
 class ParseIssue(Exception):
@@ -78,22 +124,17 @@ def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
 
 def parse(expression: str) -> ast.Expr:
     """Parse and expand macros; raises CELCompileError on any syntax problem."""
-    from celpy.celparser import CELParseError
+    from lark.exceptions import LarkError, UnexpectedInput
 
     parser = _lark_parser()
     try:
         with _parser_lock:
             tree = parser.parse(expression)
-    except CELParseError as err:
-        pos = (err.line or 1, err.column or 1)
-        detail = str(err.args[0]).strip().splitlines()
-        message = "Syntax error: " + (detail[-1].strip() if detail else "unexpected input")
-        raise CELCompileError(
-            format_issue(expression, "Syntax error: unexpected input", pos)
-            if not detail
-            else format_issue(expression, message, pos),
-            expression=expression,
-        ) from None
+    except UnexpectedInput as err:
+        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
+        raise CELCompileError(format_issue(expression, _syntax_message(err), pos), expression=expression) from None
+    except LarkError as err:
+        raise CELCompileError(format_issue(expression, _syntax_message(err), (1, 1)), expression=expression) from None
     try:
         return _Builder(expression).build(tree)
     except ParseIssue as issue:
@@ -105,19 +146,49 @@ def parse(expression: str) -> ast.Expr:
         ) from None
 
 
+def _first_token(node: Tree | Token) -> Token | None:
+    while isinstance(node, Tree):
+        if not node.children:
+            return None
+        node = node.children[0]
+    return node
+
+
+def _last_token(node: Tree | Token) -> Token | None:
+    while isinstance(node, Tree):
+        if not node.children:
+            return None
+        node = node.children[-1]
+    return node
+
+
 def _pos(node: Tree | Token) -> tuple[int, int]:
-    if isinstance(node, Token):
-        return (node.line or 1, node.column or 1)
-    meta = node.meta
-    if getattr(meta, "empty", True):
+    token = _first_token(node)
+    if token is None:
         return (1, 1)
-    return (meta.line, meta.column)
+    return (token.line or 1, token.column or 1)
 
 
 class _Builder:
     def __init__(self, expression: str) -> None:
         self.expression = expression
         self.depth = 0
+        self.line_starts = [0]
+        for i, ch in enumerate(expression):
+            if ch == "\n":
+                self.line_starts.append(i + 1)
+
+    def _token_after(self, node: Tree | Token, text: str) -> tuple[int, int]:
+        """Where cel-go reports an operator: at the operator token following `node`."""
+        token = _last_token(node)
+        if token is None or not token.end_line:
+            return _pos(node)
+        line, column = token.end_line, token.end_column or 1
+        offset = self.expression.find(text, self.line_starts[line - 1] + column - 1)
+        if offset < 0:
+            return _pos(node)
+        line_index = max(i for i, start in enumerate(self.line_starts) if start <= offset)
+        return (line_index + 1, offset - self.line_starts[line_index] + 1)
 
     def build(self, tree: Tree) -> ast.Expr:
         return self.visit(tree)
@@ -140,7 +211,7 @@ class _Builder:
 
     def _expr(self, tree: Tree) -> ast.Expr:
         cond, truthy, falsy = (self.visit(c) for c in tree.children)
-        return ast.Call(ast.CONDITIONAL, [cond, truthy, falsy], pos=_pos(tree))
+        return ast.Call(ast.CONDITIONAL, [cond, truthy, falsy], pos=self._token_after(tree.children[0], "?"))
 
     def _conditionalor(self, tree: Tree) -> ast.Expr:
         return self._logical(tree, ast.LOGICAL_OR)
@@ -150,14 +221,16 @@ class _Builder:
 
     def _logical(self, tree: Tree, function: str) -> ast.Expr:
         left, right = tree.children
-        return ast.Call(function, [self.visit(left), self.visit(right)], pos=_pos(tree))
+        op = "||" if function == ast.LOGICAL_OR else "&&"
+        return ast.Call(function, [self.visit(left), self.visit(right)], pos=self._token_after(left, op))
 
     def _binary(self, tree: Tree) -> ast.Expr:
         op_tree, right = tree.children
         assert isinstance(op_tree, Tree)
         function = _OPERATORS[op_tree.data]
         left = self.visit(op_tree.children[0])
-        return ast.Call(function, [left, self.visit(right)], pos=_pos(op_tree))
+        pos = self._token_after(op_tree.children[0], _OPERATOR_TEXT[op_tree.data])
+        return ast.Call(function, [left, self.visit(right)], pos=pos)
 
     _relation = _binary
     _addition = _binary
@@ -192,18 +265,19 @@ class _Builder:
     def _member_dot(self, tree: Tree) -> ast.Expr:
         operand, name = tree.children
         assert isinstance(name, Token)
-        return ast.Select(self.visit(operand), str(name), pos=_pos(name))
+        return ast.Select(self.visit(operand), str(name), pos=self._token_after(operand, "."))
 
     def _member_dot_arg(self, tree: Tree) -> ast.Expr:
         operand, name, *rest = tree.children
         assert isinstance(name, Token)
         target = self.visit(operand)
         args = self._exprlist(rest[0]) if rest else []
-        return _expand_receiver(str(name), target, args, _pos(name))
+        return _expand_receiver(str(name), target, args, self._token_after(name, "("))
 
     def _member_index(self, tree: Tree) -> ast.Expr:
         operand, index = tree.children
-        return ast.Call(ast.INDEX, [self.visit(operand), self.visit(index)], pos=_pos(tree))
+        pos = self._token_after(operand, "[")
+        return ast.Call(ast.INDEX, [self.visit(operand), self.visit(index)], pos=pos)
 
     def _member_object(self, tree: Tree) -> ast.Expr:
         operand, *rest = tree.children
@@ -241,7 +315,7 @@ class _Builder:
         if str(name) in RESERVED_IDS:
             raise ParseIssue(f"reserved identifier: {name}", _pos(name))
         args = self._exprlist(rest[0]) if rest else []
-        return _expand_global(str(name), args, _pos(name))
+        return _expand_global(str(name), args, self._token_after(name, "("))
 
     def _dot_ident_arg(self, tree: Tree) -> ast.Expr:
         name, *rest = tree.children

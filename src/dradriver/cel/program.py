@@ -321,6 +321,9 @@ class Compiler:
             pattern = args[1].value
             if isinstance(pattern, str):
                 compile_regex(pattern)
+        constants = [_constant(arg) for arg in args]
+        if name in _FOLDABLE and all(found for found, _ in constants):
+            return _folded(impl, cost_fn, [value for _, value in constants])
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None
         if len(compiled) == 1:
@@ -570,6 +573,43 @@ class Compiler:
             predicate = args[0] if len(args) == 2 else None
             return _collect(iter_range, var_slot, predicate, args[-1])
         return _collect(iter_range, var_slot, args[0], None)
+
+
+# Pure constructors whose constant calls are worth computing once: they parse their argument.
+_FOLDABLE = frozenset({"quantity", "semver", "isQuantity", "isSemver"})
+
+
+def _constant(node: ast.Expr) -> tuple[bool, Any]:
+    if isinstance(node, ast.Literal):
+        return True, node.value
+    if isinstance(node, ast.ListExpr) and all(isinstance(el, ast.Literal) for el in node.elements):
+        return True, tuple(el.value for el in node.elements)  # type: ignore[attr-defined]
+    return False, None
+
+
+def _folded(impl: Callable[..., Any], cost_fn: Callable[..., int] | None, args: list[Any]) -> Eval:
+    """A call on constants (`quantity("40Gi")`, `semver("1.2.3")`), computed once at compile time.
+
+    The functions are pure, so only the cost (still charged per evaluation) and an error
+    (still raised per evaluation, where `||` may absorb it) remain at run time.
+    """
+    try:
+        value = impl(*args)
+    except EvalError as err:
+        message = err.message
+
+        def failing(a: Activation) -> Any:
+            a.cost += 1
+            raise EvalError(message)
+
+        return failing
+    cost = 1 if cost_fn is None else cost_fn(args, value)
+
+    def constant(a: Activation) -> Any:
+        a.cost += cost
+        return value
+
+    return constant
 
 
 def _string_eq_cost(lhs: Any, rhs: Any) -> int:

@@ -9,7 +9,6 @@ two types when joining. Keeping the port close to the original is what makes our
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -34,13 +33,47 @@ class Kind(Enum):
     UINT = "uint"
 
 
-@dataclass(frozen=True)
 class Type:
-    """A static CEL type: kind, name and type parameters (list element, map key/value, ...)."""
+    """A static CEL type: kind, name and type parameters (list element, map key/value, ...).
+
+    Immutable; the hash is computed once because the checker hashes types constantly.
+    """
+
+    __slots__ = ("_hash", "free", "kind", "name", "params")
 
     kind: Kind
     name: str
-    params: tuple[Type, ...] = field(default=())
+    params: tuple[Type, ...]
+    free: bool
+
+    def __init__(self, kind: Kind, name: str, params: tuple[Type, ...] = ()) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "_hash", hash((kind.value, name, params)))
+        # Whether a type parameter occurs inside: substitution leaves other types untouched.
+        object.__setattr__(self, "free", kind is Kind.TYPE_PARAM or any(p.free for p in params))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Type is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Type):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.kind is other.kind
+            and self.name == other.name
+            and self.params == other.params
+        )
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Type({format_type(self)})"
 
     def __str__(self) -> str:
         return format_type(self)
@@ -268,6 +301,8 @@ def is_assignable_list(m: Mapping, l1: list[Type], l2: list[Type]) -> Mapping | 
 
 
 def substitute(m: Mapping, t: Type, type_param_to_dyn: bool) -> Type:
+    if not t.free:
+        return t
     sub = m.find(t)
     if sub is not None:
         return substitute(m, sub, type_param_to_dyn)
