@@ -320,7 +320,9 @@ class Checker:
             var_type = range_type.params[0]
             if e.iter_var2:
                 var2_type = range_type.params[1]
-        elif range_type.kind in (t.Kind.DYN, t.Kind.ERROR, t.Kind.TYPE_PARAM) or range_type.kind is t.Kind.ANY:
+        elif range_type.kind in (t.Kind.DYN, t.Kind.ERROR, t.Kind.TYPE_PARAM):
+            # Not ANY: attribute values (google.protobuf.Any) cannot be iterated, which is why
+            # 1.36 switched attributes to dyn when list attributes are enabled.
             self._is_assignable(t.DYN, range_type)
             var_type = t.DYN
             var2_type = t.DYN if e.iter_var2 else None

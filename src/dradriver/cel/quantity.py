@@ -101,7 +101,7 @@ def _interpret_suffix(suffix: str) -> tuple[int, int, str]:
 def _parse_decimal(text: str) -> tuple[int, int]:
     """inf.Dec.SetString for the numeric part: (unscaled, exponent) with value = unscaled * 10**exponent."""
     sign = 1
-    if text[:1] in "+-":
+    if text and text[0] in "+-":
         sign = -1 if text[0] == "-" else 1
         text = text[1:]
     whole, dot, fraction = text.partition(".")
