@@ -42,7 +42,9 @@ GPU_CLASS = device_class(
 )
 
 
-def exactly(name: str, *selectors: str, device_class: str = "gpu.dradriver.dev", **extra: Any) -> dict[str, Any]:
+def exactly(
+    name: str, *selectors: str, device_class: str = "gpu.dradriver.dev", **extra: Any
+) -> dict[str, Any]:
     body: dict[str, Any] = {"deviceClassName": device_class, **extra}
     if selectors:
         body["selectors"] = [{"cel": {"expression": e}} for e in selectors]
@@ -60,7 +62,9 @@ def claim(name: str, *requests: dict[str, Any], constraints: list[Any] | None = 
     return parse_claim(obj)
 
 
-def slice_of(devices: list[dict[str, Any]], node: str = "node-a", name: str = "node-a-gpus", **spec: Any) -> Any:
+def slice_of(
+    devices: list[dict[str, Any]], node: str = "node-a", name: str = "node-a-gpus", **spec: Any
+) -> Any:
     return parse_slice(
         {
             "apiVersion": V1,
@@ -77,19 +81,25 @@ def slice_of(devices: list[dict[str, Any]], node: str = "node-a", name: str = "n
     )
 
 
-def gpus(count: int, prefix: str = "gpu", **per_index: Any) -> list[dict[str, Any]]:
+def gpus(
+    count: int, prefix: str = "gpu", attributes: dict[str, list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """`count` GPUs; `attributes` maps an attribute name to one value per GPU."""
+    per_index = attributes or {}
     out = []
     for i in range(count):
-        attributes = dict(gpu_device()["attributes"])
-        attributes["uuid"] = {"string": f"GPU-{i}"}
-        attributes["minor"] = {"int": i}
+        own = dict(gpu_device()["attributes"])
+        own["uuid"] = {"string": f"GPU-{i}"}
+        own["minor"] = {"int": i}
         for key, values in per_index.items():
-            attributes[key] = values[i]
-        out.append(gpu_device(f"{prefix}-{i}", attributes=attributes))
+            own[key] = values[i]
+        out.append(gpu_device(f"{prefix}-{i}", attributes=own))
     return out
 
 
-def run(claims: list[Any], slices: list[Any], classes: list[DeviceClass] | None = None, node: str | None = None) -> Simulation:
+def run(
+    claims: list[Any], slices: list[Any], classes: list[DeviceClass] | None = None, node: str | None = None
+) -> Simulation:
     by_name = {c.name: c for c in (classes or [GPU_CLASS])}
     return simulate(claims, by_name, slices, node)
 
@@ -109,7 +119,8 @@ def test_count_larger_than_inventory_is_unsatisfiable_with_reason() -> None:
     sim = run([claim("c", exactly("gpu", count=5))], [slice_of(gpus(4))])
     assert not sim.satisfiable
     assert sim.nodes[0].reason == (
-        "claim default/c: request gpu needs 5 device(s) of class gpu.dradriver.dev, 4 of 4 match its selectors"
+        "claim default/c: request gpu needs 5 device(s) of class gpu.dradriver.dev, "
+        "4 of 4 match its selectors"
     )
 
 
@@ -130,7 +141,11 @@ def test_first_available_falls_back_in_order() -> None:
     request = {
         "name": "gpu",
         "firstAvailable": [
-            {"name": "big", "deviceClassName": "gpu.dradriver.dev", "selectors": [{"cel": {"expression": big}}]},
+            {
+                "name": "big",
+                "deviceClassName": "gpu.dradriver.dev",
+                "selectors": [{"cel": {"expression": big}}],
+            },
             {"name": "two", "deviceClassName": "gpu.dradriver.dev", "count": 2},
             {"name": "one", "deviceClassName": "gpu.dradriver.dev"},
         ],
@@ -147,7 +162,7 @@ def test_first_available_falls_back_in_order() -> None:
 
 def test_match_attribute_keeps_devices_on_one_pcie_root() -> None:
     roots = [{"string": r} for r in ("pci0", "pci1", "pci1", "pci0")]
-    devices = gpus(4, **{"resource.kubernetes.io/pcieRoot": roots})
+    devices = gpus(4, attributes={"resource.kubernetes.io/pcieRoot": roots})
     constraint = [{"matchAttribute": "resource.kubernetes.io/pcieRoot", "requests": ["a", "b"]}]
     # Request a can only use gpu-1 (root pci1), so b must skip gpu-0 (pci0) and take gpu-2.
     a = exactly("a", f'device.attributes["{DRIVER}"].uuid == "GPU-1"')
@@ -157,7 +172,7 @@ def test_match_attribute_keeps_devices_on_one_pcie_root() -> None:
 
 def test_match_attribute_without_a_common_value_is_unsatisfiable() -> None:
     roots = [{"string": r} for r in ("pci0", "pci1")]
-    devices = gpus(2, **{"resource.kubernetes.io/pcieRoot": roots})
+    devices = gpus(2, attributes={"resource.kubernetes.io/pcieRoot": roots})
     constraint = [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]
     sim = run([claim("c", exactly("gpu", count=2), constraints=constraint)], [slice_of(devices)])
     assert not sim.satisfiable
@@ -193,7 +208,8 @@ def test_admin_access_may_use_devices_of_other_claims_but_not_its_own() -> None:
     claims = [claim("workload", exactly("gpu")), claim("monitor", exactly("gpu", adminAccess=True))]
     sim = run(claims, [slice_of(gpus(1))])
     assert allocated(sim, 1) == [("gpu", "gpu-0")]
-    assert sim.chosen is not None and sim.chosen.claims[1].results[0].admin_access is True
+    assert sim.chosen is not None
+    assert sim.chosen.claims[1].results[0].admin_access is True
     # Within one claim, an admin request cannot take a device its own claim already holds.
     same = claim("c", exactly("gpu"), exactly("admin", adminAccess=True))
     assert not run([same], [slice_of(gpus(1))]).satisfiable
@@ -232,12 +248,15 @@ def test_selectors_are_evaluated_lazily_as_in_the_scheduler() -> None:
 def test_already_allocated_claims_hold_their_devices() -> None:
     status = {
         "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]}
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]
+            }
         }
     }
     claims = [claim("old", exactly("gpu"), status=status), claim("new", exactly("gpu"))]
     sim = run(claims, [slice_of(gpus(2))])
-    assert sim.chosen is not None and sim.chosen.claims[0].preallocated
+    assert sim.chosen is not None
+    assert sim.chosen.claims[0].preallocated
     assert allocated(sim, 1) == [("gpu", "gpu-1")]
 
 
@@ -247,7 +266,9 @@ def test_v1beta1_shapes_are_accepted() -> None:
             "apiVersion": "resource.k8s.io/v1beta1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": "t", "namespace": "default"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.dradriver.dev"}]}}},
+            "spec": {
+                "spec": {"devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu.dradriver.dev"}]}}
+            },
         }
     )
     beta_slice = parse_slice(
@@ -259,7 +280,9 @@ def test_v1beta1_shapes_are_accepted() -> None:
                 "driver": DRIVER,
                 "nodeName": "node-a",
                 "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-                "devices": [{"name": "gpu-9", "basic": {k: v for k, v in gpu_device().items() if k != "name"}}],
+                "devices": [
+                    {"name": "gpu-9", "basic": {k: v for k, v in gpu_device().items() if k != "name"}}
+                ],
             },
         }
     )
@@ -295,7 +318,8 @@ def test_shared_counters_limit_partitions() -> None:
 def test_missing_device_class_is_an_error() -> None:
     sim = run([claim("c", exactly("gpu", device_class="nope"))], [slice_of(gpus(1))])
     assert sim.nodes[0].error == (
-        'claim default/c, request gpu: could not retrieve device class nope: deviceclass.resource.k8s.io "nope" not found'
+        "claim default/c, request gpu: could not retrieve device class nope: "
+        'deviceclass.resource.k8s.io "nope" not found'
     )
 
 
@@ -303,7 +327,8 @@ def test_every_node_is_tried_and_the_first_fit_chosen() -> None:
     slices = [slice_of(gpus(2), "node-a", "a"), slice_of(gpus(4), "node-b", "b")]
     sim = run([claim("c", exactly("gpu", count=3))], slices)
     assert [(n.node, n.satisfiable) for n in sim.nodes] == [("node-a", False), ("node-b", True)]
-    assert sim.chosen is not None and sim.chosen.node == "node-b"
+    assert sim.chosen is not None
+    assert sim.chosen.node == "node-b"
 
 
 def test_incomplete_pool_is_skipped_with_a_warning() -> None:
@@ -316,7 +341,10 @@ def test_incomplete_pool_is_skipped_with_a_warning() -> None:
 def test_allocation_is_deterministic() -> None:
     # Slices of a pool are ordered by name, whatever order they were read in.
     pool = {"name": "node-a", "generation": 1, "resourceSliceCount": 2}
-    slices = [slice_of(gpus(3, "b"), name="b-slice", pool=pool), slice_of(gpus(3, "a"), name="a-slice", pool=pool)]
+    slices = [
+        slice_of(gpus(3, "b"), name="b-slice", pool=pool),
+        slice_of(gpus(3, "a"), name="a-slice", pool=pool),
+    ]
     expected = [("gpu", "a-0"), ("gpu", "a-1")]
     assert allocated(run([claim("c", exactly("gpu", count=2))], slices)) == expected
     assert allocated(run([claim("c", exactly("gpu", count=2))], slices[::-1])) == expected

@@ -144,7 +144,8 @@ def test_selectors_are_thread_safe() -> None:
         sys.setswitchinterval(interval)
     assert failures == []
     # The answers themselves are not trivial: both outcomes occur.
-    assert any(any(row) for row in expected) and not all(all(row) for row in expected)
+    assert any(any(row) for row in expected)
+    assert not all(all(row) for row in expected)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +210,12 @@ def test_hinted_corrections_compile_and_match() -> None:
 
 
 def test_no_hints_for_a_correct_expression() -> None:
-    assert hints_for(f'{A}.productName == "x" && device.capacity["gpu.dradriver.dev"].memory.isInteger()', DRIVER) == []
+    assert (
+        hints_for(
+            f'{A}.productName == "x" && device.capacity["gpu.dradriver.dev"].memory.isInteger()', DRIVER
+        )
+        == []
+    )
 
 
 def _device_with(**attributes: Any) -> dict[str, Any]:

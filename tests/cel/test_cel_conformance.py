@@ -53,7 +53,7 @@ A = 'device.attributes["gpu.dradriver.dev"]'
 C = 'device.capacity["gpu.dradriver.dev"]'
 
 CASES: list[tuple[str, bool | Compile | Runtime]] = [
-    # -- the device variable and attribute lookup [DRA] [INT] -------------------------------------
+    # -- the device variable and attribute lookup [DRA] [INT] ---------------------------------------
     ('device.driver == "gpu.dradriver.dev"', True),
     (f'{A}.productName.startsWith("NVIDIA")', True),
     (f'{A}.productName == "NVIDIA A100"', False),
@@ -81,7 +81,7 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     (f'{A}.nope == "x" && false', False),
     (f'false && {A}.nope == "x"', False),
     (f'{A}.nope == "x" && true', Runtime("no such key: nope")),
-    # -- versions are Semver objects; equality dispatches on the left operand [KSV] [TYP] ---------------
+    # -- versions are Semver objects; equality dispatches on the left operand [KSV] [TYP] -----------
     (f'{A}.driverVersion == "550.54.15"', Runtime("no such overload")),
     (f'"550.54.15" == {A}.driverVersion', False),
     (f'{A}.driverVersion == semver("550.54.15")', True),
@@ -96,7 +96,7 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('semver("1.0.0-alpha").isLessThan(semver("1.0.0"))', True),
     ('semver("1.0.0+build1") == semver("1.0.0+build2")', True),
     ('semver("1.0.0-alpha.1").compareTo(semver("1.0.0-alpha.beta")) == -1', True),
-    # -- capacities are Quantities [KQ] ------------------------------------------------------------------
+    # -- capacities are Quantities [KQ] -------------------------------------------------------------
     (f'{C}.memory.compareTo(quantity("40Gi")) >= 0', True),
     (f'{C}.memory.isGreaterThan(quantity("80Gi"))', False),
     (f'{C}.memory == quantity("80Gi")', True),
@@ -120,7 +120,7 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('quantity("1").sign() == 1', Compile("found no matching overload for 'sign'")),
     ('quantity("1ki").isInteger()', Runtime("unable to parse quantity's suffix")),
     ('quantity("1Xi").isInteger()', Runtime("quantities must match the regular expression")),
-    # -- ints, overflow, no truthiness [TYP] [INT] -------------------------------------------------------
+    # -- ints, overflow, no truthiness [TYP] [INT] --------------------------------------------------
     (f"{A}.computeMajor >= 9 && {A}.migCapable", True),
     (f'{A}.computeMajor == "9"', False),
     (f'{A}.computeMajor > "9"', Runtime("no such overload")),
@@ -146,8 +146,8 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('"a" < "b" && b"a" < b"b" && 1 < 1.5 && 2u > 1 && false < true', True),
     ('[1, 2] + [3] == [1, 2, 3] && "a" + "b" == "ab"', True),
     ('2 in [1, 2] && "a" in {"a": 1}', True),
-    ("type(1) == int && type(\"a\") == string && type(1u) != int", True),
-    # -- compile errors [CHK] [MAC] [ENV] [DRA] ---------------------------------------------------------------
+    ('type(1) == int && type("a") == string && type(1u) != int', True),
+    # -- compile errors [CHK] [MAC] [ENV] [DRA] -----------------------------------------------------
     ("device.foo == 1", Compile("undefined field 'foo'")),
     ("foo == 1", Compile("undeclared reference to 'foo'")),
     (f"{A}.productName.frobnicate()", Compile("undeclared reference to 'frobnicate'")),
@@ -169,7 +169,7 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("if == 1", Compile("reserved identifier: if")),
     ("9223372036854775808 > 0", Compile("invalid int literal")),
     ("-1u == 1u", Compile("found no matching overload for '-_'")),
-    # -- ext strings v2 [STR] ------------------------------------------------------------------------------
+    # -- ext strings v2 [STR] -----------------------------------------------------------------------
     ('"Hello".lowerAscii() == "hello" && "hello".upperAscii() == "HELLO"', True),
     ('"a,b,c".split(",") == ["a", "b", "c"] && "a,b,c".split(",", 2) == ["a", "b,c"]', True),
     ('["a", "b"].join("-") == "a-b" && ["a", "b"].join() == "ab"', True),
@@ -181,11 +181,11 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('"héllo".size() == 5 && "héllo".charAt(1) == "é" && "hello".charAt(5) == ""', True),
     ('"hello".charAt(6) == ""', Runtime("index out of range: 6")),
     ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
-    # -- regex: RE2 semantics [KRE] [ENV] --------------------------------------------------------------------
+    # -- regex: RE2 semantics [KRE] [ENV] -----------------------------------------------------------
     ('"gpu-0".matches("^gpu-[0-9]+$") && matches("gpu-12", "[0-9]{2}")', True),
     ('"abc123def".find("[0-9]+") == "123" && "abc".find("x") == ""', True),
     ('"a1b2c3".findAll("[0-9]") == ["1", "2", "3"] && "a1b2c3".findAll("[0-9]", 2) == ["1", "2"]', True),
-    # -- Kubernetes lists library [KLS] and ext lists v3 [LST] ---------------------------------------------
+    # -- Kubernetes lists library [KLS] and ext lists v3 [LST] --------------------------------------
     ("[3, 1, 2].max() == 3 && [3, 1, 2].min() == 1 && [1, 2, 3].sum() == 6", True),
     ("[1, 2, 3].isSorted() && ![3, 1].isSorted()", True),
     ("[1, 2, 1].indexOf(1) == 0 && [1, 2, 1].lastIndexOf(1) == 2 && [1].indexOf(5) == -1", True),
@@ -196,9 +196,10 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("[1, 2, 3].reverse() == [3, 2, 1] && [1, 2, 1].distinct() == [1, 2]", True),
     ('["bb", "a"].sortBy(x, x.size()) == ["a", "bb"]', True),
     ("[1, 2].slice(1, 3) == []", Runtime("cannot slice(1, 3), list is length 2")),
-    # -- ext sets [SET] -------------------------------------------------------------------------------------
-    ("sets.contains([1, 2, 3], [3, 1]) && sets.equivalent([1, 2], [2, 1, 1]) && !sets.intersects([1], [2])", True),
-    # -- macros and comprehensions [MAC] [INT] ----------------------------------------------------------------
+    # -- ext sets [SET] -----------------------------------------------------------------------------
+    ("sets.contains([1, 2, 3], [3, 1]) && sets.equivalent([1, 2], [2, 1, 1])", True),
+    ("sets.intersects([1, 2], [2]) && !sets.intersects([1], [2])", True),
+    # -- macros and comprehensions [MAC] [INT] ------------------------------------------------------
     ("[1, 2, 3].all(x, x > 0) && [1, 2, 3].exists(x, x > 2) && ![1, 2, 3].exists_one(x, x > 1)", True),
     ("[1, 2, 3].map(x, x * 2) == [2, 4, 6] && [1, 2, 3].filter(x, x > 1) == [2, 3]", True),
     ("[1, 2, 3].map(x, x > 1, x * 10) == [20, 30]", True),
@@ -213,7 +214,7 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("cel.bind(x, 1 / 0, true)", True),
     ("cel.bind(x, 1 / 0, x > 0 || true)", True),
     ("cel.bind(x, 1 / 0, x > 0)", Runtime("division by zero")),
-    # -- the runtime cost limit [COST] -------------------------------------------------------------------------
+    # -- the runtime cost limit [COST] --------------------------------------------------------------
     ("lists.range(1000).all(i, lists.range(1000).all(j, true))", Runtime("actual cost limit exceeded")),
 ]
 
@@ -267,6 +268,8 @@ def test_invalid_version_attribute_fails_evaluation() -> None:
 
 def test_bare_names_live_under_the_driver_domain() -> None:
     # parseQualifiedName: no "/" means the driver's domain; with one, split at the first "/".
-    device = gpu_device(attributes={"gpu.dradriver.dev/uuid": {"string": "u1"}, "x.example.com/a": {"int": 1}})
+    device = gpu_device(
+        attributes={"gpu.dradriver.dev/uuid": {"string": "u1"}, "x.example.com/a": {"int": 1}}
+    )
     selector = compile_selector(f'{A}.uuid == "u1" && device.attributes["x.example.com"].a == 1')
     assert selector.matches(device, DRIVER) is True

@@ -94,7 +94,10 @@ def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     ref = _object_ref(obj)
     name = _str(_mapping(obj.get("metadata"), f"{ref}: metadata").get("name"), f"{ref}: metadata.name")
     spec = _mapping(obj.get("spec"), f"{ref}: spec")
-    config = tuple(_mapping(c, f"{ref}: spec.config[{i}]") for i, c in enumerate(_list(spec.get("config"), f"{ref}: spec.config")))
+    config = tuple(
+        _mapping(c, f"{ref}: spec.config[{i}]")
+        for i, c in enumerate(_list(spec.get("config"), f"{ref}: spec.config"))
+    )
     return DeviceClass(name, _selectors(spec.get("selectors"), f"{ref}: spec.selectors"), config)
 
 
@@ -116,7 +119,7 @@ class Toleration:
             return False
         if self.operator == "Exists":
             return True
-        return self.value == taint.get("value", "")
+        return self.value == str(taint.get("value", ""))
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,11 @@ def _tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
         operator = str(tol.get("operator") or "Equal")
         if operator not in ("Equal", "Exists"):
             raise InputError(f"{where}[{i}].operator: must be Equal or Exists, not {operator!r}")
-        out.append(Toleration(str(tol.get("key") or ""), operator, str(tol.get("value") or ""), str(tol.get("effect") or "")))
+        out.append(
+            Toleration(
+                str(tol.get("key") or ""), operator, str(tol.get("value") or ""), str(tol.get("effect") or "")
+            )
+        )
     return tuple(out)
 
 
@@ -240,7 +247,9 @@ def _allocated(status: Mapping[str, Any], where: str) -> tuple[AllocatedDevice, 
     allocation = status.get("allocation")
     if not allocation:
         return None
-    devices = _mapping(_mapping(allocation, f"{where}.allocation").get("devices"), f"{where}.allocation.devices")
+    devices = _mapping(
+        _mapping(allocation, f"{where}.allocation").get("devices"), f"{where}.allocation.devices"
+    )
     out = []
     for i, item in enumerate(_list(devices.get("results"), f"{where}.allocation.devices.results")):
         result = _mapping(item, f"{where}.allocation.devices.results[{i}]")
@@ -282,11 +291,20 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
         attribute = constraint.get("matchAttribute")
         if not attribute:
             if constraint.get("distinctAttribute"):
-                raise InputError(f"{where}.constraints[{i}].distinctAttribute: not supported by the simulator yet")
+                raise InputError(
+                    f"{where}.constraints[{i}].distinctAttribute: not supported by the simulator yet"
+                )
             raise InputError(f"{where}.constraints[{i}]: matchAttribute is required")
-        requests_of = tuple(str(r) for r in _list(constraint.get("requests"), f"{where}.constraints[{i}].requests"))
-        constraints.append(MatchAttribute(_str(attribute, f"{where}.constraints[{i}].matchAttribute"), requests_of))
-    config = tuple(_mapping(c, f"{where}.config[{i}]") for i, c in enumerate(_list(devices.get("config"), f"{where}.config")))
+        requests_of = tuple(
+            str(r) for r in _list(constraint.get("requests"), f"{where}.constraints[{i}].requests")
+        )
+        constraints.append(
+            MatchAttribute(_str(attribute, f"{where}.constraints[{i}].matchAttribute"), requests_of)
+        )
+    config = tuple(
+        _mapping(c, f"{where}.config[{i}]")
+        for i, c in enumerate(_list(devices.get("config"), f"{where}.config"))
+    )
     status = _mapping(obj.get("status"), f"{ref}: status") if kind == "ResourceClaim" else {}
     return Claim(
         kind=str(kind),
@@ -351,7 +369,9 @@ def parse_slice(obj: Mapping[str, Any]) -> Slice:
     for i, raw in enumerate(_list(spec.get("sharedCounters"), f"{ref}: spec.sharedCounters")):
         counter_set = _mapping(raw, f"{ref}: spec.sharedCounters[{i}]")
         set_name = _str(counter_set.get("name"), f"{ref}: spec.sharedCounters[{i}].name")
-        counters[set_name] = _mapping(counter_set.get("counters"), f"{ref}: spec.sharedCounters[{i}].counters")
+        counters[set_name] = _mapping(
+            counter_set.get("counters"), f"{ref}: spec.sharedCounters[{i}].counters"
+        )
     return Slice(
         name=name,
         driver=driver,

@@ -150,7 +150,9 @@ def gather_pools(slices: Sequence[Slice], node: str | None) -> tuple[list[_Pool]
         if not _targets_node(slice_, node):
             continue
         if slice_.node_selector and not slice_.all_nodes:
-            warnings.append(f"slice {slice_.name}: nodeSelector is not evaluated; assuming it selects the node")
+            warnings.append(
+                f"slice {slice_.name}: nodeSelector is not evaluated; assuming it selects the node"
+            )
         key = (slice_.driver, slice_.pool)
         current = by_pool.get(key)
         if current is None or slice_.generation > current[0].generation:
@@ -258,20 +260,23 @@ def lookup_attribute(device: Device, qualified: str) -> tuple[str, Any] | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Inventory:
+    """What one node offers: classes, pools in allocation order, devices already taken."""
+
+    classes: Mapping[str, DeviceClass]
+    pools: list[_Pool]
+    preallocated: set[str]
+    cel_devices: dict[str, CELDevice]
+
+
 class _Allocator:
-    def __init__(
-        self,
-        claims: Sequence[Claim],
-        classes: Mapping[str, DeviceClass],
-        pools: list[_Pool],
-        preallocated: set[str],
-        cel_devices: dict[str, CELDevice],
-    ) -> None:
+    def __init__(self, claims: Sequence[Claim], inventory: _Inventory) -> None:
         self.claims = claims
-        self.classes = classes
-        self.pools = pools
-        self.preallocated = preallocated
-        self.cel_devices = cel_devices
+        self.classes = inventory.classes
+        self.pools = inventory.pools
+        self.preallocated = inventory.preallocated
+        self.cel_devices = inventory.cel_devices
         self.request_data: dict[tuple[int, int, int], _RequestData] = {}
         self.allocating: dict[str, set[int]] = {}
         self.results: list[list[AllocatedDevice]] = [[] for _ in claims]
@@ -290,46 +295,46 @@ class _Allocator:
                 if request.first_available:
                     smallest = None
                     for si, sub in enumerate(request.first_available):
-                        data = self._validate(claim, ci, ri, si, sub, request)
+                        data = self._validate(claim, (ci, ri, si), sub, request)
                         self.request_data[(ci, ri, si)] = data
                         smallest = data.num_devices if smallest is None else min(smallest, data.num_devices)
                     min_devices += smallest or 0
                 else:
                     assert request.exactly is not None
-                    data = self._validate(claim, ci, ri, 0, request.exactly, None)
+                    data = self._validate(claim, (ci, ri, 0), request.exactly, None)
                     self.request_data[(ci, ri, 0)] = data
                     min_devices += data.num_devices
             if min_devices > MAX_RESULTS_PER_CLAIM:
                 raise AllocationError(
-                    f"claim {claim.ref}: number of requested devices {min_devices} exceeds the claim limit of "
-                    f"{MAX_RESULTS_PER_CLAIM}"
+                    f"claim {claim.ref}: number of requested devices {min_devices} exceeds the claim limit "
+                    f"of {MAX_RESULTS_PER_CLAIM}"
                 )
 
     def _validate(
-        self, claim: Claim, ci: int, ri: int, si: int, request: DeviceRequest, parent: Request | None
+        self, claim: Claim, key: tuple[int, int, int], request: DeviceRequest, parent: Request | None
     ) -> _RequestData:
         shown = f"{parent.name}/{request.name}" if parent else request.name
         device_class = self.classes.get(request.device_class)
         if device_class is None:
             raise AllocationError(
-                f"claim {claim.ref}, request {shown}: could not retrieve device class {request.device_class}: "
-                f'deviceclass.resource.k8s.io "{request.device_class}" not found'
+                f"claim {claim.ref}, request {shown}: could not retrieve device class "
+                f'{request.device_class}: deviceclass.resource.k8s.io "{request.device_class}" not found'
             )
         data = _RequestData(request, parent, device_class, request.count)
         if request.mode == ALL:
             for pool in self.pools:
                 if pool.incomplete:
                     raise AllocationError(
-                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool {pool.id} "
-                        "is currently being updated"
+                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool "
+                        f"{pool.id} is currently being updated"
                     )
                 if pool.invalid:
                     raise AllocationError(
-                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool {pool.id} "
-                        "is currently invalid"
+                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool "
+                        f"{pool.id} is currently invalid"
                     )
                 for device in pool.devices():
-                    if self.selectable(device, (ci, ri, si), data):
+                    if self.selectable(device, key, data):
                         data.all_devices.append((pool, device))
             data.num_devices = len(data.all_devices)
         return data
@@ -414,7 +419,9 @@ class _Allocator:
                 undo()
         return False
 
-    def allocate_device(self, ci: int, key: tuple[int, int, int], pool: _Pool, device: Device, *, must: bool) -> Any:
+    def allocate_device(
+        self, ci: int, key: tuple[int, int, int], pool: _Pool, device: Device, *, must: bool
+    ) -> Any:
         """allocateDevice: returns an undo function, or None when the device cannot be taken."""
         data = self.request_data[key]
         request = data.request
@@ -476,7 +483,9 @@ class _Allocator:
         self._add_counters(self.consumed.setdefault(pool.id, {}), consumption, sign=-1)
 
     @staticmethod
-    def _add_counters(consumed: dict[str, dict[str, Quantity]], consumption: Sequence[Any], *, sign: int) -> None:
+    def _add_counters(
+        consumed: dict[str, dict[str, Quantity]], consumption: Sequence[Any], *, sign: int
+    ) -> None:
         for entry in consumption:
             if not isinstance(entry, Mapping):
                 continue
@@ -538,10 +547,13 @@ def simulate_node(
     for index, claim in enumerate(claims):
         if claim.allocated is not None:
             reports[index] = ClaimReport(claim, list(claim.allocated), preallocated=True)
-            preallocated.update(f"{d.driver}/{d.pool}/{d.device}" for d in claim.allocated if not d.admin_access)
+            preallocated.update(
+                f"{d.driver}/{d.pool}/{d.device}" for d in claim.allocated if not d.admin_access
+            )
         else:
             pending.append(claim)
-    allocator = _Allocator(pending, classes, pools, preallocated, cel_devices)
+    inventory = _Inventory(classes, pools, preallocated, cel_devices)
+    allocator = _Allocator(pending, inventory)
     error: str | None = None
     satisfiable = False
     try:
@@ -557,7 +569,7 @@ def simulate_node(
         report.requests = _explain_requests(allocator, position, pools, cel_devices)
     reason = None
     if not satisfiable and error is None:
-        reason = _diagnose(pending, classes, pools, preallocated, cel_devices, pending_reports)
+        reason = _diagnose(pending, inventory, pending_reports)
     ordered = []
     pending_iter = iter(pending_reports)
     for index in range(len(claims)):
@@ -588,7 +600,11 @@ def _explain_requests(
 
 
 def _verdict(
-    device: Device, device_class: DeviceClass | None, request: DeviceRequest, claim: Claim, cel_devices: dict[str, CELDevice]
+    device: Device,
+    device_class: DeviceClass | None,
+    request: DeviceRequest,
+    claim: Claim,
+    cel_devices: dict[str, CELDevice],
 ) -> DeviceVerdict:
     outcomes: list[SelectorOutcome] = []
     matches = True
@@ -602,7 +618,9 @@ def _verdict(
             if not matches or error:
                 outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
                 continue
-            outcome, message, compile_error = evaluate_selector(expression, cel_devices[device.id], device.driver)
+            outcome, message, compile_error = evaluate_selector(
+                expression, cel_devices[device.id], device.driver
+            )
             outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
             if outcome == "error":
                 kind = "CEL compile error" if compile_error else "CEL runtime error"
@@ -614,44 +632,31 @@ def _verdict(
     return DeviceVerdict(device.id, outcomes, matches and error is None, error)
 
 
-def _diagnose(
-    claims: Sequence[Claim],
-    classes: Mapping[str, DeviceClass],
-    pools: list[_Pool],
-    preallocated: set[str],
-    cel_devices: dict[str, CELDevice],
-    reports: list[ClaimReport],
-) -> str:
+def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[ClaimReport]) -> str:
     """Name the first claim that cannot be added, and why."""
     for count in range(1, len(claims) + 1):
         try:
-            if _allocates(claims[:count], classes, pools, preallocated, cel_devices):
+            if _allocates(claims[:count], inventory):
                 continue
             culprit = claims[count - 1]
             report = reports[count - 1]
-            fits_alone = count > 1 and _allocates([culprit], classes, pools, preallocated, cel_devices)
+            fits_alone = count > 1 and _allocates([culprit], inventory)
         except AllocationError as err:
             return str(err)
         if fits_alone:
             earlier = ", ".join(c.ref for c in claims[: count - 1])
             report.reason = (
-                f"claim {culprit.ref} fits on its own, but not together with {earlier}: devices cannot be shared "
-                "between claims"
+                f"claim {culprit.ref} fits on its own, but not together with {earlier}: devices cannot be "
+                "shared between claims"
             )
             return report.reason
-        report.reason = _claim_reason(culprit, report, preallocated)
+        report.reason = _claim_reason(culprit, report, inventory.preallocated)
         return f"claim {culprit.ref}: {report.reason}"
     return "no allocation satisfies all claims"  # pragma: no cover - the full search failed above
 
 
-def _allocates(
-    claims: Sequence[Claim],
-    classes: Mapping[str, DeviceClass],
-    pools: list[_Pool],
-    preallocated: set[str],
-    cel_devices: dict[str, CELDevice],
-) -> bool:
-    trial = _Allocator(claims, classes, pools, preallocated, cel_devices)
+def _allocates(claims: Sequence[Claim], inventory: _Inventory) -> bool:
+    trial = _Allocator(claims, inventory)
     trial.prepare()
     return trial.allocate_one(0, 0, 0, 0, False)
 

@@ -15,7 +15,7 @@ from dradriver.cel.decls import UNSUPPORTED_FUNCTIONS, Overload
 from dradriver.cel.parser import format_issue
 
 
-class CheckIssue(Exception):
+class CheckError(Exception):
     def __init__(self, message: str, pos: tuple[int, int]) -> None:
         super().__init__(message)
         self.message = message
@@ -142,17 +142,17 @@ class Checker:
         elif isinstance(e, ast.MapExpr):
             self._check_map(e)
         elif isinstance(e, ast.StructExpr):
-            raise CheckIssue(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
+            raise CheckError(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
         elif isinstance(e, ast.Comprehension):
             self._check_comprehension(e)
         else:  # pragma: no cover - the parser produces no other node kinds
-            raise CheckIssue(f"unexpected expression {type(e).__name__}", e.pos)
+            raise CheckError(f"unexpected expression {type(e).__name__}", e.pos)
 
     def _check_ident(self, e: ast.Ident) -> None:
         name = e.name.removeprefix(".")
         found = self._lookup_ident(name)
         if found is None:
-            raise CheckIssue(f"undeclared reference to '{name}' (in container '')", e.pos)
+            raise CheckError(f"undeclared reference to '{name}' (in container '')", e.pos)
         ty, is_type = found
         if is_type:
             self.result.type_idents[e] = TYPE_IDENTS[name]
@@ -179,15 +179,15 @@ class Checker:
         if operand_type.kind is t.Kind.STRUCT:
             fields = STRUCT_FIELDS.get(operand_type.name)
             if fields is None:
-                raise CheckIssue(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
+                raise CheckError(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
             if field_name not in fields:
-                raise CheckIssue(f"undefined field '{field_name}'", e.pos)
+                raise CheckError(f"undefined field '{field_name}'", e.pos)
             return fields[field_name]
         if operand_type.kind is t.Kind.TYPE_PARAM:
             self._is_assignable(t.DYN, operand_type)
             return t.DYN
         if not t.is_dyn_or_error(operand_type):
-            raise CheckIssue(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
+            raise CheckError(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
         return t.DYN
 
     def _check_call(self, e: ast.Call) -> None:
@@ -220,12 +220,12 @@ class Checker:
 
     def _undeclared_function(self, name: str, pos: tuple[int, int]) -> None:
         if name in UNSUPPORTED_FUNCTIONS:
-            raise CheckIssue(
+            raise CheckError(
                 f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
                 "evaluate it (supported: standard CEL, strings, lists, sets, regex, quantity, semver)",
                 pos,
             )
-        raise CheckIssue(f"undeclared reference to '{name}' (in container '')", pos)
+        raise CheckError(f"undeclared reference to '{name}' (in container '')", pos)
 
     def _resolve(self, e: ast.Call, name: str, overloads: list[Overload], target: ast.Expr | None) -> None:
         arg_types = ([self._get(target)] if target is not None else []) + [self._get(a) for a in e.args]
@@ -238,7 +238,7 @@ class Checker:
             if name in (ast.LOGICAL_AND, ast.LOGICAL_OR):
                 for node, arg_type in zip(args_nodes, arg_types, strict=True):
                     if not self._is_assignable(arg_type, t.BOOL):
-                        raise CheckIssue(
+                        raise CheckError(
                             f"expected type 'bool' but found '{t.format_type(arg_type)}'", node.pos
                         )
                 self.result.overloads[e] = [overload]
@@ -271,7 +271,9 @@ class Checker:
             else:
                 signature_text = f"({', '.join(shown)})"
             display = _display_name(name)
-            raise CheckIssue(f"found no matching overload for '{display}' applied to '{signature_text}'", e.pos)
+            raise CheckError(
+                f"found no matching overload for '{display}' applied to '{signature_text}'", e.pos
+            )
         self.result.overloads[e] = matched
         self._set(e, result_type)
 
@@ -281,7 +283,7 @@ class Checker:
         if self._is_assignable(previous, current):
             return t.most_general(previous, current)
         # HomogeneousAggregateLiterals: mixed element types are an error, not dyn.
-        raise CheckIssue(
+        raise CheckError(
             f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos
         )
 
@@ -327,7 +329,7 @@ class Checker:
             var_type = t.DYN
             var2_type = t.DYN if e.iter_var2 else None
         else:
-            raise CheckIssue(
+            raise CheckError(
                 f"expression of type '{t.format_type(range_type)}' cannot be range of a comprehension "
                 "(must be list, map, or dynamic)",
                 e.iter_range.pos,
@@ -350,7 +352,7 @@ class Checker:
     def _assert_type(self, node: ast.Expr, expected: t.Type) -> None:
         actual = self._get(node)
         if not self._is_assignable(expected, actual):
-            raise CheckIssue(
+            raise CheckError(
                 f"expected type '{t.format_type(expected)}' but found '{t.format_type(actual)}'", node.pos
             )
 
@@ -408,7 +410,7 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
                 if first is None:
                     first = ty
                 elif not is_equivalent(first, ty):
-                    raise CheckIssue(
+                    raise CheckError(
                         f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'", element.pos
                     )
         elif isinstance(node, ast.MapExpr):
@@ -420,12 +422,13 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
                     key_type, value_type = kt, vt
                     continue
                 if not is_equivalent(key_type, kt):
-                    raise CheckIssue(
+                    raise CheckError(
                         f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'", key.pos
                     )
                 if not is_equivalent(value_type, vt):
-                    raise CheckIssue(
-                        f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'", value.pos
+                    raise CheckError(
+                        f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'",
+                        value.pos,
                     )
 
 
@@ -456,5 +459,5 @@ def children(node: ast.Expr) -> list[ast.Expr]:
     return []
 
 
-def issue_text(expression: str, issue: CheckIssue) -> str:
+def issue_text(expression: str, issue: CheckError) -> str:
     return format_issue(expression, issue.message, issue.pos)

@@ -247,7 +247,12 @@ def declarations() -> dict[str, list[Overload]]:
         "upperAscii": [ov("string_upper_ascii", [t.STRING], t.STRING, member=True)],
         "replace": [
             ov("string_replace_string_string", [t.STRING, t.STRING, t.STRING], t.STRING, member=True),
-            ov("string_replace_string_string_int", [t.STRING, t.STRING, t.STRING, t.INT], t.STRING, member=True),
+            ov(
+                "string_replace_string_string_int",
+                [t.STRING, t.STRING, t.STRING, t.INT],
+                t.STRING,
+                member=True,
+            ),
         ],
         "split": [
             ov("string_split_string", [t.STRING, t.STRING], STRING_LIST, member=True),

@@ -39,5 +39,5 @@ class EvalError(Exception):
         self.message = message
 
 
-class CostLimitExceeded(Exception):
+class CostLimitError(Exception):
     """Aborts the whole evaluation at once; unlike EvalError no operator can absorb it."""

@@ -12,9 +12,9 @@ import math
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from dradriver.cel.errors import CostLimitExceeded, EvalError
+from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
@@ -96,19 +96,19 @@ def _find_all(compiled: Any, text: str, limit: int) -> list[str]:
 def _str(value: Any, function: str, *others: Any) -> str:
     if type(value) is not str:
         raise no_such_overload(function, value, *others)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _int(value: Any, function: str, *others: Any) -> int:
     if type(value) is not int:
         raise no_such_overload(function, value, *others)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _list(value: Any, function: str, *others: Any) -> Sequence[Any]:
     if not is_list(value):
         raise no_such_overload(function, value, *others)
-    return value  # type: ignore[no-any-return]
+    return cast("Sequence[Any]", value)
 
 
 def _go_trunc_div(a: int, b: int) -> int:
@@ -265,7 +265,7 @@ _GO_BOOL.update({"0": False, "f": False, "F": False, "FALSE": False, "false": Fa
 
 def to_bool(value: Any) -> bool:
     if type(value) is bool:
-        return value  # type: ignore[no-any-return]
+        return value
     if type(value) is str:
         if value in _GO_BOOL:
             return _GO_BOOL[value]
@@ -275,9 +275,9 @@ def to_bool(value: Any) -> bool:
 
 def to_bytes(value: Any) -> bytes:
     if type(value) is bytes:
-        return value  # type: ignore[no-any-return]
+        return value
     if type(value) is str:
-        return value.encode("utf-8", errors="surrogateescape")  # type: ignore[no-any-return]
+        return value.encode("utf-8", errors="surrogateescape")
     raise no_such_overload("bytes", value)
 
 
@@ -290,7 +290,7 @@ _GO_FLOAT = re.compile(
 def to_double(value: Any) -> float:
     tv = type(value)
     if tv is float:
-        return value  # type: ignore[no-any-return]
+        return cast(float, value)
     if tv is int or tv is UInt:
         return float(value)
     if tv is str:
@@ -306,7 +306,7 @@ def to_double(value: Any) -> float:
 def to_int(value: Any) -> int:
     tv = type(value)
     if tv is int:
-        return value  # type: ignore[no-any-return]
+        return cast(int, value)
     if tv is UInt:
         if value > INT64_MAX:
             raise EvalError("integer overflow")
@@ -327,7 +327,7 @@ def to_int(value: Any) -> int:
 def to_uint(value: Any) -> UInt:
     tv = type(value)
     if tv is UInt:
-        return value  # type: ignore[no-any-return]
+        return cast(UInt, value)
     if tv is int:
         if value < 0:
             raise EvalError("unsigned integer overflow")
@@ -348,7 +348,7 @@ def to_uint(value: Any) -> UInt:
 def to_string(value: Any) -> str:
     tv = type(value)
     if tv is str:
-        return value  # type: ignore[no-any-return]
+        return cast(str, value)
     if tv is bool:
         return "true" if value else "false"
     if tv is int or tv is UInt:
@@ -357,7 +357,7 @@ def to_string(value: Any) -> str:
         return go_format_float(value)
     if tv is bytes:
         try:
-            return value.decode("utf-8")  # type: ignore[no-any-return]
+            return cast(bytes, value).decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
     raise no_such_overload("string", value)
@@ -467,7 +467,7 @@ def replace(s: Any, old: Any, new: Any, *count: Any) -> str:
     if n > 0:
         occurrences = min(occurrences, n)
     if len(text) + occurrences * (len(repl) - len(needle)) > MAX_VALUE_SIZE:
-        raise CostLimitExceeded("operation cancelled: actual cost limit exceeded")
+        raise CostLimitError("operation cancelled: actual cost limit exceeded")
     if n < 0:
         return _go_replace_all(text, needle, repl)
     return _go_replace_n(text, needle, repl, n)
@@ -526,7 +526,10 @@ def substring(s: Any, start: Any, *end: Any) -> str:
 
 
 # unicode.IsSpace: the Latin-1 spaces plus the Unicode White_Space property.
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def trim(s: Any) -> str:
@@ -546,7 +549,9 @@ def quote(s: Any) -> str:
     text = _str(s, "strings.quote")
     escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
     escapes.update({"\\": "\\\\", '"': '\\"'})
-    return '"' + "".join(escapes.get(ch, "\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch) for ch in text) + '"'
+    return (
+        '"' + "".join(escapes.get(ch, "\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch) for ch in text) + '"'
+    )
 
 
 # -- regex library (Kubernetes) ---------------------------------------------------------------------
@@ -681,13 +686,15 @@ def sort(items: Any) -> tuple[Any, ...]:
 
 
 def sort_by_keys(items: Any, keys: Any) -> tuple[Any, ...]:
-    return _sort_keys(_list(items, "@sortByAssociatedKeys", keys), _list(keys, "@sortByAssociatedKeys", items))
+    return _sort_keys(
+        _list(items, "@sortByAssociatedKeys", keys), _list(keys, "@sortByAssociatedKeys", items)
+    )
 
 
 def lists_range(n: Any) -> tuple[int, ...]:
     count = _int(n, "lists.range")
     if count > MAX_VALUE_SIZE:
-        raise CostLimitExceeded("operation cancelled: actual cost limit exceeded")
+        raise CostLimitError("operation cancelled: actual cost limit exceeded")
     return tuple(range(max(count, 0)))
 
 
@@ -759,7 +766,7 @@ def is_quantity(s: Any) -> bool:
 def _quantity(value: Any, function: str, *others: Any) -> Quantity:
     if type(value) is not Quantity:
         raise no_such_overload(function, value, *others)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def sign(q: Any) -> int:
@@ -798,9 +805,9 @@ def quantity_sub(q: Any, other: Any) -> Quantity:
 def _ordered(a: Any, b: Any, function: str) -> int:
     ta, tb = type(a), type(b)
     if ta is Quantity and tb is Quantity:
-        return a.compare(b)  # type: ignore[no-any-return]
+        return cast(int, a.compare(b))
     if ta is Semver and tb is Semver:
-        return a.compare(b)  # type: ignore[no-any-return]
+        return cast(int, a.compare(b))
     raise no_such_overload(function, a, b)
 
 
@@ -843,7 +850,7 @@ def is_semver(s: Any, *normalize: Any) -> bool:
 def _semver(value: Any, function: str) -> Semver:
     if type(value) is not Semver:
         raise no_such_overload(function, value)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _go_int64(value: int) -> int:
@@ -881,7 +888,7 @@ def _double_traversal(args: Sequence[Any], _result: Any) -> int:
 def _regex_cost(args: Sequence[Any], _result: Any) -> int:
     str_cost = math.ceil((1 + size_of(args[0])) * STRING_TRAVERSAL_COST_FACTOR)
     regex_cost = math.ceil(size_of(args[1]) * REGEX_STRING_LENGTH_COST_FACTOR)
-    return int(str_cost * regex_cost)
+    return str_cost * regex_cost
 
 
 def _contains_cost(args: Sequence[Any], _result: Any) -> int:
@@ -915,28 +922,31 @@ def _sets_cost(args: Sequence[Any], _result: Any) -> int:
 
 def _sort_cost(args: Sequence[Any], _result: Any) -> int:
     n = size_of(args[0])
-    return int(math.ceil(n * math.log2(n))) if n > 1 else 1
+    return math.ceil(n * math.log2(n)) if n > 1 else 1
 
 
 RUNTIME: dict[str, tuple[Callable[..., Any], Callable[[Sequence[Any], Any], int] | None]] = {
-    "_+_": (add, lambda a, r: math.ceil((size_of(a[0]) + size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
+    "_+_": (add, lambda a, _r: math.ceil((size_of(a[0]) + size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
     "_-_": (subtract, None),
     "_*_": (multiply, None),
     "_/_": (divide, None),
     "_%_": (modulo, None),
     "-_": (negate, None),
     "!_": (logical_not, None),
-    "_<_": (less, lambda a, r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
+    "_<_": (less, lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
     "_<=_": (
         less_equals,
-        lambda a, r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
+        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
     ),
-    "_>_": (greater, lambda a, r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
+    "_>_": (
+        greater,
+        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
+    ),
     "_>=_": (
         greater_equals,
-        lambda a, r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
+        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
     ),
-    "@in": (contains_in, lambda a, r: size_of(a[1]) if is_list(a[1]) else 1),
+    "@in": (contains_in, lambda a, _r: size_of(a[1]) if is_list(a[1]) else 1),
     "size": (size, None),
     "type": (to_type, None),
     "dyn": (to_dyn, None),

@@ -38,22 +38,32 @@ STANDARD_ATTRIBUTES = frozenset({"pciBusID", "pcieRoot", "numaNode"})
 PUBLISHED_CAPACITIES = frozenset({"memory"})
 
 _Q = r"""(?P<q>["'])"""
-_BARE_DOMAIN = re.compile(r"device\.(?P<map>attributes|capacity)\[\s*" + _Q + r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\s*\]")
+_BARE_DOMAIN = re.compile(
+    r"device\.(?P<map>attributes|capacity)\[\s*" + _Q + r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)\s*\]"
+)
 _MEMORY_ATTRIBUTE = re.compile(
-    r"device\.attributes\[\s*" + _Q + r"(?P<domain>[^\"']+)(?P=q)\s*\]\s*(?:\.memory\b|\[\s*[\"']memory[\"']\s*\])"
+    r"device\.attributes\[\s*"
+    + _Q
+    + r"(?P<domain>[^\"']+)(?P=q)\s*\]\s*(?:\.memory\b|\[\s*[\"']memory[\"']\s*\])"
 )
 _COMPUTE_DOTTED = re.compile(r"\.compute\.(?P<part>major|minor)\b")
 _COMPUTE_QUOTED = re.compile(r"""\[\s*(?P<q>["'])compute\.(?P<part>major|minor)(?P=q)\s*\]""")
-_VERSION_ATTR = r"(?P<attr>device\.attributes\[\s*[\"'][^\"']+[\"']\s*\]\.(?P<name>" + "|".join(
-    sorted(VERSION_ATTRIBUTES)
-) + r"))"
-_VERSION_LEFT = re.compile(_VERSION_ATTR + r"\s*(?P<op>==|!=|>=|<=|>|<)\s*(?P<q>[\"'])(?P<text>[^\"']*)(?P=q)")
+_VERSION_ATTR = (
+    r"(?P<attr>device\.attributes\[\s*[\"'][^\"']+[\"']\s*\]\.(?P<name>"
+    + "|".join(sorted(VERSION_ATTRIBUTES))
+    + r"))"
+)
+_VERSION_LEFT = re.compile(
+    _VERSION_ATTR + r"\s*(?P<op>==|!=|>=|<=|>|<)\s*(?P<q>[\"'])(?P<text>[^\"']*)(?P=q)"
+)
 _VERSION_RIGHT = re.compile(r"(?P<q>[\"'])(?P<text>[^\"']*)(?P=q)\s*(?P<op>==|!=)\s*" + _VERSION_ATTR)
 _QUANTITY_COMPARE = re.compile(
     r"(?P<attr>device\.capacity\[\s*[\"'][^\"']+[\"']\s*\]\.[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>==|!=|>=|<=|>|<)\s*"
     r"(?P<value>(?P<q>[\"'])[^\"']*(?P=q)|[0-9]+)"
 )
-_DOMAIN_LITERAL = re.compile(r"device\.(?:attributes|capacity)\[\s*" + _Q + r"(?P<domain>[a-z0-9.-]+\.[a-z0-9.-]+)(?P=q)")
+_DOMAIN_LITERAL = re.compile(
+    r"device\.(?:attributes|capacity)\[\s*" + _Q + r"(?P<domain>[a-z0-9.-]+\.[a-z0-9.-]+)(?P=q)"
+)
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,8 @@ def hints_for(expression: str, driver: str) -> list[Hint]:
         replacement = f'device.{kind}["{domain}"].{name}'
         found.append(
             Hint(
-                f'"{name}" is an attribute name, not a domain: device.{match["map"]}["{name}"] is an empty map '
-                f"for every device; names are looked up under their domain",
+                f'"{name}" is an attribute name, not a domain: device.{match["map"]}["{name}"] is an '
+                "empty map for every device; names are looked up under their domain",
                 expression[: match.start()] + replacement + expression[match.end() :],
             )
         )

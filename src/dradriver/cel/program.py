@@ -20,7 +20,7 @@ from typing import Any
 from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
-from dradriver.cel.errors import CostLimitExceeded, EvalError
+from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, compile_regex
 from dradriver.cel.values import (
     EMPTY_MAP,
@@ -70,7 +70,7 @@ _UNINIT = object()
 DEVICE_SLOT = 0
 
 
-class UnsupportedFunction(Exception):
+class UnsupportedFunctionError(Exception):
     """A declared function dradriver does not evaluate (timestamps, durations)."""
 
     def __init__(self, name: str, pos: tuple[int, int]) -> None:
@@ -81,7 +81,7 @@ class UnsupportedFunction(Exception):
 
 def check_budget(act: Activation) -> None:
     if act.cost > act.limit:
-        raise CostLimitExceeded(COST_LIMIT_MESSAGE)
+        raise CostLimitError(COST_LIMIT_MESSAGE)
 
 
 # -- field selection and indexing (attributes.go refQualify) ------------------------------------------
@@ -153,7 +153,9 @@ def has_field(obj: Any, name: str) -> bool:
 class Compiler:
     def __init__(self, check: CheckResult, variables: dict[str, int]) -> None:
         self.check = check
-        self.scope: dict[str, tuple[int, Eval | None]] = {name: (slot, None) for name, slot in variables.items()}
+        self.scope: dict[str, tuple[int, Eval | None]] = {
+            name: (slot, None) for name, slot in variables.items()
+        }
         self.slot_count = max(variables.values(), default=-1) + 1
 
     def new_slot(self) -> int:
@@ -163,7 +165,7 @@ class Compiler:
     def compile(self, e: ast.Expr) -> Eval:
         if isinstance(e, ast.Literal):
             value = e.value
-            return lambda a: value
+            return lambda _a: value
         if isinstance(e, ast.Ident):
             return self._ident(e)
         if isinstance(e, ast.Select):
@@ -184,7 +186,7 @@ class Compiler:
         type_ident = self.check.type_idents.get(e)
         if type_ident is not None:
             value = TypeValue(_type_value_name(type_ident))
-            return lambda a: value
+            return lambda _a: value
         slot, init = self.scope[e.name.removeprefix(".")]
         if init is None:
 
@@ -273,7 +275,7 @@ class Compiler:
         type_ident = self.check.type_idents.get(e)
         if type_ident is not None:
             value = TypeValue(_type_value_name(type_ident))
-            return lambda a: value
+            return lambda _a: value
         if e.test_only:
             operand = self.compile(e.operand)
             name = e.field
@@ -312,7 +314,7 @@ class Compiler:
         if special is not None:
             return special(e, args)
         if name not in RUNTIME:
-            raise UnsupportedFunction(name, e.pos)
+            raise UnsupportedFunctionError(name, e.pos)
         impl, cost_fn = RUNTIME[name]
         if name == "sum":
             impl = _typed_sum(self.check.overloads.get(e, []))
@@ -372,6 +374,7 @@ class Compiler:
         error; otherwise the first error (or non-bool operand) in evaluation order is returned.
         """
         left, right = (self.compile(arg) for arg in args)
+        decided: bool = absorbing
 
         def logical(a: Activation) -> bool:
             try:
@@ -379,13 +382,13 @@ class Compiler:
             except EvalError as err:
                 lhs = err
             if lhs is absorbing:
-                return absorbing
+                return decided
             try:
                 rhs = right(a)
             except EvalError as err:
                 rhs = err
             if rhs is absorbing:
-                return absorbing
+                return decided
             for side in (lhs, rhs):
                 if isinstance(side, EvalError):
                     raise side
@@ -437,7 +440,7 @@ class Compiler:
             def simple_equality(a: Activation) -> bool:
                 lhs, rhs = left(a), right(a)
                 a.cost += 1
-                return (lhs != rhs) if negate else (lhs == rhs)
+                return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
             return simple_equality
         if left_type == t.STRING and right_type == t.STRING:
@@ -445,7 +448,7 @@ class Compiler:
             def string_equality(a: Activation) -> bool:
                 lhs, rhs = left(a), right(a)
                 a.cost += _string_eq_cost(lhs, rhs)
-                return (lhs != rhs) if negate else (lhs == rhs)
+                return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
             return string_equality
 
@@ -475,7 +478,7 @@ class Compiler:
     def _list(self, e: ast.ListExpr) -> Eval:
         if all(isinstance(el, ast.Literal) for el in e.elements):
             constant = tuple(el.value for el in e.elements)  # type: ignore[attr-defined]
-            return lambda a: constant
+            return lambda _a: constant
         elements = [self.compile(el) for el in e.elements]
 
         def make_list(a: Activation) -> tuple[Any, ...]:

@@ -19,7 +19,9 @@ _MAX_INT64_FACTORS = 18
 # The largest value a BinarySI quantity is clamped to (maxAllowed in quantity.go).
 _MAX_ALLOWED = _INT64_MAX
 
-ERR_FORMAT_WRONG = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+ERR_FORMAT_WRONG = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
 ERR_NUMERIC = "unable to parse numeric part of quantity"
 ERR_SUFFIX = "unable to parse quantity's suffix"
 
@@ -248,9 +250,14 @@ def _pow10(exponent: int) -> float:
 
 def _compare_exact(a: int, a_exp: int, b: int, b_exp: int) -> int:
     low = min(a_exp, b_exp)
-    left = a * 10 ** (a_exp - low)
-    right = b * 10 ** (b_exp - low)
+    left = a * _ten_to(a_exp - low)
+    right = b * _ten_to(b_exp - low)
     return (left > right) - (left < right)
+
+
+def _ten_to(exponent: int) -> int:
+    """10**exponent for exponent >= 0, typed as an int."""
+    return int(10**exponent)
 
 
 def _int64_amount_add(a: int, a_scale: int, b: int, b_scale: int) -> tuple[int, int] | None:

@@ -10,10 +10,10 @@ from typing import Any
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.checker import DEVICE_TYPE, CheckIssue, Checker, issue_text, validate_aggregates, walk
+from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issue_text, validate_aggregates, walk
 from dradriver.cel.decls import declarations
 from dradriver.cel.device import CELDevice, to_cel_device
-from dradriver.cel.errors import CELCompileError, CELRuntimeError, CostLimitExceeded, EvalError
+from dradriver.cel.errors import CELCompileError, CELRuntimeError, CostLimitError, EvalError
 from dradriver.cel.functions import compile_regex
 from dradriver.cel.parser import format_issue, parse
 from dradriver.cel.program import (
@@ -23,7 +23,7 @@ from dradriver.cel.program import (
     Activation,
     Compiler,
     Eval,
-    UnsupportedFunction,
+    UnsupportedFunctionError,
 )
 from dradriver.cel.values import type_name
 
@@ -47,7 +47,9 @@ class Selector:
 
     __slots__ = ("_program", "_slot_count", "cost_limit", "expression", "result_type")
 
-    def __init__(self, expression: str, program: Eval, slot_count: int, result_type: t.Type, cost_limit: int) -> None:
+    def __init__(
+        self, expression: str, program: Eval, slot_count: int, result_type: t.Type, cost_limit: int
+    ) -> None:
         self.expression = expression
         self.result_type = result_type
         self.cost_limit = cost_limit
@@ -66,7 +68,9 @@ class Selector:
         """Like `matches`, and also report the cost spent (cel-go's actual cost, approximately)."""
         if isinstance(device, CELDevice):
             if device.driver != driver:
-                raise ValueError(f"device {device.name!r} was converted for driver {device.driver!r}, not {driver!r}")
+                raise ValueError(
+                    f"device {device.name!r} was converted for driver {device.driver!r}, not {driver!r}"
+                )
             cel_device = device
         else:
             cel_device = to_cel_device(device, driver)
@@ -78,7 +82,7 @@ class Selector:
             result = self._program(act)
         except EvalError as err:
             raise CELRuntimeError(err.message) from None
-        except CostLimitExceeded:
+        except CostLimitError:
             raise CELRuntimeError(COST_LIMIT_MESSAGE) from None
         except RecursionError:
             raise CELRuntimeError("evaluation nests too deeply") from None
@@ -141,7 +145,7 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         checked = Checker(_DECLARATIONS, {"device": DEVICE_TYPE}).check(root)
         validate_aggregates(root, checked)
         _validate_regex_literals(root)
-    except CheckIssue as issue:
+    except CheckError as issue:
         raise CELCompileError(issue_text(expression, issue), expression=expression) from None
     except RecursionError:
         raise CELCompileError(
@@ -150,12 +154,13 @@ def _compile(expression: str, cost_limit: int) -> Selector:
     result_type = checked.types[root]
     if result_type.kind not in (t.Kind.BOOL, t.Kind.ANY):
         raise CELCompileError(
-            f"must evaluate to bool or the unknown type, not {_type_string(result_type)}", expression=expression
+            f"must evaluate to bool or the unknown type, not {_type_string(result_type)}",
+            expression=expression,
         )
     compiler = Compiler(checked, {"device": DEVICE_SLOT})
     try:
         program = compiler.compile(root)
-    except UnsupportedFunction as unsupported:
+    except UnsupportedFunctionError as unsupported:
         raise CELCompileError(
             format_issue(
                 expression,
@@ -187,4 +192,4 @@ def _validate_regex_literals(root: ast.Expr) -> None:
                 try:
                     compile_regex(first.value)
                 except EvalError:
-                    raise CheckIssue("invalid matches argument", first.pos) from None
+                    raise CheckError("invalid matches argument", first.pos) from None

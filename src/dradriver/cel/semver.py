@@ -59,7 +59,9 @@ class _PreRelease:
             raise SemverError("Prerelease is empty")
         if _contains_only(text, _NUMBERS):
             if _has_leading_zeroes(text):
-                raise SemverError(f"Numeric PreRelease version must not contain leading zeroes {_go_quote(text)}")
+                raise SemverError(
+                    f"Numeric PreRelease version must not contain leading zeroes {_go_quote(text)}"
+                )
             return cls(_parse_uint(text), text)
         if _contains_only(text, _ALPHANUM):
             return cls(None, text)

@@ -45,6 +45,7 @@ class Type:
     name: str
     params: tuple[Type, ...]
     free: bool
+    _hash: int
 
     def __init__(self, kind: Kind, name: str, params: tuple[Type, ...] = ()) -> None:
         object.__setattr__(self, "kind", kind)
@@ -70,7 +71,7 @@ class Type:
         )
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[no-any-return]
+        return self._hash
 
     def __repr__(self) -> str:
         return f"Type({format_type(self)})"

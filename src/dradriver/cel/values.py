@@ -9,8 +9,9 @@ across types, Quantity vs string errors instead of being unequal).
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from dradriver.cel.errors import EvalError
@@ -143,14 +144,14 @@ def equal(a: object, b: object) -> bool:
         return _list_equal(a, b)  # type: ignore[arg-type]
     if isinstance(a, dict):
         return _map_equal(a, b)
-    if ta is Quantity:
-        if type(b) is not Quantity:
+    if isinstance(a, Quantity):
+        if not isinstance(b, Quantity):
             raise EvalError("no such overload")
-        return a.compare(b) == 0  # type: ignore[attr-defined]
-    if ta is Semver:
-        if type(b) is not Semver:
+        return a.compare(b) == 0
+    if isinstance(a, Semver):
+        if not isinstance(b, Semver):
             raise EvalError("no such overload")
-        return a.compare(b) == 0  # type: ignore[attr-defined]
+        return a.compare(b) == 0
     if ta is TypeValue:
         return type(b) is TypeValue and a == b
     return a == b
@@ -213,7 +214,7 @@ def map_find(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
 
 def _compare_numbers(a: int | float, b: int | float) -> int:
     if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, float) and math.isnan(a) or isinstance(b, float) and math.isnan(b):
+        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             raise EvalError("NaN values cannot be ordered")
         if isinstance(a, float) and isinstance(b, float):
             return (a > b) - (a < b)
@@ -230,9 +231,7 @@ def _compare_numbers(a: int | float, b: int | float) -> int:
     return (a > b) - (a < b)
 
 
-def _exact(value: float) -> Any:
-    from fractions import Fraction
-
+def _exact(value: float) -> Fraction:
     return Fraction(value)
 
 
@@ -242,11 +241,12 @@ def compare(a: object, b: object, function: str) -> int:
     if ta in _NUMERIC and tb in _NUMERIC:
         return _compare_numbers(a, b)  # type: ignore[arg-type]
     if ta is tb and ta in (str, bytes, bool):
-        return (a > b) - (a < b)  # type: ignore[operator]
+        left: Any = a
+        return int((left > b) - (left < b))
     raise no_such_overload(function, a, b)
 
 
-def iterate(value: object, function: str = "comprehension") -> Iterator[Any]:
+def iterate(value: object) -> Iterator[Any]:
     """Iteration order of a comprehension range: list elements or map keys."""
     if is_list(value):
         return iter(value)  # type: ignore[call-overload,no-any-return]
@@ -268,10 +268,8 @@ def check_uint(value: int) -> UInt:
 
 
 def size_of(value: object) -> int:
-    if type(value) is str:
-        return len(value)  # type: ignore[arg-type]
-    if type(value) is bytes or is_list(value) or isinstance(value, Mapping):
-        return len(value)  # type: ignore[arg-type]
+    if isinstance(value, str | bytes | tuple | list | Mapping):
+        return len(value)
     return 1
 
 
@@ -282,7 +280,7 @@ def format_value(value: object) -> str:
     if value is None:
         return "null"
     if type(value) is float:
-        return go_format_float(value)  # type: ignore[arg-type]
+        return go_format_float(value)
     return str(value)
 
 
