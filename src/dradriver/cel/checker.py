@@ -13,6 +13,7 @@ from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.decls import UNSUPPORTED_FUNCTIONS, Overload
 from dradriver.cel.parser import format_issue
+from dradriver.cel.values import UInt
 
 
 class CheckError(Exception):
@@ -371,8 +372,6 @@ def _qualified_name(e: ast.Expr) -> str | None:
 
 
 def _literal_type(value: object) -> t.Type:
-    from dradriver.cel.values import UInt
-
     if value is None:
         return t.NULL
     if isinstance(value, bool):

@@ -746,48 +746,32 @@ def _transform_list(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]
     )
 
 
-def _transform_map(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
-    first, second = _two_var_vars(args)
-    fn = args[-1]
-    accu = _accu(pos)
-    step: ast.Expr = ast.Call("cel.@mapInsert", [accu, ast.Ident(first, pos=pos), fn], pos=pos)
-    if len(args) == 4:
-        step = ast.Call(ast.CONDITIONAL, [args[2], step, accu], pos=pos)
-    return ast.Comprehension(
-        target,
-        first,
-        ast.ACCUMULATOR,
-        ast.MapExpr([], pos=pos),
-        ast.Literal(True, pos=pos),
-        step,
-        accu,
-        iter_var2=second,
-        macro="transformMap",
-        macro_args=args,
-        pos=pos,
-    )
+def _transform_map(entries: bool) -> Callable[[ast.Expr, list[ast.Expr], tuple[int, int]], ast.Expr]:
+    """transformMap (insert key -> value) or transformMapEntry (merge the produced one-entry map)."""
 
+    def expand(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
+        first, second = _two_var_vars(args)
+        fn = args[-1]
+        accu = _accu(pos)
+        inserted = [accu, fn] if entries else [accu, ast.Ident(first, pos=pos), fn]
+        step: ast.Expr = ast.Call("cel.@mapInsert", inserted, pos=pos)
+        if len(args) == 4:
+            step = ast.Call(ast.CONDITIONAL, [args[2], step, accu], pos=pos)
+        return ast.Comprehension(
+            target,
+            first,
+            ast.ACCUMULATOR,
+            ast.MapExpr([], pos=pos),
+            ast.Literal(True, pos=pos),
+            step,
+            accu,
+            iter_var2=second,
+            macro="transformMapEntry" if entries else "transformMap",
+            macro_args=args,
+            pos=pos,
+        )
 
-def _transform_map_entry(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
-    first, second = _two_var_vars(args)
-    fn = args[-1]
-    accu = _accu(pos)
-    step: ast.Expr = ast.Call("cel.@mapInsert", [accu, fn], pos=pos)
-    if len(args) == 4:
-        step = ast.Call(ast.CONDITIONAL, [args[2], step, accu], pos=pos)
-    return ast.Comprehension(
-        target,
-        first,
-        ast.ACCUMULATOR,
-        ast.MapExpr([], pos=pos),
-        ast.Literal(True, pos=pos),
-        step,
-        accu,
-        iter_var2=second,
-        macro="transformMapEntry",
-        macro_args=args,
-        pos=pos,
-    )
+    return expand
 
 
 def _sort_by(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
@@ -831,9 +815,9 @@ _RECEIVER_MACROS: dict[
     ("exists_one", 3): _two_var_quantifier("exists_one"),
     ("transformList", 3): _transform_list,
     ("transformList", 4): _transform_list,
-    ("transformMap", 3): _transform_map,
-    ("transformMap", 4): _transform_map,
-    ("transformMapEntry", 3): _transform_map_entry,
-    ("transformMapEntry", 4): _transform_map_entry,
+    ("transformMap", 3): _transform_map(entries=False),
+    ("transformMap", 4): _transform_map(entries=False),
+    ("transformMapEntry", 3): _transform_map(entries=True),
+    ("transformMapEntry", 4): _transform_map(entries=True),
     ("sortBy", 2): _sort_by,
 }
