@@ -273,3 +273,20 @@ def test_bare_names_live_under_the_driver_domain() -> None:
     )
     selector = compile_selector(f'{A}.uuid == "u1" && device.attributes["x.example.com"].a == 1')
     assert selector.matches(device, DRIVER) is True
+
+
+def test_long_logical_chains_are_balanced_not_nested() -> None:
+    # parser.go: `conditionalOr: conditionalAnd ('||' conditionalAnd)*` is a flat repetition that
+    # the balancing logic manager turns into a balanced tree, so 300 terms are fine.
+    expression = " || ".join(f'device.driver == "d{i}"' for i in range(300))
+    selector = compile_selector(expression)
+    assert selector.matches(gpu_device(), "d299") is True
+    assert selector.matches(gpu_device(), "other") is False
+
+
+def test_nesting_limit_is_250() -> None:
+    # parser.go recursionListener: no rule may nest deeper than maxRecursionDepth (250); the
+    # top-level expression is depth 1, so 249 nested parentheses are the most that compile.
+    assert compile_selector("(" * 249 + "true" + ")" * 249).matches(gpu_device(), DRIVER)
+    with pytest.raises(CELCompileError, match="expression recursion limit exceeded: 250"):
+        compile_selector("(" * 250 + "true" + ")" * 250)

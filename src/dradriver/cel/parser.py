@@ -208,6 +208,18 @@ def parse(expression: str) -> ast.Expr:
         ) from None
 
 
+def _balanced(
+    function: str, operands: list[ast.Expr], positions: list[tuple[int, int]], lo: int, hi: int
+) -> ast.Expr:
+    """cel-go's balancingLogicManager.balancedTree: operator i sits between operands i and i+1."""
+    if lo == hi:
+        return operands[lo]
+    mid = (lo + hi + 1) // 2
+    left = _balanced(function, operands, positions, lo, mid - 1)
+    right = _balanced(function, operands, positions, mid, hi)
+    return ast.Call(function, [left, right], pos=positions[mid - 1])
+
+
 def _first_token(node: _Node) -> Token | None:
     while isinstance(node, Tree):
         if not node.children:
@@ -235,6 +247,7 @@ class _Builder:
     def __init__(self, expression: str) -> None:
         self.expression = expression
         self.depth = 0
+        self.expr_depth = 0
         self.line_starts = [0]
         for i, ch in enumerate(expression):
             if ch == "\n":
@@ -282,9 +295,23 @@ class _Builder:
         return self._logical(tree, ast.LOGICAL_AND)
 
     def _logical(self, tree: _Tree, function: str) -> ast.Expr:
-        left, right = tree.children
+        """A chain `a || b || c` as cel-go builds it: a flat list of terms, then a balanced tree.
+
+        The grammar here is left-recursive, but cel-go's is a flat repetition, so long chains
+        must neither count towards the nesting limit nor nest Python calls per term.
+        """
         op = "||" if function == ast.LOGICAL_OR else "&&"
-        return ast.Call(function, [self.visit(left), self.visit(right)], pos=self._token_after(left, op))
+        terms: list[_Node] = []
+        node: _Node = tree
+        while isinstance(node, Tree) and node.data == tree.data and len(node.children) == 2:
+            left, right = node.children
+            terms.append(right)
+            node = left
+        terms.append(node)
+        terms.reverse()
+        operands = [self.visit(term) for term in terms]
+        positions = [self._token_after(term, op) for term in terms[:-1]]
+        return _balanced(function, operands, positions, 0, len(operands) - 1)
 
     def _binary(self, tree: _Tree) -> ast.Expr:
         op_tree, right = tree.children
@@ -339,7 +366,7 @@ class _Builder:
     def _member_index(self, tree: _Tree) -> ast.Expr:
         operand, index = tree.children
         pos = self._token_after(operand, "[")
-        return ast.Call(ast.INDEX, [self.visit(operand), self.visit(index)], pos=pos)
+        return ast.Call(ast.INDEX, [self.visit(operand), self.nested(index)], pos=pos)
 
     def _member_object(self, tree: _Tree) -> ast.Expr:
         operand, *rest = tree.children
@@ -386,11 +413,21 @@ class _Builder:
         return ast.Call("." + str(name), args, pos=_pos(name))
 
     def _paren_expr(self, tree: _Tree) -> ast.Expr:
-        self.depth -= 1  # parentheses do not count towards cel-go's depth
+        self.depth -= 1  # parentheses do not count towards cel-go's visitor depth ...
         try:
-            return self.visit(tree.children[0])
+            return self.nested(tree.children[0])  # ... but towards its parser's rule depth
         finally:
             self.depth += 1
+
+    def nested(self, tree: _Node) -> ast.Expr:
+        """Visit a full sub-expression (cel-go's `expr` rule): at most 250 may nest."""
+        self.expr_depth += 1
+        if self.expr_depth >= MAX_RECURSION_DEPTH:
+            raise CELSyntaxError(f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", _pos(tree))
+        try:
+            return self.visit(tree)
+        finally:
+            self.expr_depth -= 1
 
     def _list_lit(self, tree: _Tree) -> ast.Expr:
         elements = self._exprlist(tree.children[0]) if tree.children else []
@@ -401,13 +438,13 @@ class _Builder:
         if tree.children:
             inits = tree.children[0]
             assert isinstance(inits, Tree)
-            items = [self.visit(c) for c in inits.children]
+            items = [self.nested(c) for c in inits.children]
             entries = list(zip(items[::2], items[1::2], strict=True))
         return ast.MapExpr(entries, pos=_pos(tree))
 
     def _exprlist(self, tree: _Node) -> list[ast.Expr]:
         assert isinstance(tree, Tree)
-        return [self.visit(child) for child in tree.children]
+        return [self.nested(child) for child in tree.children]
 
     def _literal(self, tree: _Tree) -> ast.Expr:
         (token,) = tree.children
