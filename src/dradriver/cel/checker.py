@@ -64,9 +64,6 @@ class CheckResult:
     # Calls written as `ns.fn(...)` that resolved to the global function `ns.fn`.
     qualified_calls: dict[ast.Expr, str] = field(default_factory=dict)
 
-    def type_of(self, node: ast.Expr) -> t.Type:
-        return self.types[node]
-
 
 class _Scope:
     def __init__(self, parent: _Scope | None = None) -> None:

@@ -1,22 +1,19 @@
-"""Function declarations: overload signatures for the checker, an implementation for evaluation.
+"""Function declarations: the overload signatures the checker resolves calls against.
 
 Every function the Kubernetes DRA environment offers is declared here with the overloads cel-go
 declares (common/stdlib/standard.go, ext/strings.go v2, ext/sets.go, ext/lists.go v3, and
 k8s.io/apiserver pkg/cel/library: lists.go, regex.go, quantity.go, semverlib.go). The checker
-resolves calls against these signatures; at runtime one implementation per function dispatches
-on the Python types of its arguments, which is where `dyn` values meet their real type.
+resolves calls against these signatures; at runtime one implementation per function
+(`functions.RUNTIME`) dispatches on the Python types of its arguments, which is where `dyn`
+values meet their real type.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from dradriver.cel import types as t
-
-Impl = Callable[..., Any]
-CostFn = Callable[[Sequence[Any], Any], int]
 
 
 @dataclass(frozen=True)
@@ -39,16 +36,6 @@ class Overload:
         for ty in (*self.args, self.result):
             walk(ty)
         object.__setattr__(self, "type_params", tuple(found))
-
-
-@dataclass
-class Function:
-    name: str
-    overloads: list[Overload]
-    impl: Impl | None = None
-    cost: CostFn | None = None
-    # Whether this function's runtime cost depends on argument sizes (checked against the budget).
-    sized: bool = field(default=False)
 
 
 def ov(overload_id: str, args: Sequence[t.Type], result: t.Type, *, member: bool = False) -> Overload:

@@ -73,9 +73,6 @@ class Hint:
     message: str
     corrected: str
 
-    def __str__(self) -> str:
-        return f"{self.message}; try: {self.corrected}"
-
 
 def _version_literal(text: str) -> str:
     """`semver("x")` for a strict version, `semver("x", true)` when it needs normalizing."""

@@ -103,10 +103,6 @@ def is_list(value: object) -> bool:
     return type(value) is tuple or type(value) is list
 
 
-def is_map(value: object) -> bool:
-    return isinstance(value, dict)
-
-
 def _numeric_equal(a: int | float, b: int | float) -> bool:
     if isinstance(a, float) and math.isnan(a):
         return False
