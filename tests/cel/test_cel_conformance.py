@@ -216,6 +216,9 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("cel.bind(x, 1 / 0, x > 0)", Runtime("division by zero")),
     # -- the runtime cost limit [COST] --------------------------------------------------------------
     ("lists.range(1000).all(i, lists.range(1000).all(j, true))", Runtime("actual cost limit exceeded")),
+    # ext lists trackListSelfCompare charges distinct n*n*2 up front: 3000 elements exceed 1e6.
+    ("lists.range(3000).distinct().size() > 0", Runtime("actual cost limit exceeded")),
+    ("lists.range(500).distinct().size() == 500", True),
 ]
 
 

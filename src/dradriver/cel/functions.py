@@ -870,126 +870,140 @@ def semver_patch(v: Any) -> int:
     return _go_int64(_semver(v, "patch").patch)
 
 
-# -- costs (runtimecost.go costCall and Kubernetes CallCost) --------------------------------------------
+# -- costs (runtimecost.go costCall, ext trackers, Kubernetes CallCost) -----------------------------
+#
+# Every cost is computed from the arguments alone, before the call: the budget is checked before
+# work whose size the cost describes (a quadratic distinct, a huge lists.range) is done.
+
+CALL_COST = 1  # ext callCost
+LIST_CREATE_COST = 10  # common.ListCreateBaseCost
+
+CostFn = Callable[[Sequence[Any]], int]
 
 
-def _traversal(value: Any, factor: float = STRING_TRAVERSAL_COST_FACTOR) -> int:
-    return math.ceil(size_of(value) * factor)
+def _traversal(value: Any) -> int:
+    """apiserver traversalCost: strings by length, lists element by element, others 1."""
+    if isinstance(value, str | bytes):
+        return math.ceil(len(value) * STRING_TRAVERSAL_COST_FACTOR)
+    if is_list(value):
+        return sum(_traversal(item) for item in value)
+    if isinstance(value, Mapping):
+        return sum(_traversal(k) + _traversal(v) for k, v in value.items())
+    return 1
 
 
-def _string_args_cost(args: Sequence[Any], _result: Any) -> int:
-    return _traversal(args[0]) if args else 1
+def _first_string(args: Sequence[Any]) -> int:
+    return math.ceil(size_of(args[0]) * STRING_TRAVERSAL_COST_FACTOR)
 
 
-def _double_traversal(args: Sequence[Any], _result: Any) -> int:
-    return math.ceil(size_of(args[0]) * 2 * STRING_TRAVERSAL_COST_FACTOR) if args else 1
+def _first_string_twice(args: Sequence[Any]) -> int:
+    return math.ceil(size_of(args[0]) * 2 * STRING_TRAVERSAL_COST_FACTOR)
 
 
-def _regex_cost(args: Sequence[Any], _result: Any) -> int:
+def _both_strings(args: Sequence[Any]) -> int:
+    return math.ceil((size_of(args[0]) + size_of(args[1])) * STRING_TRAVERSAL_COST_FACTOR)
+
+
+def _shorter_string(args: Sequence[Any]) -> int:
+    return math.ceil(min(size_of(args[0]), size_of(args[1])) * STRING_TRAVERSAL_COST_FACTOR)
+
+
+def _regex(args: Sequence[Any]) -> int:
     str_cost = math.ceil((1 + size_of(args[0])) * STRING_TRAVERSAL_COST_FACTOR)
-    regex_cost = math.ceil(size_of(args[1]) * REGEX_STRING_LENGTH_COST_FACTOR)
-    return str_cost * regex_cost
+    return str_cost * math.ceil(size_of(args[1]) * REGEX_STRING_LENGTH_COST_FACTOR)
 
 
-def _contains_cost(args: Sequence[Any], _result: Any) -> int:
-    return int(_traversal(args[0]) * _traversal(args[1]))
+def _contains(args: Sequence[Any]) -> int:
+    return _first_string(args) * math.ceil(size_of(args[1]) * STRING_TRAVERSAL_COST_FACTOR)
 
 
-def _list_traversal(args: Sequence[Any], _result: Any) -> int:
-    # traversalCost: one unit per element, plus the string traversal of string elements.
-    seq = args[0]
-    if not is_list(seq):
-        return _traversal(seq)
-    total = 0
-    for item in seq:
-        total += 1
-        if type(item) in (str, bytes):
-            total += math.ceil(len(item) * STRING_TRAVERSAL_COST_FACTOR)
-    return total
+def _receiver_traversal(args: Sequence[Any]) -> int:
+    return _traversal(args[0])
 
 
-def _join_cost(_args: Sequence[Any], result: Any) -> int:
-    return math.ceil(size_of(result) * 2 * STRING_TRAVERSAL_COST_FACTOR)
+def _join(args: Sequence[Any]) -> int:
+    items = args[0] if is_list(args[0]) else ()
+    separator = size_of(args[1]) if len(args) > 1 else 0
+    joined = sum(size_of(i) for i in items) + separator * max(len(items) - 1, 0)
+    return math.ceil(joined * 2 * STRING_TRAVERSAL_COST_FACTOR)
 
 
-def _output_size(_args: Sequence[Any], result: Any) -> int:
-    return size_of(result)
+def _allocating(size: int, factor: float = 1.0) -> int:
+    """ext lists trackAllocatingListCall."""
+    return int(size * factor) + CALL_COST + LIST_CREATE_COST
 
 
-def _sets_cost(args: Sequence[Any], _result: Any) -> int:
-    return size_of(args[0]) * size_of(args[1])
+def _int_arg(args: Sequence[Any], index: int, default: int = 0) -> int:
+    return args[index] if len(args) > index and type(args[index]) is int else default
 
 
-def _sort_cost(args: Sequence[Any], _result: Any) -> int:
-    n = size_of(args[0])
-    return math.ceil(n * math.log2(n)) if n > 1 else 1
+def _self_compare(items: Any) -> int:
+    """ext lists trackListSelfCompare: worst-case n**2 comparisons."""
+    n = size_of(items) if is_list(items) else 0
+    factor = 2.0 + (STRING_TRAVERSAL_COST_FACTOR if n and type(items[0]) in (str, bytes) else 0)
+    return _allocating(n * n, factor)
 
 
-RUNTIME: dict[str, tuple[Callable[..., Any], Callable[[Sequence[Any], Any], int] | None]] = {
-    "_+_": (add, lambda a, _r: math.ceil((size_of(a[0]) + size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
+def _sets(factor: int) -> CostFn:
+    return lambda args: CALL_COST + size_of(args[0]) * size_of(args[1]) * factor
+
+
+RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
+    "_+_": (add, _both_strings),
     "_-_": (subtract, None),
     "_*_": (multiply, None),
     "_/_": (divide, None),
     "_%_": (modulo, None),
     "-_": (negate, None),
     "!_": (logical_not, None),
-    "_<_": (less, lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR)),
-    "_<=_": (
-        less_equals,
-        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
-    ),
-    "_>_": (
-        greater,
-        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
-    ),
-    "_>=_": (
-        greater_equals,
-        lambda a, _r: math.ceil(min(size_of(a[0]), size_of(a[1])) * STRING_TRAVERSAL_COST_FACTOR),
-    ),
-    "@in": (contains_in, lambda a, _r: size_of(a[1]) if is_list(a[1]) else 1),
+    "_<_": (less, _shorter_string),
+    "_<=_": (less_equals, _shorter_string),
+    "_>_": (greater, _shorter_string),
+    "_>=_": (greater_equals, _shorter_string),
+    "@in": (contains_in, lambda args: size_of(args[1]) if is_list(args[1]) else 1),
     "size": (size, None),
     "type": (to_type, None),
     "dyn": (to_dyn, None),
     "bool": (to_bool, None),
-    "bytes": (to_bytes, _string_args_cost),
+    "bytes": (to_bytes, _first_string),
     "double": (to_double, None),
     "int": (to_int, None),
     "uint": (to_uint, None),
     "string": (to_string, None),
-    "contains": (contains, _contains_cost),
-    "startsWith": (starts_with, _string_args_cost),
-    "endsWith": (ends_with, _string_args_cost),
-    "matches": (matches, _regex_cost),
+    "contains": (contains, _contains),
+    "startsWith": (starts_with, _first_string),
+    "endsWith": (ends_with, _first_string),
+    "matches": (matches, _regex),
     "charAt": (char_at, None),
-    "indexOf": (index_of, _list_traversal),
-    "lastIndexOf": (last_index_of, _list_traversal),
-    "lowerAscii": (lower_ascii, _string_args_cost),
-    "upperAscii": (upper_ascii, _string_args_cost),
-    "replace": (replace, _double_traversal),
-    "split": (split, _double_traversal),
-    "substring": (substring, _string_args_cost),
-    "trim": (trim, _string_args_cost),
-    "join": (join, _join_cost),
-    "strings.quote": (quote, _string_args_cost),
-    "find": (find, _regex_cost),
-    "findAll": (find_all, _regex_cost),
-    "isSorted": (is_sorted, _list_traversal),
-    "sum": (list_sum, _list_traversal),
-    "max": (list_max, _list_traversal),
-    "min": (list_min, _list_traversal),
-    "slice": (list_slice, _output_size),
-    "flatten": (flatten, _output_size),
-    "sort": (sort, _sort_cost),
-    "@sortByAssociatedKeys": (sort_by_keys, _sort_cost),
-    "lists.range": (lists_range, _output_size),
-    "reverse": (reverse, _output_size),
-    "distinct": (distinct, lambda a, r: size_of(a[0]) * max(size_of(r), 1)),
+    "indexOf": (index_of, _receiver_traversal),
+    "lastIndexOf": (last_index_of, _receiver_traversal),
+    "lowerAscii": (lower_ascii, _first_string),
+    "upperAscii": (upper_ascii, _first_string),
+    "replace": (replace, _first_string_twice),
+    "split": (split, _first_string_twice),
+    "substring": (substring, _first_string),
+    "trim": (trim, _first_string),
+    "join": (join, _join),
+    "strings.quote": (quote, _first_string),
+    "find": (find, _regex),
+    "findAll": (find_all, _regex),
+    "isSorted": (is_sorted, _receiver_traversal),
+    "sum": (list_sum, _receiver_traversal),
+    "max": (list_max, _receiver_traversal),
+    "min": (list_min, _receiver_traversal),
+    "slice": (list_slice, lambda args: _allocating(max(_int_arg(args, 2) - _int_arg(args, 1), 0))),
+    "flatten": (flatten, lambda args: _allocating(size_of(args[0]), _int_arg(args, 1, 1))),
+    "sort": (sort, lambda args: _self_compare(args[0])),
+    "@sortByAssociatedKeys": (sort_by_keys, lambda args: _self_compare(args[1])),
+    "lists.range": (lists_range, lambda args: _allocating(max(_int_arg(args, 0), 0))),
+    "reverse": (reverse, lambda args: _allocating(size_of(args[0]))),
+    "distinct": (distinct, lambda args: _self_compare(args[0])),
     "cel.@mapInsert": (map_insert, None),
-    "sets.contains": (sets_contains, _sets_cost),
-    "sets.equivalent": (sets_equivalent, lambda a, r: 2 * _sets_cost(a, r)),
-    "sets.intersects": (sets_intersects, _sets_cost),
-    "quantity": (quantity, _string_args_cost),
-    "isQuantity": (is_quantity, _string_args_cost),
+    "sets.contains": (sets_contains, _sets(1)),
+    "sets.equivalent": (sets_equivalent, _sets(2)),
+    "sets.intersects": (sets_intersects, _sets(1)),
+    "quantity": (quantity, _first_string),
+    "isQuantity": (is_quantity, _first_string),
     "sign": (sign, None),
     "asApproximateFloat": (as_approximate_float, None),
     "asInteger": (as_integer, None),
@@ -999,12 +1013,12 @@ RUNTIME: dict[str, tuple[Callable[..., Any], Callable[[Sequence[Any], Any], int]
     "compareTo": (compare_to, None),
     "isGreaterThan": (is_greater_than, None),
     "isLessThan": (is_less_than, None),
-    "semver": (semver, _string_args_cost),
-    "isSemver": (is_semver, _string_args_cost),
+    "semver": (semver, _first_string),
+    "isSemver": (is_semver, _first_string),
     "major": (semver_major, None),
     "minor": (semver_minor, None),
     "patch": (semver_patch, None),
 }
 
-# Functions whose cost grows with their inputs; evaluation checks the budget after each call.
+# Functions whose cost depends on their arguments; evaluation checks the budget before running them.
 SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None)

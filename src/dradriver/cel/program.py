@@ -351,13 +351,13 @@ class Compiler:
 
         def call(a: Activation) -> Any:
             values = [arg(a) for arg in compiled]
-            result = impl(*values)
             if cost_fn is None:
                 a.cost += 1
             else:
-                a.cost += cost_fn(values, result)
+                # Charged before the call, so that work the budget forbids is never started.
+                a.cost += cost_fn(values)
                 check_budget(a)
-            return result
+            return impl(*values)
 
         return call
 
@@ -590,7 +590,7 @@ def _constant(node: ast.Expr) -> tuple[bool, Any]:
     return False, None
 
 
-def _folded(impl: Callable[..., Any], cost_fn: Callable[..., int] | None, args: list[Any]) -> Eval:
+def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None, args: list[Any]) -> Eval:
     """A call on constants (`quantity("40Gi")`, `semver("1.2.3")`), computed once at compile time.
 
     The functions are pure, so only the cost (still charged per evaluation) and an error
@@ -606,7 +606,7 @@ def _folded(impl: Callable[..., Any], cost_fn: Callable[..., int] | None, args: 
             raise EvalError(message)
 
         return failing
-    cost = 1 if cost_fn is None else cost_fn(args, value)
+    cost = 1 if cost_fn is None else cost_fn(args)
 
     def constant(a: Activation) -> Any:
         a.cost += cost
