@@ -162,14 +162,19 @@ def multiply(a: Any, b: Any) -> Any:
     raise no_such_overload("_*_", a, b)
 
 
+def _int_division(a: int, b: int, by_zero: str, operation: Callable[[int, int], int]) -> int:
+    """int64 `/` and `%` (overflow.go): errors for a zero divisor and for MinInt64 by -1."""
+    if b == 0:
+        raise EvalError(by_zero)
+    if a == INT64_MIN and b == -1:
+        raise EvalError("integer overflow")
+    return operation(a, b)
+
+
 def divide(a: Any, b: Any) -> Any:
     ta, tb = type(a), type(b)
     if ta is int and tb is int:
-        if b == 0:
-            raise EvalError("division by zero")
-        if a == INT64_MIN and b == -1:
-            raise EvalError("integer overflow")
-        return _go_trunc_div(a, b)
+        return _int_division(a, b, "division by zero", _go_trunc_div)
     if ta is float and tb is float:
         if b == 0.0:
             if a == 0.0 or math.isnan(a):
@@ -186,11 +191,7 @@ def divide(a: Any, b: Any) -> Any:
 def modulo(a: Any, b: Any) -> Any:
     ta, tb = type(a), type(b)
     if ta is int and tb is int:
-        if b == 0:
-            raise EvalError("modulus by zero")
-        if a == INT64_MIN and b == -1:
-            raise EvalError("integer overflow")
-        return _go_rem(a, b)
+        return _int_division(a, b, "modulus by zero", _go_rem)
     if ta is UInt and tb is UInt:
         if b == 0:
             raise EvalError("modulus by zero")

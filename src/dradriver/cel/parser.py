@@ -674,14 +674,22 @@ def _quantifier(kind: str) -> Callable[[ast.Expr, list[ast.Expr], tuple[int, int
     return expand
 
 
-def _map_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
-    var = _ident_name(args[0], "argument is not an identifier")
-    _check_iter_var(var, args[0])
-    fn = args[-1]
+def _list_fold(
+    target: ast.Expr,
+    var: str,
+    element: ast.Expr,
+    keep: ast.Expr | None,
+    pos: tuple[int, int],
+    *,
+    macro: str,
+    args: list[ast.Expr],
+    var2: str = "",
+) -> ast.Expr:
+    """The fold of map, filter and transformList: `accu + [element]`, guarded by `keep` if any."""
     accu = _accu(pos)
-    step: ast.Expr = ast.Call(ast.ADD, [accu, ast.ListExpr([fn], pos=pos)], pos=pos)
-    if len(args) == 3:
-        step = ast.Call(ast.CONDITIONAL, [args[1], step, accu], pos=pos)
+    step: ast.Expr = ast.Call(ast.ADD, [accu, ast.ListExpr([element], pos=pos)], pos=pos)
+    if keep is not None:
+        step = ast.Call(ast.CONDITIONAL, [keep, step, accu], pos=pos)
     return ast.Comprehension(
         target,
         var,
@@ -690,33 +698,24 @@ def _map_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> 
         ast.Literal(True, pos=pos),
         step,
         accu,
-        macro="map",
+        iter_var2=var2,
+        macro=macro,
         macro_args=args,
         pos=pos,
     )
+
+
+def _map_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
+    var = _ident_name(args[0], "argument is not an identifier")
+    _check_iter_var(var, args[0])
+    keep = args[1] if len(args) == 3 else None
+    return _list_fold(target, var, args[-1], keep, pos, macro="map", args=args)
 
 
 def _filter_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
     var = _ident_name(args[0], "argument is not an identifier")
     _check_iter_var(var, args[0])
-    accu = _accu(pos)
-    step = ast.Call(
-        ast.CONDITIONAL,
-        [args[1], ast.Call(ast.ADD, [accu, ast.ListExpr([args[0]], pos=pos)], pos=pos), accu],
-        pos=pos,
-    )
-    return ast.Comprehension(
-        target,
-        var,
-        ast.ACCUMULATOR,
-        ast.ListExpr([], pos=pos),
-        ast.Literal(True, pos=pos),
-        step,
-        accu,
-        macro="filter",
-        macro_args=args,
-        pos=pos,
-    )
+    return _list_fold(target, var, args[0], args[1], pos, macro="filter", args=args)
 
 
 def _bind_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr | None:
@@ -763,24 +762,8 @@ def _two_var_quantifier(kind: str) -> Callable[[ast.Expr, list[ast.Expr], tuple[
 
 def _transform_list(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
     first, second = _two_var_vars(args)
-    fn = args[-1]
-    accu = _accu(pos)
-    step: ast.Expr = ast.Call(ast.ADD, [accu, ast.ListExpr([fn], pos=pos)], pos=pos)
-    if len(args) == 4:
-        step = ast.Call(ast.CONDITIONAL, [args[2], step, accu], pos=pos)
-    return ast.Comprehension(
-        target,
-        first,
-        ast.ACCUMULATOR,
-        ast.ListExpr([], pos=pos),
-        ast.Literal(True, pos=pos),
-        step,
-        accu,
-        iter_var2=second,
-        macro="transformList",
-        macro_args=args,
-        pos=pos,
-    )
+    keep = args[2] if len(args) == 4 else None
+    return _list_fold(target, first, args[-1], keep, pos, macro="transformList", args=args, var2=second)
 
 
 def _transform_map(entries: bool) -> Callable[[ast.Expr, list[ast.Expr], tuple[int, int]], ast.Expr]:
