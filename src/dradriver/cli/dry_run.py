@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         return _report_compile_problems(args, problems)
     simulation = simulate(claims, classes, slices, node=args.node)
-    hints = _hints(claims, classes.values(), args.driver_name) if not simulation.satisfiable else []
+    errors = any(d.error for n in simulation.nodes for c in n.claims for r in c.requests for d in r.devices)
+    hints = _hints(claims, classes.values(), args.driver_name) if errors or not simulation.satisfiable else []
     if args.output == "json":
         # Compact: the C encoder is several times faster than json's indenting encoder.
         sys.stdout.write(json.dumps(to_json(simulation, hints), separators=(",", ":")) + "\n")
