@@ -90,8 +90,7 @@ class Selector:
             raise CELRuntimeError(COST_LIMIT_MESSAGE)
         if type(result) is not bool:
             raise CELRuntimeError(
-                f"CEL result of type {type_name(result)} could not be converted to bool: "
-                f"type conversion error from '{type_name(result)}' to 'bool'"
+                f"CEL result of type {type_name(result)} could not be converted to bool: {_to_bool_error(result)}"
             )
         return Evaluation(result, act.cost)
 
@@ -172,6 +171,16 @@ def _compile(expression: str, cost_limit: int) -> Selector:
     except EvalError as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
     return Selector(expression, program, compiler.slot_count, result_type, cost_limit)
+
+
+def _to_bool_error(value: object) -> str:
+    """The ConvertToNative(bool) error of cel-go's value types (string.go, int.go, uint.go)."""
+    name = type_name(value)
+    if name == "string":
+        return "unsupported native conversion from string to 'bool'"
+    if name in ("int", "uint"):
+        return f"unsupported type conversion from '{name}' to bool"
+    return f"type conversion error from '{name}' to 'bool'"
 
 
 def _type_string(ty: t.Type) -> str:
