@@ -90,7 +90,8 @@ class Selector:
             raise CELRuntimeError(COST_LIMIT_MESSAGE)
         if type(result) is not bool:
             raise CELRuntimeError(
-                f"CEL result of type {type_name(result)} could not be converted to bool: {_to_bool_error(result)}"
+                f"CEL result of type {type_name(result)} could not be converted to bool: "
+                + _to_bool_error(result)
             )
         return Evaluation(result, act.cost)
 
