@@ -168,6 +168,10 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("cel.bind(1, 2, true)", Compile("cel.bind() variable names must be simple identifiers")),
     ("if == 1", Compile("reserved identifier: if")),
     ("9223372036854775808 > 0", Compile("invalid int literal")),
+    # CEL.g4: `'[' listInit? ','? ']'` and `'{' mapInitializerList? ','? '}'` take a trailing
+    # comma; `exprList` (call arguments) does not.
+    ('[1, 2,] == [1, 2] && {"a": 1,}.size() == 1', True),
+    ("size([1,],) == 1", Compile("Syntax error")),
     ("-1u == 1u", Compile("found no matching overload for '-_'")),
     # -- ext strings v2 [STR] -----------------------------------------------------------------------
     ('"Hello".lowerAscii() == "hello" && "hello".upperAscii() == "HELLO"', True),

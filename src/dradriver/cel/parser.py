@@ -112,6 +112,8 @@ def _lark_parser() -> Any:
             from lark import Lark
 
             grammar = (Path(celpy.celparser.__file__).parent / "cel.lark").read_text()
+            for rule, patched in _GRAMMAR_PATCHES:
+                grammar = grammar.replace(rule, patched)
             _parser = Lark(
                 grammar,
                 parser="lalr",
@@ -123,6 +125,23 @@ def _lark_parser() -> Any:
                 cache=_cache_file(),
             )
         return _parser
+
+
+# cel-go's grammar allows a trailing comma in list and map literals (`'[' listInit? ','? ']'`);
+# cel-python's does not. The comma must sit inside the element rule to keep the grammar LALR(1);
+# Lark drops the anonymous tokens, so the builder sees the elements only.
+_GRAMMAR_PATCHES = (
+    (
+        'list_lit       : "[" [exprlist] "]"',
+        'list_lit       : "[" "]" | "[" "," "]" | "[" list_elements "]"\n'
+        'list_elements  : expr ("," expr)* [","]',
+    ),
+    (
+        'map_lit        : "{" [mapinits] "}"',
+        'map_lit        : "{" "}" | "{" "," "}" | "{" map_entries "}"\n'
+        'map_entries    : expr ":" expr ("," expr ":" expr)* [","]',
+    ),
+)
 
 
 def _cache_file() -> str | bool:
