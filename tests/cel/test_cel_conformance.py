@@ -167,6 +167,8 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ("has(device)", Compile("invalid argument to has() macro")),
     ("cel.bind(1, 2, true)", Compile("cel.bind() variable names must be simple identifiers")),
     ("if == 1", Compile("reserved identifier: if")),
+    ('{"in": 1}.in == 1', Compile("Syntax error")),
+    ('{"if": 1}.if == 1', True),
     ("9223372036854775808 > 0", Compile("invalid int literal")),
     # CEL.g4: `'[' listInit? ','? ']'` and `'{' mapInitializerList? ','? '}'` take a trailing
     # comma; `exprList` (call arguments) does not.

@@ -373,11 +373,13 @@ class _Builder:
     def _member_dot(self, tree: _Tree) -> ast.Expr:
         operand, name = tree.children
         assert isinstance(name, Token)
+        _check_field_name(name)
         return ast.Select(self.visit(operand), str(name), pos=self._token_after(operand, "."))
 
     def _member_dot_arg(self, tree: _Tree) -> ast.Expr:
         operand, name, *rest = tree.children
         assert isinstance(name, Token)
+        _check_field_name(name)
         target = self.visit(operand)
         args = self._exprlist(rest[0]) if rest else []
         return _expand_receiver(str(name), target, args, self._token_after(name, "("))
@@ -473,6 +475,12 @@ class _Builder:
             unsigned = ast.Literal(_decode_literal(Token("UINT_LIT", token[1:])), pos=_pos(token))
             return ast.Call(ast.NEGATE, [unsigned], pos=_pos(token))
         return ast.Literal(_decode_literal(token), pos=_pos(token))
+
+
+def _check_field_name(name: Token) -> None:
+    # In cel-go `in` is its own token, never an IDENTIFIER: `x.in` is a syntax error there.
+    if name == "in":
+        raise CELSyntaxError("Syntax error: mismatched input 'in' expecting IDENTIFIER", _pos(name))
 
 
 def _bare_literal(node: _Node) -> Token | None:
