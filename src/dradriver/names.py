@@ -7,7 +7,6 @@ server's own words, so that what we render never reaches the server only to be r
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN_MAX = 253
@@ -126,47 +125,8 @@ def uid_error(value: str) -> str | None:
     return None
 
 
-_QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]|[eE][+-]?\d+)?")
-_QUANTITY_SUFFIXES = {
-    "": Fraction(1),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{suffix: Fraction(1024**power) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 LABEL_VALUE_MAX = 63
-
-
-def parse_quantity(value: str) -> Fraction | None:
-    """The exact value of a Kubernetes quantity string ("81559Mi", "1.5", "2e3"), or None if invalid."""
-    match = _QUANTITY.fullmatch(value)
-    if match is None:
-        return None
-    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
-    amount = Fraction(number)
-    if suffix in _QUANTITY_SUFFIXES:
-        amount *= _QUANTITY_SUFFIXES[suffix]
-    else:  # a decimal exponent, "e3" or "E-2" ("E" alone is exa)
-        amount *= Fraction(10) ** int(suffix[1:])
-    return -amount if sign == "-" else amount
-
-
-def is_quantity(value: str) -> bool:
-    return _QUANTITY.fullmatch(value) is not None
-
-
-def quantity_error(value: object) -> str | None:
-    """A capacity or counter value: a quantity, which we always write as a string."""
-    if not isinstance(value, str):
-        return f'must be a quantity string like "80Gi", not {type(value).__name__}'
-    if not is_quantity(value):
-        return "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-    return None
 
 
 def label_name_error(value: str) -> str | None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cel_fixtures import DRIVER, gpu_device
-
 from dradriver.allocation import (
     DeviceClass,
     Simulation,
@@ -20,6 +18,7 @@ from dradriver.allocation import (
     parse_slice,
     simulate,
 )
+from tests.cel.cel_fixtures import DRIVER, gpu_device
 
 V1 = "resource.k8s.io/v1"
 

@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import pytest
-from cel_fixtures import DRIVER, gpu_device
 
 from dradriver.cel import (
     COST_LIMIT,
@@ -19,6 +18,7 @@ from dradriver.cel import (
     hints_for,
     to_cel_device,
 )
+from tests.cel.cel_fixtures import DRIVER, gpu_device
 
 A = 'device.attributes["gpu.dradriver.dev"]'
 

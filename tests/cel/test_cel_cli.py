@@ -12,7 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cel_fixtures import DRIVER, gpu_device
+
+from tests.cel.cel_fixtures import DRIVER, gpu_device
 
 A = f'device.attributes["{DRIVER}"]'
 

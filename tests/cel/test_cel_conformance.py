@@ -30,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from cel_fixtures import DRIVER, gpu_device
 
 from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
+from tests.cel.cel_fixtures import DRIVER, gpu_device
 
 
 @dataclass(frozen=True)

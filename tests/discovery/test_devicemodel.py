@@ -15,7 +15,8 @@ from dradriver.devicemodel import (
 )
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
 from dradriver.discovery import Gpu, MigDevice, NodeInventory, open_library
-from dradriver.names import dns_label_error, parse_quantity
+from dradriver.names import dns_label_error
+from dradriver.quantity import parse_quantity
 
 DRIVER = "gpu.dradriver.dev"
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from dradriver.devicemodel import build_devices
 from dradriver.devicemodel.values import binary_quantity, decimal_quantity, truncate_utf8
 from dradriver.discovery import Gpu, MigDevice, MigPlacement, MigProfile, MigResources, NodeInventory
-from dradriver.names import parse_quantity
+from dradriver.quantity import parse_quantity
 from dradriver.slices import render_slices, validate_slices
 
 DRIVER = "gpu.dradriver.dev"

@@ -32,7 +32,7 @@ from dradriver.allocation.model import (
     Slice,
 )
 from dradriver.cel import CELCompileError, CELDevice, CELRuntimeError, compile_selector, to_cel_device
-from dradriver.cel.quantity import Quantity, QuantityError
+from dradriver.quantity import Quantity, QuantityError
 
 # resourceapi.AllocationResultsMaxSize.
 MAX_RESULTS_PER_CLAIM = 32

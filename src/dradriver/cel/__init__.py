@@ -21,9 +21,9 @@ from dradriver.cel.device import CELDevice, to_cel_device
 from dradriver.cel.errors import CELCompileError, CELRuntimeError
 from dradriver.cel.hints import Hint, hints_for
 from dradriver.cel.program import COST_LIMIT
-from dradriver.cel.quantity import Quantity
 from dradriver.cel.selector import MAX_EXPRESSION_LENGTH, Evaluation, Selector, clear_cache, compile_selector
 from dradriver.cel.semver import Semver
+from dradriver.quantity import Quantity
 
 __all__ = [
     "COST_LIMIT",

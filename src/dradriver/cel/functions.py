@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.quantity import Quantity, QuantityError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
@@ -33,6 +32,7 @@ from dradriver.cel.values import (
     size_of,
     type_value_of,
 )
+from dradriver.quantity import Quantity, QuantityError
 
 STRING_TRAVERSAL_COST_FACTOR = 0.1
 # Values that amplify (a replace inserting around every character, a huge lists.range) are

@@ -621,8 +621,8 @@ def _string_eq_cost(lhs: Any, rhs: Any) -> int:
 
 
 def _eq_cost(lhs: Any, rhs: Any) -> int:
-    from dradriver.cel.quantity import Quantity
     from dradriver.cel.semver import Semver
+    from dradriver.quantity import Quantity
 
     if type(lhs) in (Quantity, Semver):
         return 1

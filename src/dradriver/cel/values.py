@@ -15,8 +15,8 @@ from fractions import Fraction
 from typing import Any
 
 from dradriver.cel.errors import EvalError
-from dradriver.cel.quantity import Quantity
 from dradriver.cel.semver import Semver
+from dradriver.quantity import Quantity
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

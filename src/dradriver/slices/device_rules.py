@@ -10,14 +10,12 @@ from typing import Any
 from dradriver.names import (
     dns_label_error,
     dns_subdomain_error,
-    is_quantity,
     label_name_error,
     label_value_error,
-    parse_quantity,
     qualified_name_error,
-    quantity_error,
     semver_error,
 )
+from dradriver.quantity import parse_quantity, quantity_error
 from dradriver.slices.rules import (
     INT64_MAX,
     INT64_MIN,
@@ -137,7 +135,10 @@ def _plain_valid_attribute(value: Any) -> bool:
 def _plain_valid_quantity(obj: Any) -> bool:
     """`{"value": "<quantity>"}` and nothing else, valid."""
     return (
-        type(obj) is dict and len(obj) == 1 and type(value := obj.get("value")) is str and is_quantity(value)
+        type(obj) is dict
+        and len(obj) == 1
+        and type(value := obj.get("value")) is str
+        and quantity_error(value) is None
     )
 
 

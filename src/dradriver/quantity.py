@@ -1,4 +1,7 @@
-"""The `kubernetes.Quantity` CEL type, with `k8s.io/apimachinery/pkg/api/resource` semantics.
+"""Kubernetes resource quantities with `k8s.io/apimachinery/pkg/api/resource` semantics.
+
+One implementation serves the CEL `kubernetes.Quantity` type, ResourceSlice validation and opaque
+config checks, so that all three accept exactly what the API server accepts.
 
 A Go Quantity keeps its value either as a scaled int64 (`int64Amount{value, scale}`) or, when
 that cannot represent it exactly, as an arbitrary-precision decimal (`inf.Dec`). The split is
@@ -11,6 +14,7 @@ non-negative scale, so `quantity("1000m").isInteger()` is false and so is
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -219,6 +223,10 @@ class Quantity:
         value = self._unscaled * 10**self._exp
         return value if _fits_int64(value) else None
 
+    def exact(self) -> Fraction:
+        """The exact value, for arithmetic the Go type does not offer (steps, modulo)."""
+        return Fraction(self._unscaled) * Fraction(10) ** self._exp
+
     def as_approximate_float(self) -> float:
         """Quantity.AsApproximateFloat64: float(unscaled) * 10**exponent."""
         base = float(self._unscaled)
@@ -286,3 +294,23 @@ def _dec_add(left: Quantity, unscaled: int, exponent: int) -> Quantity:
     low = min(left._exp, exponent)
     total = left._unscaled * 10 ** (left._exp - low) + unscaled * 10 ** (exponent - low)
     return Quantity(total, low, dec=True)
+
+
+def quantity_error(value: object) -> str | None:
+    """None for a valid quantity string; else the API server's message (also for non-strings,
+    which our JSON must never contain: quantities are always written as strings)."""
+    if not isinstance(value, str):
+        return f'must be a quantity string like "80Gi", not {type(value).__name__}'
+    try:
+        Quantity.parse(value)
+    except QuantityError as err:
+        return str(err)
+    return None
+
+
+def parse_quantity(value: str) -> Fraction | None:
+    """The exact value of a quantity string, or None if it is not one."""
+    try:
+        return Quantity.parse(value).exact()
+    except QuantityError:
+        return None
