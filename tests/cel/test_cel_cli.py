@@ -423,3 +423,57 @@ def test_validate_unreadable_file_exits_2(cache_home: Path, tmp_path: Path) -> N
     assert result.returncode == 2
     assert "invalid YAML" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- inputs from the other parts of dradriver ------------------------------------------------------
+
+
+def test_cel_eval_on_a_fake_gpu_profile(cache_home: Path) -> None:
+    result = dradriver(
+        cache_home,
+        "cel", "eval", "-e", f'{A}.productName.startsWith("NVIDIA A100") && {A}.type == "mig"',
+        "--fake-gpus", "dgx-a100-mig", "-o", "json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout)
+    rows = outcomes["devices"] if isinstance(outcomes, dict) else outcomes
+    matched = [r for r in rows if r.get("result") is True]
+    assert len(matched) == 4 * 3 + 2 * 7  # the MIG devices of GPUs 0-3 and 4-5 (see the profile)
+    assert all("-mig-" in r["device"] for r in matched)
+
+
+def test_validate_checks_rendered_slices_and_our_opaque_config(cache_home: Path, tmp_path: Path) -> None:
+    rendered = dradriver(cache_home, "slices", "--fake-gpus", "dgx-h100", "--node-name", "n1", "-o", "json")
+    assert rendered.returncode == 0, rendered.stderr
+    good = tmp_path / "slices.json"
+    good.write_text(rendered.stdout)
+    assert dradriver(cache_home, "validate", str(good)).returncode == 0
+    broken = json.loads(rendered.stdout)
+    broken[0]["spec"]["devices"][0]["attributes"]["driverVersion"] = {"version": "535.104.05"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(broken))
+    result = dradriver(cache_home, "validate", str(bad))
+    assert result.returncode == 1
+    assert "spec.devices[0].attributes.driverVersion" in result.stdout
+    assert "semver" in result.stdout
+    config_claim = claim(f"{A}.minor >= 1")
+    config_claim["spec"]["devices"]["config"] = [
+        {
+            "opaque": {
+                "driver": "gpu.dradriver.dev",
+                "parameters": {
+                    "apiVersion": "gpu.dradriver.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "sharing": {"strategy": "Sometimes"},
+                },
+            }
+        }
+    ]
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(config_claim))
+    result = dradriver(cache_home, "validate", str(path))
+    assert result.returncode == 1
+    assert (
+        "spec.devices.config[0].opaque.parameters.sharing.strategy: Input should be 'TimeSlicing' or 'MPS'"
+        in result.stdout
+    )

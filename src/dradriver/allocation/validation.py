@@ -42,13 +42,12 @@ class Finding:
 
 
 def opaque_config_findings(driver: str, parameters: Any, path: str) -> list[Finding]:
-    """Hook: check opaque config parameters addressed to our own driver.
+    """Opaque config parameters addressed to our own driver, decoded by the models prepare uses,
+    so `validate` rejects exactly what NodePrepareResources would."""
+    del driver
+    from dradriver.prepare.config import problems
 
-    Wired to the opaque-config models of the prepare code; until then only the structural
-    checks of `_opaque` apply to our parameters.
-    """
-    del driver, parameters, path
-    return []
+    return [Finding(field, message) for field, message in problems(parameters, path)]
 
 
 def _json(value: Any) -> str:

@@ -69,8 +69,12 @@ def read_documents(path: str) -> list[Document]:
     return documents
 
 
-def read_objects(paths: Sequence[str], kinds: Sequence[str], flag: str) -> list[Document]:
-    """Objects of the given kinds from files; anything else is a CLIError naming the document."""
+def read_objects(
+    paths: Sequence[str], kinds: Sequence[str], flag: str, *, others: list[Document] | None = None
+) -> list[Document]:
+    """Objects of the given kinds from files; anything else is a CLIError naming the document,
+    unless `others` is given: then objects outside resource.k8s.io (say, the Pod using a claim)
+    are collected there instead."""
     found: list[Document] = []
     for path in paths:
         documents = read_documents(path)
@@ -78,10 +82,63 @@ def read_objects(paths: Sequence[str], kinds: Sequence[str], flag: str) -> list[
             raise CLIError(f"{path}: no objects in file (for {flag})")
         for doc in documents:
             kind = doc.obj.get("kind")
-            if kind not in kinds:
+            if kind in kinds:
+                found.append(doc)
+            elif others is not None and not str(doc.obj.get("apiVersion", "")).startswith("resource.k8s.io/"):
+                others.append(doc)
+            else:
                 raise CLIError(f"{doc.where}: kind {kind!r} given to {flag}; expected {' or '.join(kinds)}")
-            found.append(doc)
     return found
+
+
+_POD_TEMPLATE_PATHS = {
+    "Pod": ("spec",),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+    **dict.fromkeys(("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"), ("spec", "template", "spec")),
+}
+
+
+def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Document]) -> list[Document]:
+    """The claims the scheduler creates for pods that ask for a device class's
+    `extendedResourceName` in their resource limits (DRAExtendedResource, Kubernetes >= 1.34):
+    one request per container and resource, of that class, with the requested count."""
+    mapped = {
+        c.obj["spec"]["extendedResourceName"]: c.obj["metadata"]["name"]
+        for c in classes
+        if isinstance(c.obj.get("spec"), Mapping) and c.obj["spec"].get("extendedResourceName")
+    }
+    claims = []
+    for doc in workloads:
+        spec: Any = doc.obj
+        for key in _POD_TEMPLATE_PATHS.get(str(doc.obj.get("kind")), ()):
+            spec = spec.get(key) if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        requests = []
+        for i, container in enumerate(spec.get("containers") or []):
+            limits = (container.get("resources") or {}).get("limits") or {}
+            for j, (resource, amount) in enumerate(sorted(limits.items())):
+                if resource in mapped:
+                    requests.append(
+                        {
+                            "name": f"container-{i}-request-{j}",
+                            "exactly": {"deviceClassName": mapped[resource], "count": int(amount)},
+                        }
+                    )
+        if requests:
+            meta = doc.obj.get("metadata") or {}
+            claim = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": f"{meta.get('name', 'pod')}-extended-resources",
+                    "namespace": meta.get("namespace", "default"),
+                },
+                "spec": {"devices": {"requests": requests}},
+            }
+            claims.append(Document(doc.path, doc.index, claim))
+    return claims
 
 
 # -- sources ---------------------------------------------------------------------------------------

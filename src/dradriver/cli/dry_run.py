@@ -22,6 +22,7 @@ from dradriver.cli._dra_inputs import (
     add_inventory_flags,
     default_class_directory,
     env_list_flag,
+    extended_resource_claims,
     inventory_from_args,
     read_objects,
 )
@@ -72,8 +73,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.claim:
         raise _common.CLIError("--claim FILE is required")
-    claim_docs = read_objects(args.claim, ["ResourceClaim", "ResourceClaimTemplate"], "--claim")
+    workloads: list[Document] = []
+    claim_docs = read_objects(
+        args.claim, ["ResourceClaim", "ResourceClaimTemplate"], "--claim", others=workloads
+    )
     class_docs = _class_source(args).device_classes()
+    claim_docs += extended_resource_claims(workloads, class_docs)
+    if not claim_docs:
+        raise _common.CLIError(
+            "--claim: no ResourceClaim, ResourceClaimTemplate or pod asking for a class's extended resource"
+        )
     slice_docs = inventory_from_args(args).resource_slices()
 
     def parsed(docs: list[Document], parse: Any) -> list[Any]:

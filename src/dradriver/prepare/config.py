@@ -117,24 +117,32 @@ class ConfigError(ValueError):
     """A config that cannot be decoded; the message names the field path."""
 
 
-def parse(parameters: Any, where: str = "parameters") -> DeviceConfig:
-    """Decode one `opaque.parameters` object; `where` prefixes field paths in errors."""
+def problems(parameters: Any, where: str = "parameters") -> list[tuple[str, str]]:
+    """(field path, message) for everything wrong with one `opaque.parameters` object."""
     try:
-        return _adapter.validate_python(parameters)
+        _adapter.validate_python(parameters)
     except ValidationError as err:
-        problems = []
+        found = []
         for e in err.errors(include_url=False):
             loc = e["loc"][1:] if e["loc"] and e["loc"][0] in {"GpuConfig", "MigDeviceConfig"} else e["loc"]
-            path = ".".join([where, *(str(p) for p in loc)])
             if e["type"] == "union_tag_invalid":
-                problems.append(
-                    f"{where}.kind: must be GpuConfig or MigDeviceConfig, not {e['input'].get('kind')!r}"
+                found.append(
+                    (f"{where}.kind", f"must be GpuConfig or MigDeviceConfig, not {e['input'].get('kind')!r}")
                 )
             elif e["type"] == "union_tag_not_found":
-                problems.append(f"{where}.kind: required (GpuConfig or MigDeviceConfig)")
+                found.append((f"{where}.kind", "required (GpuConfig or MigDeviceConfig)"))
             else:
-                problems.append(f"{path}: {e['msg']}")
-        raise ConfigError("; ".join(problems)) from None
+                found.append((".".join([where, *(str(p) for p in loc)]), e["msg"]))
+        return found
+    return []
+
+
+def parse(parameters: Any, where: str = "parameters") -> DeviceConfig:
+    """Decode one `opaque.parameters` object; `where` prefixes field paths in errors."""
+    found = problems(parameters, where)
+    if found:
+        raise ConfigError("; ".join(f"{path}: {message}" for path, message in found))
+    return _adapter.validate_python(parameters)
 
 
 @dataclass(frozen=True)
