@@ -102,9 +102,11 @@ def _print_table(state_dir: Path, rows: list[dict[str, Any]], have_checkpoint: b
     if not rows:
         console.print(f"no prepared claims ({state_dir / 'checkpoint.json'})")
         return
-    table = Table(title=f"Prepared claims ({len(rows)}) — {state_dir / 'checkpoint.json'}")
-    for column in ("claim", "state", "device", "uuid", "requests", "sharing", "health", "CDI device"):
-        table.add_column(column, overflow="fold")
+    table = Table(title=f"Prepared claims ({len(rows)}) — {state_dir / 'checkpoint.json'} (CDI IDs: -o json)")
+    for column in ("claim", "state", "device", "uuid", "requests", "sharing", "health"):
+        table.add_column(
+            column, overflow="fold", no_wrap=column in {"claim", "state", "device", "uuid", "sharing"}
+        )
     for row in rows:
         claim = f"{row['namespace']}/{row['name']}" if row["name"] else f"(recovered) {row['uid']}"
         devices = row["devices"] or [{}]
@@ -117,6 +119,5 @@ def _print_table(state_dir: Path, rows: list[dict[str, Any]], have_checkpoint: b
                 ",".join(d.get("requests", [])) or ("all" if d else ""),
                 d.get("sharing", "") + (" admin" if d.get("adminAccess") else ""),
                 d.get("health", ""),
-                "\n".join(d.get("cdiDeviceIds", [])),
             )
     console.print(table)

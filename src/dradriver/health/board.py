@@ -40,6 +40,7 @@ class HealthBoard:
         self._devices: dict[tuple[str, str], DeviceHealth] = {}
         self._version = 0
         self._closed = False
+        self._known = threading.Event()
 
     def set_devices(self, devices: Iterable[tuple[str, str]]) -> None:
         """Replace the device list; devices already known keep their health, new ones are HEALTHY."""
@@ -50,6 +51,11 @@ class HealthBoard:
                 for key in devices
             }
             self._bump()
+        self._known.set()
+
+    def wait_until_known(self, timeout: float) -> bool:
+        """Block until the device list has been set once (discovery runs after the sockets are up)."""
+        return self._known.wait(timeout)
 
     def update(self, pool_name: str, device_name: str, health: Health, message: str = "") -> bool:
         """Record a device's health; returns False for a device that is not published."""
@@ -90,6 +96,7 @@ class HealthBoard:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._known.set()
 
     @property
     def closed(self) -> bool:

@@ -174,6 +174,9 @@ class DRAResourceHealth(health_grpc.DRAResourceHealthServicer):
     ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
         context.add_callback(self._board.wake)
         log.info("health stream opened", peer=context.peer())
+        # Right after start-up discovery may still be running: an empty list would tell the
+        # kubelet we have no devices, so wait for the real one (bounded).
+        self._board.wait_until_known(self._refresh)
         version, devices = self._board.snapshot()
         yield _health_response(devices)
         while context.is_active() and not self._board.closed:
