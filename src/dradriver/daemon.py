@@ -24,6 +24,7 @@ from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 
 if TYPE_CHECKING:
+    from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
@@ -92,8 +93,9 @@ class Daemon:
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
         self.paths = PluginPaths.for_driver(config.driver_name, config.plugins_dir, config.registry_dir)
+        self.service = DRAService(self.driver)
         self.server = PluginServer(
-            self.paths, config.driver_name, DRAService(self.driver), self.board, self.registration
+            self.paths, config.driver_name, self.service, self.board, self.registration
         )
         self._stop = threading.Event()
         self._fatal = ""
@@ -149,10 +151,29 @@ class Daemon:
             self.config.metrics_address,
             liveness=self.server.liveness_problem,
             readiness=self.readiness_problem,
+            metrics=_metrics_exposition,
         )
         probes.start()
         log.info("serving probes", address=self.config.metrics_address, port=probes.port)
         return probes
+
+    def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
+        from dradriver import metrics
+
+        def devices() -> list[tuple[str, str]]:
+            return [
+                (device_types.get(d.device_name, "unknown"), d.health.name.lower())
+                for d in self.board.snapshot()[1]
+            ]
+
+        self.service.recorder = metrics.CallMetrics()
+        metrics.REGISTRY.register(
+            metrics.StateCollector(
+                devices=devices,
+                prepared_claims=lambda: len(driver.records()),
+                registered=lambda: self.registration.status.registered is True,
+            )
+        )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signal.Signals(signum).name
@@ -212,6 +233,10 @@ class Daemon:
             boot_id=read_boot_id(),
         )
         recovery = driver.recover()
+        if config.metrics_address:
+            self._install_metrics(
+                driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}
+            )
         log.info(
             "driver ready",
             devices=len(devices.devices),
@@ -222,3 +247,9 @@ class Daemon:
             cleared_after_reboot=recovery.cleared_after_reboot,
         )
         return driver
+
+
+def _metrics_exposition() -> bytes:
+    from dradriver import metrics
+
+    return metrics.exposition()

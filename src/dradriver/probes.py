@@ -1,4 +1,4 @@
-"""HTTP endpoints for the kubelet's probes (and, later, Prometheus): /healthz and /readyz.
+"""HTTP endpoints for the kubelet's probes and Prometheus: /healthz, /readyz and /metrics.
 
 Served by the stdlib's threading HTTP server on `--metrics-address`; off unless configured,
 because a DaemonSet on the host network would otherwise expose it on every node address.
@@ -27,8 +27,11 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class ProbeServer:
-    def __init__(self, address: str, *, liveness: Check, readiness: Check) -> None:
+    def __init__(
+        self, address: str, *, liveness: Check, readiness: Check, metrics: Callable[[], bytes] | None = None
+    ) -> None:
         self._checks = {"/healthz": liveness, "/readyz": readiness}
+        self._metrics = metrics
         host, port = parse_address(address)
         self._httpd = ThreadingHTTPServer((host, port), self._handler())
         self._httpd.daemon_threads = True
@@ -47,20 +50,25 @@ class ProbeServer:
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         checks = self._checks
+        metrics = self._metrics
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                check = checks.get(self.path.split("?", 1)[0])
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics" and metrics is not None:
+                    self._reply(200, metrics().decode(), "text/plain; version=0.0.4; charset=utf-8")
+                    return
+                check = checks.get(path)
                 if check is None:
                     self._reply(404, "not found\n")
                     return
                 problem = check()
                 self._reply(200, "ok\n") if problem is None else self._reply(503, f"{problem}\n")
 
-            def _reply(self, code: int, body: str) -> None:
+            def _reply(self, code: int, body: str, content_type: str = "text/plain; charset=utf-8") -> None:
                 data = body.encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -275,3 +275,37 @@ def test_healthcheck_probes_the_dra_socket() -> None:
             serve.proc.send_signal(signal.SIGCONT)
         assert hung.returncode == 1
         assert "DEADLINE_EXCEEDED" in hung.stdout
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return str(resp.read().decode())
+
+
+def test_metrics_follow_calls_devices_and_registration() -> None:
+    port = free_port()
+    with running_serve(["--metrics-address", f"127.0.0.1:{port}"]) as serve:
+        refs = write_claims(serve, range(3))
+        kubeletclient.register(serve.registration_socket)
+        with kubeletclient.DRAClient(serve.dra_socket) as client:
+            wait_for(
+                lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "devices"
+            )
+            client.prepare(refs)
+            bad = ClaimRef("default", "nope", "not-a-uid")
+            client.prepare([bad])
+            text = scrape(port)
+            assert "dradriver_prepared_claims 3.0" in text
+            assert "dradriver_kubelet_registered 1.0" in text
+            assert (
+                'dradriver_dra_call_duration_seconds_count{api="v1",method="NodePrepareResources"} 2.0'
+                in text
+            )
+            assert (
+                'dradriver_claim_errors_total{method="NodePrepareResources",reason="invalid_reference"} 1.0'
+                in text
+            )
+            assert 'dradriver_build_info{version="0.1.0"} 1.0' in text
+            client.unprepare(refs)
+            assert "dradriver_prepared_claims 0.0" in scrape(port)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -42,11 +42,27 @@ HEALTH_REFRESH_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
 log = logs.get_logger(component="dra")
 
 
+class CallRecorder(Protocol):
+    """Told about every DRA call (metrics); must be cheap and never raise."""
+
+    def record(
+        self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
+    ) -> None: ...
+
+
+class _NoRecorder:
+    def record(
+        self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
+    ) -> None:
+        """Until the daemon installs metrics (after the sockets are up) calls are not recorded."""
+
+
 class DRAService:
     """Version-independent prepare/unprepare that always answers the kubelet's contract."""
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
+        self.recorder: CallRecorder = _NoRecorder()
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         results = self._driver.prepare(claims)
@@ -86,7 +102,7 @@ class _DRAPluginAdapter:
         claims = _claim_refs(request)
         self._trace("NodePrepareResources request", request)
         started = time.perf_counter()
-        results = _call(context, "NodePrepareResources", lambda: self._service.prepare(claims))
+        results = self._call(context, "NodePrepareResources", started, lambda: self._service.prepare(claims))
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
@@ -108,7 +124,9 @@ class _DRAPluginAdapter:
         claims = _claim_refs(request)
         self._trace("NodeUnprepareResources request", request)
         started = time.perf_counter()
-        errors = _call(context, "NodeUnprepareResources", lambda: self._service.unprepare(claims))
+        errors = self._call(
+            context, "NodeUnprepareResources", started, lambda: self._service.unprepare(claims)
+        )
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             response.claims[uid].error = error
@@ -116,8 +134,24 @@ class _DRAPluginAdapter:
         self._trace("NodeUnprepareResources response", response)
         return response
 
+    def _call(self, context: grpc.ServicerContext, method: str, started: float, body: Any) -> Any:
+        """Run the driver; CallError fails the whole call as the Go helper does, anything else is a bug."""
+        try:
+            return body()
+        except CallError as err:
+            self._service.recorder.record(method, self._version, time.perf_counter() - started, (), "UNKNOWN")
+            log.warning(f"{method} failed", error=str(err))
+            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        except Exception as err:
+            self._service.recorder.record(
+                method, self._version, time.perf_counter() - started, (), "INTERNAL"
+            )
+            log.exception(f"{method} crashed")
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {err}")
+
     def _log_done(self, method: str, outcomes: Any, started: float, error_of: Any) -> None:
         failed = [error_of(o) for o in outcomes if error_of(o)]
+        self._service.recorder.record(method, self._version, time.perf_counter() - started, failed, None)
         log.info(
             method,
             api=self._version,
@@ -138,18 +172,6 @@ class _DRAPluginAdapter:
 
 def _claim_refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
-
-
-def _call(context: grpc.ServicerContext, method: str, body: Any) -> Any:
-    """Run the driver; CallError fails the whole call as the Go helper does, anything else is a bug."""
-    try:
-        return body()
-    except CallError as err:
-        log.warning(f"{method} failed", error=str(err))
-        context.abort(grpc.StatusCode.UNKNOWN, str(err))
-    except Exception as err:
-        log.exception(f"{method} crashed")
-        context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {err}")
 
 
 class DRAPluginV1(_DRAPluginAdapter, v1_grpc.DRAPluginServicer):
