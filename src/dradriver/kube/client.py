@@ -10,6 +10,7 @@ retried with jittered exponential backoff that honours Retry-After.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -157,7 +158,9 @@ class WatchStream:
             return
         self._closed = True
         # shutdown() unblocks a read in progress on another thread; close() alone would not.
-        self._response.shutdown()
+        # It refuses once the connection went back to the pool (the stream ended by itself).
+        with contextlib.suppress(RuntimeError, OSError):
+            self._response.shutdown()
         self._response.release_conn()
 
     def __enter__(self) -> WatchStream:

@@ -206,7 +206,7 @@ class SliceController:
                     )
                     if event.type != "BOOKMARK" and self._cache.apply_event(event.type, event.object):
                         self._log.debug(
-                            "slice changed", event=event.type, slice=event.object["metadata"].get("name")
+                            "slice changed", type=event.type, slice=event.object["metadata"].get("name")
                         )
                         self._kick(debounce=True)
             except GoneError:
