@@ -107,7 +107,9 @@ class FakeApiServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeApiServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -115,7 +117,8 @@ class FakeApiServer:
         with self._lock:
             for watcher in self._watchers:
                 watcher.events.put(None)
-        self._server.shutdown()
+        if self._thread is not None:
+            self._server.shutdown()
         self._server.server_close()
 
     def write_kubeconfig(self, path: Path, server: str | None = None) -> Path:

@@ -158,8 +158,8 @@ class WatchStream:
             return
         self._closed = True
         # shutdown() unblocks a read in progress on another thread; close() alone would not.
-        # It refuses once the connection went back to the pool (the stream ended by itself).
-        with contextlib.suppress(RuntimeError, OSError):
+        # It refuses once urllib3 closed the response or pooled the connection (the stream ended).
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
             self._response.shutdown()
         self._response.release_conn()
 

@@ -67,7 +67,10 @@ class PublishStatus:
     slices: int = 0
     last_error: str | None = None
     last_sync: datetime | None = None
+    #: Feature gates the API server seems to have off (it dropped their fields from our slices).
     dropped_features: tuple[str, ...] = ()
+    #: Reports that are not failures: publishing goes on (e.g. which fields were dropped).
+    warnings: tuple[str, ...] = ()
     writes: WriteCounts = field(default_factory=WriteCounts)
 
 
@@ -228,7 +231,7 @@ class SliceController:
                 continue
             finally:
                 self._stream = None
-            self._set_status(watching=False)
+                self._set_status(watching=False)
 
     def _kick(self, *, debounce: bool) -> None:
         with self._cond:
@@ -389,7 +392,9 @@ class SliceController:
         self._log.warning(message, gates=gates)
         with self._cond:
             merged = tuple(sorted({*self._status.dropped_features, *(gates or ["unknown"])}))
-            self._status = replace(self._status, dropped_features=merged, last_error=message)
+            self._status = replace(
+                self._status, dropped_features=merged, warnings=(*self._status.warnings, message)[-10:]
+            )
         if self._events:
             self._emit_event("DroppedFields", message)
 
