@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -91,10 +92,10 @@ class Backend:
             )
         return name
 
-    def slices(self, node: str) -> list[dict[str, object]]:
+    def slices(self, node: str) -> list[dict[str, Any]]:
         selector = f"spec.driver={TEST_DRIVER},spec.nodeName={node}"
-        items: list[dict[str, object]] = self.direct.list_resource_slices(selector)["items"]
-        return sorted(items, key=lambda s: str(s["metadata"]["name"]))  # type: ignore[index]
+        items: list[dict[str, Any]] = self.direct.list_resource_slices(selector)["items"]
+        return sorted(items, key=lambda s: str(s["metadata"]["name"]))
 
     def cleanup(self) -> None:
         for proxy in self.proxies:

@@ -296,6 +296,7 @@ class FakeApiServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as Go's net/http does; else delayed ACKs add 40 ms
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

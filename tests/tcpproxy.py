@@ -56,6 +56,8 @@ class TcpProxy:
                 _close(client)
                 continue
             upstream.settimeout(None)
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._listener is not listener:
                     _close(client)
