@@ -79,11 +79,13 @@ class FakeApiServer:
         serve_resource_v1: bool = True,
         bookmark_interval: float = 60.0,
         token: str = "dradriver-test-token",
+        allow_anonymous: bool = False,
     ) -> None:
         self.gates_off = gates_off
         self.serve_resource_v1 = serve_resource_v1
         self.bookmark_interval = bookmark_interval
         self.token = token
+        self.allow_anonymous = allow_anonymous
         self.requests: list[Request] = []
         self._lock = threading.RLock()
         self._rv = 100
@@ -325,7 +327,8 @@ class FakeApiServer:
             self.requests.append(request)
             fault = self._faults.pop(0) if self._faults and not request.watch else None
         try:
-            if h.headers.get("Authorization") != f"Bearer {self.token}":
+            auth = h.headers.get("Authorization")
+            if auth != f"Bearer {self.token}" and not (auth is None and self.allow_anonymous):
                 raise _FailError(401, "Unauthorized", "Unauthorized")
             if fault is not None:
                 headers = {"Retry-After": str(int(fault[1]))} if fault[1] is not None else {}
@@ -516,7 +519,8 @@ def main() -> None:
     parser.add_argument("--gates-off", default="")
     args = parser.parse_args()
     gates = frozenset(g for g in args.gates_off.split(",") if g)
-    server = FakeApiServer(gates_off=gates).start()
+    # kubectl sends no token over plain http, so the standalone server also lets anonymous in.
+    server = FakeApiServer(gates_off=gates, allow_anonymous=True).start()
     server.write_kubeconfig(args.kubeconfig)
     print(f"fake apiserver on {server.url}; kubeconfig {args.kubeconfig}", flush=True)
     try:
