@@ -27,6 +27,7 @@ from fakeslices import desired_slices, fake_devices
 from kubefake import FakeApiServer
 from tcpproxy import TcpProxy
 
+from dradriver import logs
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices
 
@@ -167,6 +168,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--steady-seconds", type=float, default=600)
     args = parser.parse_args()
+    logs.configure("console", 0, stream=sys.stderr)
     with TemporaryDirectory() as tmp:
         fake = None
         kubeconfig = args.kubeconfig

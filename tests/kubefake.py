@@ -218,7 +218,8 @@ class FakeApiServer:
                 meta[field] = current["metadata"][field]
             if namespace:
                 meta["namespace"] = namespace
-            obj["apiVersion"], obj["kind"] = current["apiVersion"], current["kind"]
+            if obj.get("apiVersion") != current["apiVersion"] or obj.get("kind") != current["kind"]:
+                raise _FailError(400, "BadRequest", "Object 'Kind' is missing or does not match")
             if plural == "resourceslices":
                 self._prepare_slice(obj, current)
             if obj == current:  # a no-op update is not written (etcd3 store behaviour)
@@ -253,8 +254,9 @@ class FakeApiServer:
 
     def list_objects(self, plural: str, namespace: str | None, selector: list[tuple[str, str]]) -> Json:
         with self._lock:
+            # Like the apiserver's JSON lists: items carry no apiVersion and kind.
             items = [
-                copy.deepcopy(o)
+                {k: copy.deepcopy(v) for k, v in o.items() if k not in ("apiVersion", "kind")}
                 for (p, _, _), o in sorted(self._objects.items(), key=lambda kv: kv[0][2])
                 if p == plural and _matches(o, namespace, selector)
             ]
@@ -280,13 +282,23 @@ class FakeApiServer:
             raise _FailError(422, "Invalid", "spec.pool.resourceSliceCount: must be greater than zero")
         if len(spec.get("devices") or []) > 128:
             raise _FailError(422, "Invalid", "spec.devices: Too many: must have at most 128 items")
-        if "DRAPartitionableDevices" in self.gates_off:
+        # Like the apiserver's dropDisabledFields: a gated field survives an update only when
+        # the stored object already uses the feature.
+        old_spec = (current or {}).get("spec") or {}
+        old_devices = old_spec.get("devices") or []
+        drop_taints = "DRADeviceTaints" in self.gates_off and not any(d.get("taints") for d in old_devices)
+        drop_counters = "DRAPartitionableDevices" in self.gates_off and not (
+            old_spec.get("sharedCounters")
+            or old_spec.get("perDeviceNodeSelection") is not None
+            or any(d.get("consumesCounters") for d in old_devices)
+        )
+        if drop_counters:
             spec.pop("sharedCounters", None)
             spec.pop("perDeviceNodeSelection", None)
         for device in spec.get("devices") or []:
-            if "DRADeviceTaints" in self.gates_off:
+            if drop_taints:
                 device.pop("taints", None)
-            if "DRAPartitionableDevices" in self.gates_off:
+            if drop_counters:
                 device.pop("consumesCounters", None)
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", _now())
@@ -395,7 +407,10 @@ class FakeApiServer:
         with self._lock:
             if since in ("", "0"):
                 backlog = [
-                    {"type": "ADDED", "object": o}
+                    {
+                        "type": "ADDED",
+                        "object": {"apiVersion": _api_version(plural), "kind": RESOURCES[plural][1], **o},
+                    }
                     for o in self.list_objects(plural, namespace, watcher.selector)["items"]
                 ]
             elif int(since) < self._oldest_rv:

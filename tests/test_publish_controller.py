@@ -157,7 +157,7 @@ def test_foreign_edit_is_reverted(backend: Backend, start: Callable[..., SliceCo
     controller = start(backend.client(), node, devices)
     assert controller.wait_published(10)
 
-    edited = backend.slices(node)[1]
+    edited = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **backend.slices(node)[1]}
     edited["spec"]["devices"] = edited["spec"]["devices"][:-1]
     backend.direct.update_resource_slice(edited)
     assert wait_for(lambda: controller.status.writes.updates == 1, timeout=10)

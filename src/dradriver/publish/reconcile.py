@@ -321,7 +321,8 @@ def plan_pool(
     for i in sorted(matched):
         if i not in changed and not bumped:
             continue
-        body = copy.deepcopy(matched[i])
+        # Items of a list come without apiVersion and kind, and a PUT needs them.
+        body = {**copy.deepcopy(matched[i]), "apiVersion": API_VERSION, "kind": "ResourceSlice"}
         spec = body.setdefault("spec", {})
         desired_content = content(_spec(desired[i]))
         for field in CONTENT_FIELDS:
