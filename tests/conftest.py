@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,6 @@ def cluster_kubeconfig(gates_off: bool = False) -> str | None:
     if gates_off:
         return os.environ.get("DRADRIVER_TEST_KUBECONFIG_GATES_OFF") or None
     return os.environ.get("DRADRIVER_TEST_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
 
 
 @dataclass

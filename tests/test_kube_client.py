@@ -6,8 +6,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from kubefake import FakeApiServer
+from polling import wait_for
 
 from dradriver.kube import (
     ApiError,

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import TEST_DRIVER, Backend, wait_for
+from conftest import TEST_DRIVER, Backend
 from fakeslices import desired_slices, fake_devices
+from polling import wait_for
 
 from dradriver.kube import KubeClient
 from dradriver.publish import SliceController, delete_node_slices
