@@ -45,7 +45,8 @@ class Bench:
     def __init__(self, kubeconfig: Path, tmp: Path) -> None:
         self.tmp = tmp
         config = yaml.safe_load(kubeconfig.read_text())
-        cluster = config["clusters"][0]["cluster"]
+        context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+        cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
         scheme, _, hostport = cluster["server"].partition("://")
         host, _, port = hostport.rstrip("/").rpartition(":")
         self.proxy = TcpProxy(host.strip("[]"), int(port))

@@ -80,12 +80,14 @@ class FakeApiServer:
         bookmark_interval: float = 60.0,
         token: str = "dradriver-test-token",
         allow_anonymous: bool = False,
+        max_watch_seconds: float | None = None,
     ) -> None:
         self.gates_off = gates_off
         self.serve_resource_v1 = serve_resource_v1
         self.bookmark_interval = bookmark_interval
         self.token = token
         self.allow_anonymous = allow_anonymous
+        self.max_watch_seconds = max_watch_seconds
         self.requests: list[Request] = []
         self._lock = threading.RLock()
         self._rv = 100
@@ -402,7 +404,10 @@ class FakeApiServer:
         plural, namespace, _ = self._parse(path)
         watcher = _Watcher(plural, namespace, _selector(query.get("fieldSelector", "")))
         since = query.get("resourceVersion", "")
-        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        seconds = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + min(
+            seconds, seconds if self.max_watch_seconds is None else self.max_watch_seconds
+        )
         bookmarks = query.get("allowWatchBookmarks") == "true"
         with self._lock:
             if since in ("", "0"):

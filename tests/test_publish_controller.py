@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import TEST_DRIVER, Backend
 from fakeslices import desired_slices, fake_devices
+from kubefake import FakeApiServer
 from polling import wait_for
 
-from dradriver.kube import KubeClient
+from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices
 
 Json = dict[str, Any]
@@ -323,3 +325,21 @@ def test_stop_leaves_slices_and_delete_node_slices_removes_them(
     assert len(backend.slices(node)) == 2
     assert delete_node_slices(backend.direct, driver_name=TEST_DRIVER, node_name=node) == 2
     assert backend.slices(node) == []
+
+
+def test_watches_ended_at_once_are_not_retried_in_a_tight_loop(
+    tmp_path: Path, start: Callable[..., SliceController]
+) -> None:
+    fake = FakeApiServer(max_watch_seconds=0).start()
+    try:
+        client = load_client(str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
+        assert client is not None
+        fake.create("nodes", None, {"metadata": {"name": "node-a"}})
+        controller = start(client, "node-a", Devices("node-a", 4))
+        assert controller.wait_published(10)
+        time.sleep(2)
+        watches = [r for r in fake.requests if r.watch]
+        assert 2 <= len(watches) <= 12
+        client.close()
+    finally:
+        fake.stop()

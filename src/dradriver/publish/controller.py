@@ -202,8 +202,9 @@ class SliceController:
                 self._set_status(watching=True)
                 if self._stop.is_set():
                     stream.close()
+                opened, events = time.monotonic(), 0
                 for event in stream:
-                    failures = 0
+                    failures, events = 0, events + 1
                     resource_version = str(
                         event.object.get("metadata", {}).get("resourceVersion") or resource_version
                     )
@@ -212,6 +213,10 @@ class SliceController:
                             "slice changed", type=event.type, slice=event.object["metadata"].get("name")
                         )
                         self._kick(debounce=True)
+                if not events and time.monotonic() - opened < 1.0 and not self._stop.is_set():
+                    # Something in between accepts and hangs up at once: do not spin.
+                    failures += 1
+                    self._stop.wait(self._backoff.delay(failures - 1))
             except GoneError:
                 self._log.info("watch resourceVersion expired, listing again")
                 resource_version = None
