@@ -30,7 +30,7 @@ from tcpproxy import TcpProxy
 
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
-from dradriver.publish import SliceController, delete_node_slices
+from dradriver.publish import SliceController, delete_node_slices, plan_pool
 
 DRIVER = "gpu.bench.dradriver.dev"
 
@@ -149,6 +149,23 @@ def steady(bench: Bench, fake: FakeApiServer | None, seconds: float) -> str:
     )
 
 
+def plan_cost(devices: int, runs: int) -> list[float]:
+    """CPU time of one sync pass's decision when nothing changed (every watch event costs one)."""
+    want = desired_for("node-a", devices)()
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "u", "controller": True}]
+    stored = [
+        {**s, "metadata": {"name": f"{i:05x}-{DRIVER}-node-a-x", "uid": str(i), "ownerReferences": owner}}
+        for i, s in enumerate(want)
+    ]
+    plan_pool(stored, want, driver=DRIVER, node="node-a", node_uid="u")  # warm-up
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        assert plan_pool(stored, want, driver=DRIVER, node="node-a", node_uid="u").in_sync
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
 def cold_client_load(kubeconfig: Path, runs: int) -> list[float]:
     code = (
         "import time; t = time.perf_counter(); from dradriver.kube import load_client; "
@@ -174,6 +191,7 @@ def main() -> None:
         print(f"server: {'loopback fake API server (tests/kubefake.py)' if fake else kubeconfig}")
         try:
             print(f"import + load_client, cold process: {stats(cold_client_load(kubeconfig, 10))}")
+            print(f"sync decision, 300 devices, nothing to do: {stats(plan_cost(300, args.runs))}")
             for devices in (8, 300):
                 print(f"first publish, {devices} devices: {stats(first_publish(bench, devices, args.runs))}")
             print(f"deleted externally -> back, 300 devices: {stats(recovery(bench, 300, args.runs))}")
