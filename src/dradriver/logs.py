@@ -49,6 +49,12 @@ def verbosity() -> int:
     return _verbosity
 
 
+def _standard_fields_first(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Put timestamp, level and event at the front of each JSON line, where people look."""
+    front = {key: event.pop(key) for key in ("timestamp", "level", "event") if key in event}
+    return front | event
+
+
 def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
     """Route structlog (and stdlib logging, e.g. from grpc or kubernetes) to `stream` (stderr)."""
     import structlog
@@ -65,6 +71,7 @@ def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
     if fmt == "json":
         processors += [
             structlog.processors.dict_tracebacks,
+            _standard_fields_first,
             structlog.processors.JSONRenderer(sort_keys=False),
         ]
     else:

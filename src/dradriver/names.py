@@ -12,6 +12,8 @@ DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN_MAX = 253
 DRIVER_NAME_MAX = 63
 C_IDENTIFIER_MAX = 32
+#: Attribute string and version values are limited in bytes, not characters.
+ATTRIBUTE_VALUE_MAX_BYTES = 64
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -94,8 +96,8 @@ def qualified_name_error(value: str) -> str | None:
 
 def semver_error(value: str) -> str | None:
     """A version attribute value: strict semver 2.0.0, at most 64 bytes."""
-    if len(value.encode()) > 64:
-        return "must be no more than 64 bytes"
+    if len(value.encode()) > ATTRIBUTE_VALUE_MAX_BYTES:
+        return f"must be no more than {ATTRIBUTE_VALUE_MAX_BYTES} bytes"
     if not _SEMVER.fullmatch(value):
         return "must be a string compatible with semver.org spec 2.0.0"
     return None
@@ -120,4 +122,40 @@ def uid_error(value: str) -> str | None:
     """A Kubernetes object UID as we accept it before it becomes part of a path or file name."""
     if not _UUID.fullmatch(value):
         return "must be a lowercase RFC 4122 UUID"
+    return None
+
+
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+LABEL_VALUE_MAX = 63
+
+
+def label_name_error(value: str) -> str | None:
+    """A label key (taint keys, binding conditions): `[prefix/]name`, prefix a DNS subdomain."""
+    prefix, slash, name = value.rpartition("/")
+    if slash:
+        if not prefix:
+            return "prefix part must be non-empty"
+        if (err := dns_subdomain_error(prefix)) is not None:
+            return f"prefix part {err}"
+    if not name:
+        return "name part must be non-empty"
+    if len(name) > LABEL_VALUE_MAX:
+        return f"name part must be no more than {LABEL_VALUE_MAX} characters"
+    if not _LABEL_NAME.fullmatch(name):
+        return (
+            "name part must consist of alphanumeric characters, '-', '_' or '.', "
+            "and must start and end with an alphanumeric character"
+        )
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    """A label value (taint values): empty, or a label name without prefix."""
+    if len(value) > LABEL_VALUE_MAX:
+        return f"must be no more than {LABEL_VALUE_MAX} characters"
+    if value and not _LABEL_NAME.fullmatch(value):
+        return (
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+            "and must start and end with an alphanumeric character"
+        )
     return None

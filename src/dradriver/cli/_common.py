@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.names import driver_name_error
+from dradriver.names import dns_subdomain_error, driver_name_error
 
 ENV_PREFIX = "DRADRIVER_"
 
@@ -151,3 +152,30 @@ def add_command(
     add_logging_flags(parser, log_format)
     parser.set_defaults(run=run, prog=parser.prog, defer_logging=defer_logging)
     return parser
+
+
+def node_name(value: str) -> str:
+    """argparse type for --node-name: the API server checks node names as DNS subdomains."""
+    if (err := dns_subdomain_error(value)) is not None:
+        raise argparse.ArgumentTypeError(f"invalid node name {value!r}: {err}")
+    return value
+
+
+def add_node_name_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--node-name",
+        type=node_name,
+        default=socket.gethostname().lower(),
+        fallback_env=["NODE_NAME"],
+        help="node name, also the pool name",
+    )
+
+
+def add_partitionable_flag(parser: argparse.ArgumentParser) -> None:
+    env_switch(
+        parser,
+        "--partitionable",
+        help="publish full GPUs plus every possible MIG placement of MIG-enabled GPUs, consuming shared "
+        "counters (Kubernetes >= 1.35 with the DRAPartitionableDevices feature gate)",
+    )

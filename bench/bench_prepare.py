@@ -1,0 +1,133 @@
+"""Issue 5 figures: prepare/unprepare latency over real gRPC to a `serve` subprocess.
+
+Run: .venv/bin/python -m bench.bench_prepare [--rounds 300]
+
+The plugin runs on a fake profile with 128 GPUs and reads claims from a directory (the local
+claim source); every claim gets its own GPU, a CDI spec and checkpoint writes with fsync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.common import summary
+from dradriver import kubeletclient
+from dradriver.plugin.driver import ClaimRef
+
+DRIVER = "gpu.dradriver.dev"
+GPUS = 128
+
+
+def claim(i: int) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "bench", "name": f"c{i}", "uid": f"00000000-0000-4000-8000-{i:012d}"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": "bench", "device": f"gpu-{i}"}]
+                }
+            }
+        },
+    }
+
+
+def ref(i: int) -> ClaimRef:
+    return ClaimRef("bench", f"c{i}", f"00000000-0000-4000-8000-{i:012d}")
+
+
+def start_serve(root: Path) -> subprocess.Popen[bytes]:
+    profile = root / "profile.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "driverVersion": "570.124.06",
+                "cudaDriverVersion": "12.8",
+                "gpus": [
+                    {
+                        "productName": "NVIDIA H100 80GB HBM3",
+                        "count": GPUS,
+                        "architecture": "Hopper",
+                        "computeCapability": "9.0",
+                        "memoryMiB": 81559,
+                    }
+                ],
+            }
+        )
+    )
+    (root / "claims").mkdir()
+    (root / "claims" / "claims.yaml").write_text(yaml.safe_dump_all([claim(i) for i in range(GPUS)]))
+    args = [
+        sys.executable, "-m", "dradriver", "serve", "--fake-gpus", str(profile), "--node-name", "bench",
+        "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+        "--cdi-dir", str(root / "cdi"), "--claims-dir", str(root / "claims"),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    while not (root / "reg" / f"{DRIVER}-reg.sock").exists():
+        time.sleep(0.01)
+    return proc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=300)
+    opts = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
+    proc = start_serve(root)
+    try:
+        with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
+            client.wait_ready(30)
+            for i in range(20):  # warm-up: driver initialised, files cached
+                assert client.prepare([ref(i)]).claims[ref(i).uid].error == ""
+                client.unprepare([ref(i)])
+            prepares, unprepares = [], []
+            for n in range(opts.rounds):
+                r = ref(n % GPUS)
+                t = time.perf_counter()
+                response = client.prepare([r])
+                prepares.append(time.perf_counter() - t)
+                assert response.claims[r.uid].error == "", response
+                t = time.perf_counter()
+                client.unprepare([r])
+                unprepares.append(time.perf_counter() - t)
+            print(summary("prepare, 1 claim / 1 GPU, local claim source", prepares))
+            print(summary("unprepare, 1 claim", unprepares))
+
+            batches = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for i in range(100):
+                    assert client.prepare([ref(i)]).claims[ref(i).uid].error == ""
+                batches.append(time.perf_counter() - t)
+                client.unprepare([ref(i) for i in range(100)])
+            print(summary("100 claims by 100 back-to-back calls", batches, unit="s"))
+
+            singles = []
+            for _ in range(5):
+                refs = [ref(i) for i in range(64)]
+                t = time.perf_counter()
+                response = client.prepare(refs)
+                singles.append(time.perf_counter() - t)
+                assert all(entry.error == "" for entry in response.claims.values())
+                client.unprepare(refs)
+            print(summary("64 claims in one call", singles))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        shutil.rmtree(root)
+
+
+if __name__ == "__main__":
+    main()

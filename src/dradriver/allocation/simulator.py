@@ -1,0 +1,706 @@
+"""A pure, deterministic port of the scheduler's structured allocator, with explanations.
+
+Allocation follows k8s.io/dynamic-resource-allocation structured/internal/stable
+(allocator_stable.go, release-1.36): claims are allocated in order, each request after the
+other; for every needed device the candidates are tried pool by pool with backtracking, and the
+first complete solution wins. Class selectors are evaluated before request selectors, lazily and
+cached per device and request; a CEL error aborts allocation (the scheduler reports it as
+`class X: selector #i: CEL runtime error: ...`). Devices are not shared between requests or
+claims unless a request has adminAccess (then only not within the same claim). `All` requests
+take every matching device, `firstAvailable` subrequests are tried in order, `matchAttribute`
+constraints require one value across the devices of the named requests, NoSchedule/NoExecute
+taints need a toleration, and devices consuming shared counters must fit the pool's counters.
+
+Where the scheduler is not deterministic (it walks pools in Go map order) we are: pools sorted by
+driver and name, slices by name, devices in slice order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.allocation.model import (
+    ALL,
+    AllocatedDevice,
+    Claim,
+    Device,
+    DeviceClass,
+    DeviceRequest,
+    Request,
+    Slice,
+)
+from dradriver.cel import CELCompileError, CELDevice, CELRuntimeError, compile_selector, to_cel_device
+from dradriver.quantity import Quantity, QuantityError
+
+# resourceapi.AllocationResultsMaxSize.
+MAX_RESULTS_PER_CLAIM = 32
+
+
+# -- report types ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SelectorOutcome:
+    """One selector on one device: "true", "false", "error" or "skipped" (not evaluated)."""
+
+    source: str  # "class <name>" or "request"
+    index: int
+    expression: str
+    outcome: str
+    message: str = ""
+
+
+@dataclass
+class DeviceVerdict:
+    device: str
+    selectors: list[SelectorOutcome]
+    matches: bool
+    error: str | None = None
+
+
+@dataclass
+class RequestReport:
+    """Per request (or subrequest): every device's selector outcomes."""
+
+    request: str
+    device_class: str
+    mode: str
+    count: int
+    admin_access: bool
+    devices: list[DeviceVerdict] = field(default_factory=list)
+    selected: bool = False
+
+    @property
+    def matching(self) -> int:
+        return sum(1 for d in self.devices if d.matches)
+
+
+@dataclass
+class ClaimReport:
+    claim: Claim
+    results: list[AllocatedDevice] = field(default_factory=list)
+    requests: list[RequestReport] = field(default_factory=list)
+    reason: str | None = None
+    preallocated: bool = False
+
+
+@dataclass
+class NodeReport:
+    node: str | None
+    satisfiable: bool
+    claims: list[ClaimReport]
+    error: str | None = None
+    reason: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Simulation:
+    """Outcomes per candidate node; `chosen` is the first node that satisfies every claim."""
+
+    nodes: list[NodeReport]
+
+    @property
+    def chosen(self) -> NodeReport | None:
+        return next((n for n in self.nodes if n.satisfiable), None)
+
+    @property
+    def satisfiable(self) -> bool:
+        return self.chosen is not None
+
+
+class AllocationError(Exception):
+    """The scheduler would fail with this error (a CEL error, a missing class, ...)."""
+
+
+# -- pools ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pool:
+    driver: str
+    name: str
+    slices: list[Slice]
+    incomplete: bool = False
+    invalid: str | None = None
+    counters: dict[str, dict[str, Quantity]] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.driver}/{self.name}"
+
+    def devices(self) -> Iterable[Device]:
+        for slice_ in self.slices:
+            yield from slice_.devices
+
+
+def _targets_node(slice_: Slice, node: str | None) -> bool:
+    if slice_.all_nodes or slice_.node_selector:
+        return True
+    return node is None or slice_.node_name == node
+
+
+def gather_pools(slices: Sequence[Slice], node: str | None) -> tuple[list[_Pool], list[str]]:
+    """GatherPools: newest generation per pool, completeness, duplicate device names."""
+    warnings: list[str] = []
+    by_pool: dict[tuple[str, str], list[Slice]] = {}
+    for slice_ in slices:
+        if not _targets_node(slice_, node):
+            continue
+        if slice_.node_selector and not slice_.all_nodes:
+            warnings.append(
+                f"slice {slice_.name}: nodeSelector is not evaluated; assuming it selects the node"
+            )
+        key = (slice_.driver, slice_.pool)
+        current = by_pool.get(key)
+        if current is None or slice_.generation > current[0].generation:
+            by_pool[key] = [slice_]
+        elif slice_.generation == current[0].generation:
+            current.append(slice_)
+    pools: list[_Pool] = []
+    for (driver, name), pool_slices in sorted(by_pool.items()):
+        pool_slices.sort(key=lambda s: s.name)
+        pool = _Pool(driver, name, pool_slices)
+        if len(pool_slices) != pool_slices[0].slice_count:
+            pool.incomplete = True
+            warnings.append(
+                f"pool {pool.id} is incomplete: {len(pool_slices)} of {pool_slices[0].slice_count} slices "
+                f"at generation {pool_slices[0].generation}; its devices are not allocated"
+            )
+        seen: set[str] = set()
+        for device in pool.devices():
+            if device.name in seen:
+                pool.invalid = f"duplicate device name {device.name}"
+                warnings.append(f"pool {pool.id} is invalid: {pool.invalid}")
+                break
+            seen.add(device.name)
+        for slice_ in pool_slices:
+            for set_name, counters in slice_.shared_counters.items():
+                parsed: dict[str, Quantity] = {}
+                for counter, value in counters.items():
+                    try:
+                        parsed[counter] = Quantity.parse(str(_counter_value(value)))
+                    except QuantityError as err:
+                        pool.invalid = f"counter set {set_name}, counter {counter}: {err}"
+                parsed_set = pool.counters.setdefault(set_name, {})
+                parsed_set.update(parsed)
+        pools.append(pool)
+    return pools, warnings
+
+
+def _counter_value(value: Any) -> Any:
+    return value.get("value") if isinstance(value, Mapping) else value
+
+
+# -- the allocator ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _RequestData:
+    request: DeviceRequest
+    parent: Request | None
+    device_class: DeviceClass
+    num_devices: int
+    all_devices: list[tuple[_Pool, Device]] = field(default_factory=list)
+    selected_sub: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.parent.name}/{self.request.name}" if self.parent else self.request.name
+
+
+class _MatchState:
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        self.attribute = attribute
+        self.requests = set(requests)
+        self.value: tuple[str, Any] | None = None
+        self.count = 0
+
+    def applies(self, base: str, sub: str) -> bool:
+        if not self.requests:
+            return True
+        return base in self.requests or (bool(sub) and f"{base}/{sub}" in self.requests)
+
+    def add(self, base: str, sub: str, device: Device) -> bool:
+        if not self.applies(base, sub):
+            return True
+        value = lookup_attribute(device, self.attribute)
+        if value is None:
+            return False
+        if self.count == 0:
+            self.value = value
+            self.count = 1
+            return True
+        if value != self.value:
+            return False
+        self.count += 1
+        return True
+
+    def remove(self, base: str, sub: str) -> None:
+        if self.applies(base, sub):
+            self.count -= 1
+
+
+def lookup_attribute(device: Device, qualified: str) -> tuple[str, Any] | None:
+    """lookupAttribute: the fully qualified name, or the bare id when the domain is the driver."""
+    attributes = device.body.get("attributes") or {}
+    raw = attributes.get(qualified)
+    if raw is None:
+        domain, _, ident = qualified.partition("/")
+        if domain != device.driver:
+            return None
+        raw = attributes.get(ident)
+    if not isinstance(raw, Mapping):
+        return None
+    for kind in ("string", "int", "bool", "version"):
+        if raw.get(kind) is not None:
+            return kind, raw[kind]
+    return None
+
+
+@dataclass(frozen=True)
+class _Inventory:
+    """What one node offers: classes, pools in allocation order, devices already taken."""
+
+    classes: Mapping[str, DeviceClass]
+    pools: list[_Pool]
+    preallocated: set[str]
+    cel_devices: dict[str, CELDevice]
+
+
+class _Allocator:
+    def __init__(self, claims: Sequence[Claim], inventory: _Inventory) -> None:
+        self.claims = claims
+        self.classes = inventory.classes
+        self.pools = inventory.pools
+        self.preallocated = inventory.preallocated
+        self.cel_devices = inventory.cel_devices
+        self.request_data: dict[tuple[int, int, int], _RequestData] = {}
+        self.allocating: dict[str, set[int]] = {}
+        self.results: list[list[AllocatedDevice]] = [[] for _ in claims]
+        self.constraints: list[list[_MatchState]] = [
+            [_MatchState(c.attribute, c.requests) for c in claim.constraints] for claim in claims
+        ]
+        self.consumed: dict[str, dict[str, dict[str, Quantity]]] = {}
+        self.matches: dict[tuple[str, tuple[int, int, int]], bool] = {}
+
+    # -- preparation (validateDeviceRequest) ----------------------------------------------------
+
+    def prepare(self) -> None:
+        for ci, claim in enumerate(self.claims):
+            min_devices = 0
+            for ri, request in enumerate(claim.requests):
+                if request.first_available:
+                    smallest = None
+                    for si, sub in enumerate(request.first_available):
+                        data = self._validate(claim, (ci, ri, si), sub, request)
+                        self.request_data[(ci, ri, si)] = data
+                        smallest = data.num_devices if smallest is None else min(smallest, data.num_devices)
+                    min_devices += smallest or 0
+                else:
+                    assert request.exactly is not None
+                    data = self._validate(claim, (ci, ri, 0), request.exactly, None)
+                    self.request_data[(ci, ri, 0)] = data
+                    min_devices += data.num_devices
+            if min_devices > MAX_RESULTS_PER_CLAIM:
+                raise AllocationError(
+                    f"claim {claim.ref}: number of requested devices {min_devices} exceeds the claim limit "
+                    f"of {MAX_RESULTS_PER_CLAIM}"
+                )
+
+    def _validate(
+        self, claim: Claim, key: tuple[int, int, int], request: DeviceRequest, parent: Request | None
+    ) -> _RequestData:
+        shown = f"{parent.name}/{request.name}" if parent else request.name
+        device_class = self.classes.get(request.device_class)
+        if device_class is None:
+            raise AllocationError(
+                f"claim {claim.ref}, request {shown}: could not retrieve device class "
+                f'{request.device_class}: deviceclass.resource.k8s.io "{request.device_class}" not found'
+            )
+        data = _RequestData(request, parent, device_class, request.count)
+        if request.mode == ALL:
+            for pool in self.pools:
+                if pool.incomplete:
+                    raise AllocationError(
+                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool "
+                        f"{pool.id} is currently being updated"
+                    )
+                if pool.invalid:
+                    raise AllocationError(
+                        f"claim {claim.ref}, request {shown}: asks for all devices, but resource pool "
+                        f"{pool.id} is currently invalid"
+                    )
+                for device in pool.devices():
+                    if self.selectable(device, key, data):
+                        data.all_devices.append((pool, device))
+            data.num_devices = len(data.all_devices)
+        return data
+
+    # -- selectors (isSelectable / selectorsMatch) -------------------------------------------------
+
+    def selectable(self, device: Device, key: tuple[int, int, int], data: _RequestData) -> bool:
+        cache_key = (device.id, key)
+        cached = self.matches.get(cache_key)
+        if cached is not None:
+            return cached
+        claim = self.claims[key[0]]
+        result = self._selectors_match(
+            device, data.device_class.selectors, f"class {data.device_class.name}"
+        ) and self._selectors_match(device, data.request.selectors, f"claim {claim.ref}")
+        self.matches[cache_key] = result
+        return result
+
+    def _selectors_match(self, device: Device, selectors: Sequence[str], owner: str) -> bool:
+        for i, expression in enumerate(selectors):
+            outcome = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            if outcome[0] == "error":
+                kind = "CEL compile error" if outcome[2] else "CEL runtime error"
+                raise AllocationError(f"{owner}: selector #{i}: {kind}: {outcome[1]}")
+            if outcome[0] == "false":
+                return False
+        return True
+
+    # -- search (allocateOne) ----------------------------------------------------------------------
+
+    def in_use(self, device_id: str) -> bool:
+        return device_id in self.preallocated or bool(self.allocating.get(device_id))
+
+    def allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+        if ci >= len(self.claims):
+            return True
+        claim = self.claims[ci]
+        if ri >= len(claim.requests):
+            return self.allocate_one(ci + 1, 0, 0, 0, False)
+        key = (ci, ri, si)
+        data = self.request_data[key]
+        if not in_subrequest and data.parent is not None:
+            sub = 0
+            while (ci, ri, sub) in self.request_data:
+                if self.allocate_one(ci, ri, sub, di, True):
+                    self.request_data[(ci, ri, 0)].selected_sub = sub
+                    return True
+                sub += 1
+            return False
+        request = data.request
+        if request.mode == ALL and not data.all_devices:
+            return False
+        if di >= data.num_devices:
+            return self.allocate_one(ci, ri + 1, 0, 0, False)
+        if len(self.results[ci]) + data.num_devices - di > MAX_RESULTS_PER_CLAIM:
+            return False
+        if request.mode == ALL:
+            pool, device = data.all_devices[di]
+            undo = self.allocate_device(ci, key, pool, device, must=True)
+            if undo is None:
+                return False
+            if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
+                return True
+            undo()
+            return False
+        for pool in self.pools:
+            if pool.incomplete or pool.invalid:
+                continue
+            for device in pool.devices():
+                if request.admin_access:
+                    if ci in self.allocating.get(device.id, ()):
+                        continue
+                elif self.in_use(device.id):
+                    continue
+                if not self.selectable(device, key, data):
+                    continue
+                undo = self.allocate_device(ci, key, pool, device, must=False)
+                if undo is None:
+                    continue
+                if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
+                    return True
+                undo()
+        return False
+
+    def allocate_device(
+        self, ci: int, key: tuple[int, int, int], pool: _Pool, device: Device, *, must: bool
+    ) -> Any:
+        """allocateDevice: returns an undo function, or None when the device cannot be taken."""
+        data = self.request_data[key]
+        request = data.request
+        if request.admin_access:
+            if ci in self.allocating.get(device.id, ()):
+                return None
+        elif self.in_use(device.id):
+            return None
+        consumption = device.body.get("consumesCounters") or []
+        if consumption and not self._take_counters(pool, consumption):
+            return None
+        base, sub = (data.parent.name, request.name) if data.parent else (request.name, "")
+        if _taint_blocks(device, request):
+            if consumption:
+                self._release_counters(pool, consumption)
+            return None
+        added: list[_MatchState] = []
+        for constraint in self.constraints[ci]:
+            if not constraint.add(base, sub, device):
+                if must:
+                    raise AllocationError(
+                        f"claim {self.claims[ci].ref}, request {request.name}: cannot add device {device.id} "
+                        "because a claim constraint would not be satisfied"
+                    )
+                for previous in added:
+                    previous.remove(base, sub)
+                if consumption:
+                    self._release_counters(pool, consumption)
+                return None
+            added.append(constraint)
+        self.allocating.setdefault(device.id, set()).add(ci)
+        self.results[ci].append(
+            AllocatedDevice(data.name, device.driver, device.pool, device.name, request.admin_access)
+        )
+        count = len(self.results[ci])
+
+        def undo() -> None:
+            for constraint in self.constraints[ci]:
+                constraint.remove(base, sub)
+            self.allocating[device.id].discard(ci)
+            if consumption:
+                self._release_counters(pool, consumption)
+            del self.results[ci][count - 1 :]
+
+        return undo
+
+    def _take_counters(self, pool: _Pool, consumption: Sequence[Any]) -> bool:
+        consumed = self.consumed.setdefault(pool.id, {})
+        self._add_counters(consumed, consumption, sign=1)
+        for set_name, counters in consumed.items():
+            for counter, used in counters.items():
+                available = pool.counters.get(set_name, {}).get(counter)
+                if available is None or available.compare(used) < 0:
+                    self._add_counters(consumed, consumption, sign=-1)
+                    return False
+        return True
+
+    def _release_counters(self, pool: _Pool, consumption: Sequence[Any]) -> None:
+        self._add_counters(self.consumed.setdefault(pool.id, {}), consumption, sign=-1)
+
+    @staticmethod
+    def _add_counters(
+        consumed: dict[str, dict[str, Quantity]], consumption: Sequence[Any], *, sign: int
+    ) -> None:
+        for entry in consumption:
+            if not isinstance(entry, Mapping):
+                continue
+            counter_set = consumed.setdefault(str(entry.get("counterSet", "")), {})
+            for counter, value in (entry.get("counters") or {}).items():
+                amount = Quantity.parse(str(_counter_value(value)))
+                current = counter_set.get(counter, Quantity.from_int(0))
+                counter_set[counter] = current.add(amount) if sign > 0 else current.sub(amount)
+
+
+def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
+    for taint in device.body.get("taints") or []:
+        if not isinstance(taint, Mapping) or taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(t.tolerates(taint) for t in request.tolerations):
+            return True
+    return False
+
+
+def evaluate_selector(expression: str, device: CELDevice, driver: str) -> tuple[str, str, bool]:
+    """("true"|"false"|"error", message, is_compile_error) for one selector on one device."""
+    try:
+        matched = compile_selector(expression).matches(device, driver)
+    except CELCompileError as err:
+        return "error", err.message, True
+    except CELRuntimeError as err:
+        return "error", err.message, False
+    return ("true" if matched else "false"), "", False
+
+
+# -- the public entry point --------------------------------------------------------------------------
+
+
+def candidate_nodes(slices: Sequence[Slice]) -> list[str | None]:
+    """Nodes that have node-local slices, sorted; [None] when every pool serves all nodes."""
+    nodes = sorted({s.node_name for s in slices if s.node_name})
+    return list(nodes) if nodes else [None]
+
+
+def simulate(
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    slices: Sequence[Slice],
+    node: str | None = None,
+) -> Simulation:
+    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn."""
+    nodes = [node] if node is not None else candidate_nodes(slices)
+    return Simulation([simulate_node(claims, classes, slices, n) for n in nodes])
+
+
+def simulate_node(
+    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], slices: Sequence[Slice], node: str | None
+) -> NodeReport:
+    pools, warnings = gather_pools(slices, node)
+    cel_devices = {d.id: to_cel_device(d.body, d.driver) for pool in pools for d in pool.devices()}
+    preallocated: set[str] = set()
+    pending: list[Claim] = []
+    reports: dict[int, ClaimReport] = {}
+    for index, claim in enumerate(claims):
+        if claim.allocated is not None:
+            reports[index] = ClaimReport(claim, list(claim.allocated), preallocated=True)
+            preallocated.update(
+                f"{d.driver}/{d.pool}/{d.device}" for d in claim.allocated if not d.admin_access
+            )
+        else:
+            pending.append(claim)
+    inventory = _Inventory(classes, pools, preallocated, cel_devices)
+    allocator = _Allocator(pending, inventory)
+    error: str | None = None
+    satisfiable = False
+    try:
+        allocator.prepare()
+        satisfiable = allocator.allocate_one(0, 0, 0, 0, False)
+    except AllocationError as err:
+        error = str(err)
+    pending_reports = [ClaimReport(claim) for claim in pending]
+    if satisfiable:
+        for report, results in zip(pending_reports, allocator.results, strict=True):
+            report.results = list(results)
+    for position, report in enumerate(pending_reports):
+        report.requests = _explain_requests(allocator, position, pools, cel_devices)
+    reason = None
+    if not satisfiable and error is None:
+        reason = _diagnose(pending, inventory, pending_reports)
+    ordered = []
+    pending_iter = iter(pending_reports)
+    for index in range(len(claims)):
+        ordered.append(reports[index] if index in reports else next(pending_iter))
+    return NodeReport(node, satisfiable and error is None, ordered, error, reason, warnings)
+
+
+def _explain_requests(
+    allocator: _Allocator, ci: int, pools: list[_Pool], cel_devices: dict[str, CELDevice]
+) -> list[RequestReport]:
+    """Every device against every request of claim `ci`, for the report (not lazily)."""
+    claim = allocator.claims[ci]
+    reports: list[RequestReport] = []
+    for ri, request in enumerate(claim.requests):
+        subs = list(request.first_available) if request.first_available else [request.exactly]
+        for si, sub in enumerate(subs):
+            assert sub is not None
+            device_class = allocator.classes.get(sub.device_class)
+            name = f"{request.name}/{sub.name}" if request.first_available else request.name
+            report = RequestReport(name, sub.device_class, sub.mode, sub.count, sub.admin_access)
+            data = allocator.request_data.get((ci, ri, 0))
+            report.selected = not request.first_available or (data is not None and data.selected_sub == si)
+            for pool in pools:
+                for device in pool.devices():
+                    report.devices.append(_verdict(device, device_class, sub, claim, cel_devices))
+            reports.append(report)
+    return reports
+
+
+def _verdict(
+    device: Device,
+    device_class: DeviceClass | None,
+    request: DeviceRequest,
+    claim: Claim,
+    cel_devices: dict[str, CELDevice],
+) -> DeviceVerdict:
+    outcomes: list[SelectorOutcome] = []
+    matches = True
+    error: str | None = None
+    groups: list[tuple[str, Sequence[str], str]] = []
+    if device_class is not None:
+        groups.append((f"class {device_class.name}", device_class.selectors, f"class {device_class.name}"))
+    groups.append(("request", request.selectors, f"claim {claim.ref}"))
+    for source, selectors, owner in groups:
+        for i, expression in enumerate(selectors):
+            if not matches or error:
+                outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
+                continue
+            outcome, message, compile_error = evaluate_selector(
+                expression, cel_devices[device.id], device.driver
+            )
+            outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
+            if outcome == "error":
+                kind = "CEL compile error" if compile_error else "CEL runtime error"
+                error = f"{owner}: selector #{i}: {kind}: {message}"
+            elif outcome == "false":
+                matches = False
+    if device_class is None:
+        error = error or f"device class {request.device_class} not found"
+    return DeviceVerdict(device.id, outcomes, matches and error is None, error)
+
+
+def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[ClaimReport]) -> str:
+    """Name the first claim that cannot be added, and why."""
+    for count in range(1, len(claims) + 1):
+        try:
+            if _allocates(claims[:count], inventory):
+                continue
+            culprit = claims[count - 1]
+            report = reports[count - 1]
+            fits_alone = count > 1 and _allocates([culprit], inventory)
+        except AllocationError as err:
+            return str(err)
+        if fits_alone:
+            earlier = ", ".join(c.ref for c in claims[: count - 1])
+            report.reason = (
+                f"claim {culprit.ref} fits on its own, but not together with {earlier}: devices cannot be "
+                "shared between claims"
+            )
+            return report.reason
+        report.reason = _claim_reason(culprit, report, inventory.preallocated)
+        return f"claim {culprit.ref}: {report.reason}"
+    return "no allocation satisfies all claims"  # pragma: no cover - the full search failed above
+
+
+def _allocates(claims: Sequence[Claim], inventory: _Inventory) -> bool:
+    trial = _Allocator(claims, inventory)
+    trial.prepare()
+    return trial.allocate_one(0, 0, 0, 0, False)
+
+
+def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> str:
+    by_name: dict[str, list[RequestReport]] = {}
+    for request_report in report.requests:
+        by_name.setdefault(request_report.request.split("/")[0], []).append(request_report)
+    problems: list[str] = []
+    for request in claim.requests:
+        options = by_name.get(request.name, [])
+        short = [r for r in options if not _enough(r, preallocated)]
+        if len(short) == len(options):
+            problems.append("; ".join(_shortage(r, preallocated) for r in short))
+    if problems:
+        return "; ".join(problems)
+    if claim.constraints:
+        names = ", ".join(c.attribute for c in claim.constraints)
+        return (
+            f"every request has enough matching devices, but no combination satisfies the constraints "
+            f"(matchAttribute {names}) and the requests together"
+        )
+    return "every request has enough matching devices, but not enough distinct ones for all requests together"
+
+
+def _free_matching(report: RequestReport, preallocated: set[str]) -> int:
+    return sum(
+        1 for d in report.devices if d.matches and (report.admin_access or d.device not in preallocated)
+    )
+
+
+def _enough(report: RequestReport, preallocated: set[str]) -> bool:
+    free = _free_matching(report, preallocated)
+    return free >= 1 if report.mode == ALL else free >= report.count
+
+
+def _shortage(report: RequestReport, preallocated: set[str]) -> str:
+    total = len(report.devices)
+    matching = report.matching
+    free = _free_matching(report, preallocated)
+    if report.mode == ALL:
+        return f"request {report.request} asks for all matching devices, but none of {total} matches"
+    held = f" ({matching - free} of them already allocated)" if free < matching else ""
+    return (
+        f"request {report.request} needs {report.count} device(s) of class {report.device_class}, "
+        f"{matching} of {total} match its selectors{held}"
+    )

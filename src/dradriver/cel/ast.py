@@ -1,0 +1,95 @@
+"""The CEL expression tree after parsing and macro expansion (cel-go's ast.Expr kinds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Expr:
+    """Base node. `pos` is the 1-based (line, column) of the node in the source."""
+
+    pos: tuple[int, int] = field(default=(1, 1), kw_only=True)
+
+
+@dataclass(eq=False)
+class Literal(Expr):
+    value: Any
+
+
+@dataclass(eq=False)
+class Ident(Expr):
+    name: str
+
+
+@dataclass(eq=False)
+class Select(Expr):
+    operand: Expr
+    field: str
+    test_only: bool = False
+
+
+@dataclass(eq=False)
+class Call(Expr):
+    function: str
+    args: list[Expr]
+    target: Expr | None = None
+
+
+@dataclass(eq=False)
+class ListExpr(Expr):
+    elements: list[Expr]
+
+
+@dataclass(eq=False)
+class MapExpr(Expr):
+    entries: list[tuple[Expr, Expr]]
+
+
+@dataclass(eq=False)
+class StructExpr(Expr):
+    """`Type{field: value}`: message construction, which the DRA environment has no types for."""
+
+    type_name: str
+    fields: list[tuple[str, Expr]]
+
+
+@dataclass(eq=False)
+class Comprehension(Expr):
+    """The fold every macro expands to; `macro` names the macro so evaluation can take a fast path."""
+
+    iter_range: Expr
+    iter_var: str
+    accu_var: str
+    accu_init: Expr
+    loop_condition: Expr
+    loop_step: Expr
+    result: Expr
+    iter_var2: str = ""
+    macro: str = ""
+    macro_args: list[Expr] = field(default_factory=list)
+
+
+ACCUMULATOR = "@result"
+
+# cel-go operator function names (common/operators).
+CONDITIONAL = "_?_:_"
+LOGICAL_AND = "_&&_"
+LOGICAL_OR = "_||_"
+LOGICAL_NOT = "!_"
+NOT_STRICTLY_FALSE = "@not_strictly_false"
+EQUALS = "_==_"
+NOT_EQUALS = "_!=_"
+LESS = "_<_"
+LESS_EQUALS = "_<=_"
+GREATER = "_>_"
+GREATER_EQUALS = "_>=_"
+ADD = "_+_"
+SUBTRACT = "_-_"
+MULTIPLY = "_*_"
+DIVIDE = "_/_"
+MODULO = "_%_"
+NEGATE = "-_"
+INDEX = "_[_]"
+IN = "@in"

@@ -1,0 +1,459 @@
+"""The CEL type checker, ported from cel-go checker/checker.go for the DRA environment.
+
+It reports the compile errors the API server reports (undeclared references, undefined fields,
+no matching overloads, non-bool results, mixed-type list and map literals, invalid regex and
+duration/timestamp literals) and records each node's type and the overloads its call may use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dradriver.cel import ast
+from dradriver.cel import types as t
+from dradriver.cel.decls import UNSUPPORTED_FUNCTIONS, Overload
+from dradriver.cel.parser import format_issue
+from dradriver.cel.values import UInt
+
+
+class CheckError(Exception):
+    def __init__(self, message: str, pos: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+
+
+# The `device` variable (dynamic-resource-allocation cel/compile.go, deviceTypeV134ConsumableCapacity).
+DEVICE_TYPE_NAME = "kubernetes.DRADevice"
+DEVICE_TYPE = t.Type(t.Kind.STRUCT, DEVICE_TYPE_NAME)
+ATTRIBUTES_TYPE = t.map_of(t.STRING, t.map_of(t.STRING, t.ANY))
+CAPACITY_TYPE = t.map_of(t.STRING, t.map_of(t.STRING, t.QUANTITY))
+DEVICE_FIELDS: dict[str, t.Type] = {
+    "driver": t.STRING,
+    "attributes": ATTRIBUTES_TYPE,
+    "capacity": CAPACITY_TYPE,
+    "allowMultipleAllocations": t.BOOL,
+}
+STRUCT_FIELDS: dict[str, dict[str, t.Type]] = {DEVICE_TYPE_NAME: DEVICE_FIELDS}
+
+# Type identifiers of the standard environment (stdlib Types()) and the Kubernetes libraries.
+TYPE_IDENTS: dict[str, t.Type] = {
+    "bool": t.BOOL,
+    "bytes": t.BYTES,
+    "double": t.DOUBLE,
+    "google.protobuf.Duration": t.DURATION,
+    "int": t.INT,
+    "list": t.list_of(t.param("A")),
+    "map": t.map_of(t.param("A"), t.param("B")),
+    "null_type": t.NULL,
+    "string": t.STRING,
+    "google.protobuf.Timestamp": t.TIMESTAMP,
+    "type": t.TYPE,
+    "uint": t.UINT,
+    "kubernetes.Quantity": t.QUANTITY,
+    "kubernetes.Semver": t.SEMVER,
+}
+
+
+@dataclass
+class CheckResult:
+    types: dict[ast.Expr, t.Type] = field(default_factory=dict)
+    overloads: dict[ast.Expr, list[Overload]] = field(default_factory=dict)
+    # Names that resolve to a type identifier (e.g. `int` in `type(x) == int`).
+    type_idents: dict[ast.Expr, t.Type] = field(default_factory=dict)
+    # Calls written as `ns.fn(...)` that resolved to the global function `ns.fn`.
+    qualified_calls: dict[ast.Expr, str] = field(default_factory=dict)
+
+
+class _Scope:
+    def __init__(self, parent: _Scope | None = None) -> None:
+        self.parent = parent
+        self.idents: dict[str, t.Type] = {}
+
+    def lookup(self, name: str) -> t.Type | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.idents:
+                return scope.idents[name]
+            scope = scope.parent
+        return None
+
+
+class Checker:
+    def __init__(self, functions: dict[str, list[Overload]], variables: dict[str, t.Type]) -> None:
+        self.functions = functions
+        self.scope = _Scope()
+        self.scope.idents.update(variables)
+        self.mapping = t.Mapping()
+        self.result = CheckResult()
+        self._type_var_counter = 0
+
+    # -- entry point --------------------------------------------------------------------------
+
+    def check(self, expr: ast.Expr) -> CheckResult:
+        self._check(expr)
+        for node, ty in list(self.result.types.items()):
+            self.result.types[node] = t.substitute(self.mapping, ty, True)
+        return self.result
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _set(self, node: ast.Expr, ty: t.Type) -> None:
+        self.result.types[node] = ty
+
+    def _get(self, node: ast.Expr) -> t.Type:
+        return self.result.types[node]
+
+    def _new_type_var(self) -> t.Type:
+        name = f"_var{self._type_var_counter}"
+        self._type_var_counter += 1
+        return t.param(name)
+
+    def _is_assignable(self, t1: t.Type, t2: t.Type) -> bool:
+        mapping = t.is_assignable(self.mapping, t1, t2)
+        if mapping is None:
+            return False
+        self.mapping = mapping
+        return True
+
+    def _lookup_ident(self, name: str) -> tuple[t.Type, bool] | None:
+        found = self.scope.lookup(name)
+        if found is not None:
+            return found, False
+        if name in TYPE_IDENTS:
+            return t.type_of(TYPE_IDENTS[name]), True
+        return None
+
+    # -- expressions --------------------------------------------------------------------------
+
+    def _check(self, e: ast.Expr) -> None:
+        if isinstance(e, ast.Literal):
+            self._set(e, _literal_type(e.value))
+        elif isinstance(e, ast.Ident):
+            self._check_ident(e)
+        elif isinstance(e, ast.Select):
+            self._check_select(e)
+        elif isinstance(e, ast.Call):
+            self._check_call(e)
+        elif isinstance(e, ast.ListExpr):
+            self._check_list(e)
+        elif isinstance(e, ast.MapExpr):
+            self._check_map(e)
+        elif isinstance(e, ast.StructExpr):
+            raise CheckError(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
+        elif isinstance(e, ast.Comprehension):
+            self._check_comprehension(e)
+        else:  # pragma: no cover - the parser produces no other node kinds
+            raise CheckError(f"unexpected expression {type(e).__name__}", e.pos)
+
+    def _check_ident(self, e: ast.Ident) -> None:
+        name = e.name.removeprefix(".")
+        found = self._lookup_ident(name)
+        if found is None:
+            raise CheckError(f"undeclared reference to '{name}' (in container '')", e.pos)
+        ty, is_type = found
+        if is_type:
+            self.result.type_idents[e] = TYPE_IDENTS[name]
+        self._set(e, ty)
+
+    def _check_select(self, e: ast.Select) -> None:
+        qualified = _qualified_name(e)
+        if qualified is not None and not e.test_only:
+            found = self._lookup_ident(qualified)
+            if found is not None and found[1]:
+                self.result.type_idents[e] = TYPE_IDENTS[qualified]
+                self._set(e, found[0])
+                return
+        result = self._check_select_field(e, e.operand, e.field)
+        if e.test_only:
+            result = t.BOOL
+        self._set(e, t.substitute(self.mapping, result, False))
+
+    def _check_select_field(self, e: ast.Expr, operand: ast.Expr, field_name: str) -> t.Type:
+        self._check(operand)
+        operand_type = t.substitute(self.mapping, self._get(operand), False)
+        if operand_type.kind is t.Kind.MAP:
+            return operand_type.params[1]
+        if operand_type.kind is t.Kind.STRUCT:
+            fields = STRUCT_FIELDS.get(operand_type.name)
+            if fields is None:
+                raise CheckError(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
+            if field_name not in fields:
+                raise CheckError(f"undefined field '{field_name}'", e.pos)
+            return fields[field_name]
+        if operand_type.kind is t.Kind.TYPE_PARAM:
+            self._is_assignable(t.DYN, operand_type)
+            return t.DYN
+        if not t.is_dyn_or_error(operand_type):
+            raise CheckError(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
+        return t.DYN
+
+    def _check_call(self, e: ast.Call) -> None:
+        for arg in e.args:
+            self._check(arg)
+        name = e.function
+        if e.target is None:
+            global_name = name.removeprefix(".")
+            overloads = self.functions.get(global_name)
+            if overloads is None:
+                self._undeclared_function(global_name, e.pos)
+            assert overloads is not None
+            self._resolve(e, global_name, overloads, None)
+            return
+        qualified = _qualified_name(e.target)
+        if qualified is not None:
+            candidate = f"{qualified}.{name}"
+            if candidate in self.functions:
+                self.result.qualified_calls[e] = candidate
+                self._resolve(e, candidate, self.functions[candidate], None)
+                return
+            if candidate in UNSUPPORTED_FUNCTIONS:
+                self._undeclared_function(candidate, e.pos)
+        self._check(e.target)
+        overloads = self.functions.get(name)
+        if overloads is None:
+            self._undeclared_function(name, e.pos)
+        assert overloads is not None
+        self._resolve(e, name, overloads, e.target)
+
+    def _undeclared_function(self, name: str, pos: tuple[int, int]) -> None:
+        if name in UNSUPPORTED_FUNCTIONS:
+            raise CheckError(
+                f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
+                "evaluate it (supported: standard CEL, strings, lists, sets, regex, quantity, semver)",
+                pos,
+            )
+        raise CheckError(f"undeclared reference to '{name}' (in container '')", pos)
+
+    def _resolve(self, e: ast.Call, name: str, overloads: list[Overload], target: ast.Expr | None) -> None:
+        arg_types = ([self._get(target)] if target is not None else []) + [self._get(a) for a in e.args]
+        args_nodes = ([target] if target is not None else []) + list(e.args)
+        result_type: t.Type | None = None
+        matched: list[Overload] = []
+        for overload in overloads:
+            if (target is None) == overload.member:
+                continue
+            if name in (ast.LOGICAL_AND, ast.LOGICAL_OR):
+                for node, arg_type in zip(args_nodes, arg_types, strict=True):
+                    if not self._is_assignable(arg_type, t.BOOL):
+                        raise CheckError(
+                            f"expected type 'bool' but found '{t.format_type(arg_type)}'", node.pos
+                        )
+                self.result.overloads[e] = [overload]
+                self._set(e, t.BOOL)
+                return
+            signature = [overload.result, *overload.args]
+            type_params = overload.type_params
+            if type_params:
+                subs = t.Mapping()
+                for tp in type_params:
+                    subs.add(tp, self._new_type_var())
+                signature = [t.substitute(subs, ty, False) for ty in signature]
+            candidate_args = signature[1:]
+            if len(candidate_args) != len(arg_types):
+                continue
+            mapping = t.is_assignable_list(self.mapping, arg_types, candidate_args)
+            if mapping is None:
+                continue
+            self.mapping = mapping
+            matched.append(overload)
+            fn_result = t.substitute(self.mapping, signature[0], False)
+            if result_type is None:
+                result_type = fn_result
+            elif not t.is_dyn(result_type) and fn_result != result_type:
+                result_type = t.DYN
+        if result_type is None:
+            shown = [t.format_type(t.substitute(self.mapping, a, True)) for a in arg_types]
+            if target is not None:
+                signature_text = f"{shown[0]}.({', '.join(shown[1:])})"
+            else:
+                signature_text = f"({', '.join(shown)})"
+            display = _display_name(name)
+            raise CheckError(
+                f"found no matching overload for '{display}' applied to '{signature_text}'", e.pos
+            )
+        self.result.overloads[e] = matched
+        self._set(e, result_type)
+
+    def _join(self, node: ast.Expr, previous: t.Type | None, current: t.Type) -> t.Type:
+        if previous is None:
+            return current
+        if self._is_assignable(previous, current):
+            return t.most_general(previous, current)
+        # HomogeneousAggregateLiterals: mixed element types are an error, not dyn.
+        raise CheckError(
+            f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos
+        )
+
+    def _check_list(self, e: ast.ListExpr) -> None:
+        elem: t.Type | None = None
+        for element in e.elements:
+            self._check(element)
+            elem = self._join(element, elem, self._get(element))
+        self._set(e, t.list_of(elem if elem is not None else self._new_type_var()))
+
+    def _check_map(self, e: ast.MapExpr) -> None:
+        key_type: t.Type | None = None
+        value_type: t.Type | None = None
+        for key, value in e.entries:
+            self._check(key)
+            key_type = self._join(key, key_type, self._get(key))
+            self._check(value)
+            value_type = self._join(value, value_type, self._get(value))
+        if key_type is None or value_type is None:
+            key_type, value_type = self._new_type_var(), self._new_type_var()
+        self._set(e, t.map_of(key_type, value_type))
+
+    def _check_comprehension(self, e: ast.Comprehension) -> None:
+        self._check(e.iter_range)
+        self._check(e.accu_init)
+        range_type = t.substitute(self.mapping, self._get(e.iter_range), False)
+        accu_type = self._get(e.accu_init)
+        self.scope = _Scope(self.scope)
+        self.scope.idents[e.accu_var] = accu_type
+        var2_type: t.Type | None = None
+        if range_type.kind is t.Kind.LIST:
+            var_type = range_type.params[0]
+            if e.iter_var2:
+                var2_type, var_type = var_type, t.INT
+        elif range_type.kind is t.Kind.MAP:
+            var_type = range_type.params[0]
+            if e.iter_var2:
+                var2_type = range_type.params[1]
+        elif range_type.kind in (t.Kind.DYN, t.Kind.ERROR, t.Kind.TYPE_PARAM):
+            # Not ANY: attribute values (google.protobuf.Any) cannot be iterated, which is why
+            # 1.36 switched attributes to dyn when list attributes are enabled.
+            self._is_assignable(t.DYN, range_type)
+            var_type = t.DYN
+            var2_type = t.DYN if e.iter_var2 else None
+        else:
+            raise CheckError(
+                f"expression of type '{t.format_type(range_type)}' cannot be range of a comprehension "
+                "(must be list, map, or dynamic)",
+                e.iter_range.pos,
+            )
+        self.scope = _Scope(self.scope)
+        self.scope.idents[e.iter_var] = var_type
+        if e.iter_var2 and var2_type is not None:
+            self.scope.idents[e.iter_var2] = var2_type
+        self._check(e.loop_condition)
+        self._assert_type(e.loop_condition, t.BOOL)
+        self._check(e.loop_step)
+        self._assert_type(e.loop_step, accu_type)
+        assert self.scope.parent is not None
+        self.scope = self.scope.parent
+        self._check(e.result)
+        assert self.scope.parent is not None
+        self.scope = self.scope.parent
+        self._set(e, t.substitute(self.mapping, self._get(e.result), False))
+
+    def _assert_type(self, node: ast.Expr, expected: t.Type) -> None:
+        actual = self._get(node)
+        if not self._is_assignable(expected, actual):
+            raise CheckError(
+                f"expected type '{t.format_type(expected)}' but found '{t.format_type(actual)}'", node.pos
+            )
+
+
+def _display_name(name: str) -> str:
+    return "in" if name == ast.IN else name
+
+
+def _qualified_name(e: ast.Expr) -> str | None:
+    if isinstance(e, ast.Ident):
+        return e.name.removeprefix(".")
+    if isinstance(e, ast.Select) and not e.test_only:
+        prefix = _qualified_name(e.operand)
+        return None if prefix is None else f"{prefix}.{e.field}"
+    return None
+
+
+def _literal_type(value: object) -> t.Type:
+    if value is None:
+        return t.NULL
+    if isinstance(value, bool):
+        return t.BOOL
+    if isinstance(value, UInt):
+        return t.UINT
+    if isinstance(value, int):
+        return t.INT
+    if isinstance(value, float):
+        return t.DOUBLE
+    if isinstance(value, str):
+        return t.STRING
+    if isinstance(value, bytes):
+        return t.BYTES
+    raise TypeError(f"unexpected literal {value!r}")  # pragma: no cover
+
+
+def is_equivalent(a: t.Type, b: t.Type) -> bool:
+    """cel-go Type.IsEquivalentType: same kind and name, equivalent parameters."""
+    return (
+        a.kind is b.kind
+        and a.name == b.name
+        and len(a.params) == len(b.params)
+        and all(is_equivalent(x, y) for x, y in zip(a.params, b.params, strict=True))
+    )
+
+
+def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
+    """ValidateHomogeneousAggregateLiterals, run on the final (substituted) types."""
+    for node in walk(root):
+        if isinstance(node, ast.ListExpr):
+            first: t.Type | None = None
+            for element in node.elements:
+                ty = result.types[element]
+                if first is None:
+                    first = ty
+                elif not is_equivalent(first, ty):
+                    raise CheckError(
+                        f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'", element.pos
+                    )
+        elif isinstance(node, ast.MapExpr):
+            key_type: t.Type | None = None
+            value_type: t.Type | None = None
+            for key, value in node.entries:
+                kt, vt = result.types[key], result.types[value]
+                if key_type is None or value_type is None:
+                    key_type, value_type = kt, vt
+                    continue
+                if not is_equivalent(key_type, kt):
+                    raise CheckError(
+                        f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'", key.pos
+                    )
+                if not is_equivalent(value_type, vt):
+                    raise CheckError(
+                        f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'",
+                        value.pos,
+                    )
+
+
+def walk(root: ast.Expr) -> list[ast.Expr]:
+    """All nodes, parents before children (iterative: expressions may nest deeply)."""
+    out: list[ast.Expr] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(children(node)))
+    return out
+
+
+def children(node: ast.Expr) -> list[ast.Expr]:
+    if isinstance(node, ast.Select):
+        return [node.operand]
+    if isinstance(node, ast.Call):
+        return ([node.target] if node.target is not None else []) + list(node.args)
+    if isinstance(node, ast.ListExpr):
+        return list(node.elements)
+    if isinstance(node, ast.MapExpr):
+        return [x for entry in node.entries for x in entry]
+    if isinstance(node, ast.StructExpr):
+        return [value for _, value in node.fields]
+    if isinstance(node, ast.Comprehension):
+        return [node.iter_range, node.accu_init, node.loop_condition, node.loop_step, node.result]
+    return []
+
+
+def issue_text(expression: str, issue: CheckError) -> str:
+    return format_issue(expression, issue.message, issue.pos)

@@ -1,0 +1,764 @@
+"""Turn a checked expression tree into nested Python closures, and run them.
+
+Why closures: cel-python's interpreter walks its parse tree on every evaluation (hundreds of µs
+per device) and its transpiling runner keeps per-evaluation state in module globals, which is
+not thread-safe. Here every node becomes one small function, all per-evaluation state lives in
+an `Activation` created per call, and the compiled program itself is immutable, so one program
+serves any number of threads.
+
+Semantics follow cel-go's interpreter (interpreter/interpretable.go, attributes.go): errors are
+values that `&&`, `||` and comprehension loops may absorb; unknown map keys are `no such key`
+errors; comprehension accumulators are initialised lazily; and a cost counter modelled on
+cel-go's runtime cost tracker stops evaluation once it exceeds the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dradriver.cel import ast
+from dradriver.cel import types as t
+from dradriver.cel.checker import CheckResult
+from dradriver.cel.errors import CostLimitError, EvalError
+from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, compile_regex
+from dradriver.cel.values import (
+    EMPTY_MAP,
+    DefaultingMap,
+    TypeValue,
+    UInt,
+    equal,
+    format_value,
+    is_list,
+    iterate,
+    map_find,
+    size_of,
+)
+
+# The runtime cost limit of DRA selectors (resourceapi.CELSelectorExpressionMaxCost).
+COST_LIMIT = 1_000_000
+COST_LIMIT_MESSAGE = "operation cancelled: actual cost limit exceeded"
+
+LIST_CREATE_COST = 10  # common.ListCreateBaseCost
+MAP_CREATE_COST = 30  # common.MapCreateBaseCost
+
+
+class Activation:
+    """Per-evaluation state: variable slots and the cost spent so far."""
+
+    __slots__ = ("cost", "limit", "slots")
+
+    def __init__(self, slot_count: int, limit: int) -> None:
+        self.slots: list[Any] = [None] * slot_count
+        self.cost = 0
+        self.limit = limit
+
+
+Eval = Callable[[Activation], Any]
+
+
+class _Err:
+    """An error value held in a comprehension accumulator."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+_UNINIT = object()
+DEVICE_SLOT = 0
+
+
+class UnsupportedFunctionError(Exception):
+    """A declared function dradriver does not evaluate (timestamps, durations)."""
+
+    def __init__(self, name: str, pos: tuple[int, int]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.pos = pos
+
+
+def check_budget(act: Activation) -> None:
+    if act.cost > act.limit:
+        raise CostLimitError(COST_LIMIT_MESSAGE)
+
+
+# -- field selection and indexing (attributes.go refQualify) ------------------------------------------
+
+
+def select_field(obj: Any, name: str) -> Any:
+    tobj = type(obj)
+    if tobj is dict:
+        try:
+            return obj[name]
+        except KeyError:
+            raise EvalError(f"no such key: {name}") from None
+    if tobj is DefaultingMap:
+        return obj.get(name, EMPTY_MAP)
+    if isinstance(obj, Mapping):
+        if name in obj:
+            return obj[name]
+        raise EvalError(f"no such key: {name}")
+    if is_list(obj):
+        raise EvalError("unsupported index type 'string' in list")
+    raise EvalError(f"no such key: {name}")
+
+
+def index_value(obj: Any, key: Any) -> Any:
+    if type(key) is str:
+        return select_field(obj, key)
+    if isinstance(obj, Mapping):
+        found, value = map_find(obj, key)
+        if found:
+            return value
+        if type(obj) is DefaultingMap:
+            return EMPTY_MAP
+        raise EvalError(f"no such key: {format_value(key)}")
+    if is_list(obj):
+        tk = type(key)
+        if tk is int or tk is UInt:
+            i = int(key)
+        elif tk is float:
+            if not key.is_integer():
+                raise EvalError(f"unsupported index value {format_value(key)} in list")
+            i = int(key)
+        else:
+            raise EvalError(f"unsupported index type '{_runtime_type(key)}' in list")
+        if 0 <= i < len(obj):
+            return obj[i]
+        raise EvalError(f"index out of bounds: {format_value(key)}")
+    raise EvalError(f"no such key: {format_value(key)}")
+
+
+def _runtime_type(value: Any) -> str:
+    from dradriver.cel.values import type_name
+
+    return type_name(value)
+
+
+def has_field(obj: Any, name: str) -> bool:
+    if type(obj) is DefaultingMap:
+        return True
+    if isinstance(obj, Mapping):
+        return name in obj
+    if is_list(obj):
+        raise EvalError("unsupported index type 'string' in list")
+    return False
+
+
+# -- the compiler -------------------------------------------------------------------------------------
+
+
+class Compiler:
+    def __init__(self, check: CheckResult, variables: dict[str, int]) -> None:
+        self.check = check
+        self.scope: dict[str, tuple[int, Eval | None]] = {
+            name: (slot, None) for name, slot in variables.items()
+        }
+        self.slot_count = max(variables.values(), default=-1) + 1
+
+    def new_slot(self) -> int:
+        self.slot_count += 1
+        return self.slot_count - 1
+
+    def compile(self, e: ast.Expr) -> Eval:
+        if isinstance(e, ast.Literal):
+            value = e.value
+            return lambda _a: value
+        if isinstance(e, ast.Ident):
+            return self._ident(e)
+        if isinstance(e, ast.Select):
+            return self._select(e)
+        if isinstance(e, ast.Call):
+            return self._call(e)
+        if isinstance(e, ast.ListExpr):
+            return self._list(e)
+        if isinstance(e, ast.MapExpr):
+            return self._map(e)
+        if isinstance(e, ast.Comprehension):
+            return self._comprehension(e)
+        raise TypeError(f"cannot compile {type(e).__name__}")  # pragma: no cover
+
+    # -- variables and attribute paths ------------------------------------------------------------
+
+    def _ident(self, e: ast.Ident) -> Eval:
+        type_ident = self.check.type_idents.get(e)
+        if type_ident is not None:
+            value = TypeValue(_type_value_name(type_ident))
+            return lambda _a: value
+        slot, init = self.scope[e.name.removeprefix(".")]
+        if init is None:
+
+            def read(a: Activation) -> Any:
+                a.cost += 1
+                return a.slots[slot]
+
+            return read
+        lazy_init = init
+
+        def read_accumulator(a: Activation) -> Any:
+            a.cost += 1
+            value = a.slots[slot]
+            if value is _UNINIT:
+                try:
+                    value = lazy_init(a)
+                except EvalError as err:
+                    value = _Err(err.message)
+                a.slots[slot] = value
+            if type(value) is _Err:
+                raise EvalError(value.message)
+            return value
+
+        return read_accumulator
+
+    def _attribute_path(self, e: ast.Expr) -> tuple[Eval, list[tuple[bool, Any]]] | None:
+        """Ident followed by constant field/index qualifiers, as one fused evaluation."""
+        steps: list[tuple[bool, Any]] = []
+        node = e
+        while True:
+            if isinstance(node, ast.Select) and not node.test_only and node not in self.check.type_idents:
+                steps.append((True, node.field))
+                node = node.operand
+            elif (
+                isinstance(node, ast.Call)
+                and node.function == ast.INDEX
+                and node.target is None
+                and isinstance(node.args[1], ast.Literal)
+            ):
+                steps.append((False, node.args[1].value))
+                node = node.args[0]
+            else:
+                break
+        if not steps or not isinstance(node, ast.Ident):
+            return None
+        steps.reverse()
+        return self.compile(node), steps
+
+    def _fused_path(self, e: ast.Expr) -> Eval | None:
+        path = self._attribute_path(e)
+        if path is None:
+            return None
+        root, steps = path
+        cost = len(steps)
+        if all(is_field or type(key) is str for is_field, key in steps):
+            names = [key for _, key in steps]
+            if len(names) == 1:
+                (only,) = names
+
+                def one(a: Activation) -> Any:
+                    obj = root(a)
+                    a.cost += 1
+                    return select_field(obj, only)
+
+                return one
+
+            def fields(a: Activation) -> Any:
+                obj = root(a)
+                a.cost += cost
+                for name in names:
+                    obj = select_field(obj, name)
+                return obj
+
+            return fields
+
+        def mixed(a: Activation) -> Any:
+            obj = root(a)
+            a.cost += cost
+            for is_field, key in steps:
+                obj = select_field(obj, key) if is_field else index_value(obj, key)
+            return obj
+
+        return mixed
+
+    def _select(self, e: ast.Select) -> Eval:
+        type_ident = self.check.type_idents.get(e)
+        if type_ident is not None:
+            value = TypeValue(_type_value_name(type_ident))
+            return lambda _a: value
+        if e.test_only:
+            operand = self.compile(e.operand)
+            name = e.field
+
+            def presence(a: Activation) -> bool:
+                return has_field(operand(a), name)
+
+            return presence
+        fused = self._fused_path(e)
+        if fused is not None:
+            return fused
+        operand = self.compile(e.operand)
+        field_name = e.field
+
+        def select(a: Activation) -> Any:
+            obj = operand(a)
+            a.cost += 1
+            return select_field(obj, field_name)
+
+        return select
+
+    # -- calls --------------------------------------------------------------------------------------
+
+    def _call(self, e: ast.Call) -> Eval:
+        name = self.check.qualified_calls.get(e, e.function.removeprefix("."))
+        args = list(e.args) if e.target is None or e in self.check.qualified_calls else [e.target, *e.args]
+        special = {
+            ast.LOGICAL_AND: self._and,
+            ast.LOGICAL_OR: self._or,
+            ast.CONDITIONAL: self._conditional,
+            ast.EQUALS: self._equals,
+            ast.NOT_EQUALS: self._not_equals,
+            ast.INDEX: self._index,
+            ast.NOT_STRICTLY_FALSE: self._not_strictly_false,
+        }.get(name)
+        if special is not None:
+            return special(e, args)
+        if name not in RUNTIME:
+            raise UnsupportedFunctionError(name, e.pos)
+        impl, cost_fn = RUNTIME[name]
+        if name == "sum":
+            impl = _typed_sum(self.check.overloads.get(e, []))
+        if name in ("matches", "find", "findAll") and len(args) == 2 and isinstance(args[1], ast.Literal):
+            # OptOptimize precompiles constant patterns; ValidateRegexLiterals has checked them.
+            pattern = args[1].value
+            if isinstance(pattern, str):
+                compile_regex(pattern)
+        constants = [_constant(arg) for arg in args]
+        if name in _FOLDABLE and all(found for found, _ in constants):
+            return _folded(impl, cost_fn, [value for _, value in constants])
+        compiled = [self.compile(arg) for arg in args]
+        sized = name in SIZED and cost_fn is not None
+        if len(compiled) == 1:
+            (only,) = compiled
+            if not sized:
+
+                def unary(a: Activation) -> Any:
+                    value = impl(only(a))
+                    a.cost += 1
+                    return value
+
+                return unary
+        if len(compiled) == 2 and not sized:
+            first, second = compiled
+
+            def binary(a: Activation) -> Any:
+                value = impl(first(a), second(a))
+                a.cost += 1
+                return value
+
+            return binary
+        assert cost_fn is not None or not sized
+
+        def call(a: Activation) -> Any:
+            values = [arg(a) for arg in compiled]
+            if cost_fn is None:
+                a.cost += 1
+            else:
+                # Charged before the call, so that work the budget forbids is never started.
+                a.cost += cost_fn(values)
+                check_budget(a)
+            return impl(*values)
+
+        return call
+
+    def _and(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._logical(args, absorbing=False)
+
+    def _or(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._logical(args, absorbing=True)
+
+    def _logical(self, args: list[ast.Expr], *, absorbing: bool) -> Eval:
+        """`&&` (absorbing=False) and `||` (absorbing=True), as cel-go's evalAnd/evalOr.
+
+        The absorbing value on either side decides the result even if the other side is an
+        error; otherwise the first error (or non-bool operand) in evaluation order is returned.
+        """
+        left, right = (self.compile(arg) for arg in args)
+        decided: bool = absorbing
+
+        def logical(a: Activation) -> bool:
+            try:
+                lhs = left(a)
+            except EvalError as err:
+                lhs = err
+            if lhs is absorbing:
+                return decided
+            try:
+                rhs = right(a)
+            except EvalError as err:
+                rhs = err
+            if rhs is absorbing:
+                return decided
+            for side in (lhs, rhs):
+                if isinstance(side, EvalError):
+                    raise side
+                if type(side) is not bool:
+                    raise EvalError("no such overload")
+            return not absorbing
+
+        return logical
+
+    def _conditional(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
+        cond, truthy, falsy = (self.compile(arg) for arg in args)
+
+        def conditional(a: Activation) -> Any:
+            c = cond(a)
+            if c is True:
+                return truthy(a)
+            if c is False:
+                return falsy(a)
+            raise EvalError("no such overload")
+
+        return conditional
+
+    def _not_strictly_false(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
+        operand = self.compile(args[0])
+
+        def not_strictly_false(a: Activation) -> bool:
+            a.cost += 1
+            try:
+                value = operand(a)
+            except EvalError:
+                return True
+            return value if type(value) is bool else True
+
+        return not_strictly_false
+
+    def _equals(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._equality(e, args, negate=False)
+
+    def _not_equals(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._equality(e, args, negate=True)
+
+    def _equality(self, _e: ast.Call, args: list[ast.Expr], *, negate: bool) -> Eval:
+        left_type = self.check.types[args[0]]
+        right_type = self.check.types[args[1]]
+        left, right = (self.compile(arg) for arg in args)
+        simple = (t.INT, t.BOOL, t.UINT)
+        if left_type in simple and right_type == left_type:
+
+            def simple_equality(a: Activation) -> bool:
+                lhs, rhs = left(a), right(a)
+                a.cost += 1
+                return bool(lhs != rhs) if negate else bool(lhs == rhs)
+
+            return simple_equality
+        if left_type == t.STRING and right_type == t.STRING:
+
+            def string_equality(a: Activation) -> bool:
+                lhs, rhs = left(a), right(a)
+                a.cost += _string_eq_cost(lhs, rhs)
+                return bool(lhs != rhs) if negate else bool(lhs == rhs)
+
+            return string_equality
+
+        def equality(a: Activation) -> bool:
+            lhs, rhs = left(a), right(a)
+            a.cost += _eq_cost(lhs, rhs)
+            result = equal(lhs, rhs)
+            return (not result) if negate else result
+
+        return equality
+
+    def _index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        fused = self._fused_path(e)
+        if fused is not None:
+            return fused
+        container, key = (self.compile(arg) for arg in args)
+
+        def index(a: Activation) -> Any:
+            obj, k = container(a), key(a)
+            a.cost += 1
+            return index_value(obj, k)
+
+        return index
+
+    # -- aggregates ---------------------------------------------------------------------------------
+
+    def _list(self, e: ast.ListExpr) -> Eval:
+        if all(isinstance(el, ast.Literal) for el in e.elements):
+            constant = tuple(el.value for el in e.elements)  # type: ignore[attr-defined]
+            return lambda _a: constant
+        elements = [self.compile(el) for el in e.elements]
+
+        def make_list(a: Activation) -> tuple[Any, ...]:
+            out = tuple(el(a) for el in elements)
+            a.cost += LIST_CREATE_COST
+            return out
+
+        return make_list
+
+    def _map(self, e: ast.MapExpr) -> Eval:
+        entries = [(self.compile(k), self.compile(v)) for k, v in e.entries]
+
+        def make_map(a: Activation) -> dict[Any, Any]:
+            out: dict[Any, Any] = {}
+            for key_fn, value_fn in entries:
+                key = key_fn(a)
+                value = value_fn(a)
+                if type(key) not in (str, int, UInt, bool):
+                    raise EvalError(f"unsupported key type: {_runtime_type(key)}")
+                out[key] = value
+            a.cost += MAP_CREATE_COST
+            return out
+
+        return make_map
+
+    # -- comprehensions -------------------------------------------------------------------------------
+
+    def _comprehension(self, e: ast.Comprehension) -> Eval:
+        iter_range = self.compile(e.iter_range)
+        accu_init = self.compile(e.accu_init)
+        saved = dict(self.scope)
+        accu_slot = self.new_slot()
+        self.scope[e.accu_var] = (accu_slot, accu_init)
+        if e.macro == "bind":
+            result = self.compile(e.result)
+            self.scope = saved
+
+            def bind(a: Activation) -> Any:
+                a.slots[accu_slot] = _UNINIT
+                return result(a)
+
+            return bind
+        var_slot = self.new_slot()
+        var2_slot = self.new_slot() if e.iter_var2 else -1
+        self.scope[e.iter_var] = (var_slot, None)
+        if e.iter_var2:
+            self.scope[e.iter_var2] = (var2_slot, None)
+        fast = self._macro_fast_path(e, iter_range, var_slot)
+        if fast is not None:
+            self.scope = saved
+            return fast
+        condition = self.compile(e.loop_condition)
+        step = self.compile(e.loop_step)
+        # The result sees the accumulator but not the iteration variables.
+        self.scope.pop(e.iter_var, None)
+        if e.iter_var2:
+            self.scope.pop(e.iter_var2, None)
+        result = self.compile(e.result)
+        self.scope = saved
+        two_vars = bool(e.iter_var2)
+
+        def comprehension(a: Activation) -> Any:
+            collection = iter_range(a)
+            slots = a.slots
+            slots[accu_slot] = _UNINIT
+            for first, second in _pairs(collection, two_vars):
+                slots[var_slot] = first
+                if two_vars:
+                    slots[var2_slot] = second
+                try:
+                    keep_going = condition(a)
+                except EvalError:
+                    keep_going = True
+                if keep_going is False:
+                    break
+                try:
+                    slots[accu_slot] = step(a)
+                except EvalError as err:
+                    slots[accu_slot] = _Err(err.message)
+                check_budget(a)
+            return result(a)
+
+        return comprehension
+
+    def _macro_fast_path(self, e: ast.Comprehension, iter_range: Eval, var_slot: int) -> Eval | None:
+        """all / exists / exists_one / map / filter without building accumulator expressions."""
+        if e.macro not in ("all", "exists", "exists_one", "map", "filter"):
+            return None
+        args = [self.compile(arg) for arg in e.macro_args[1:]]
+        if e.macro in ("all", "exists"):
+            return _quantifier(iter_range, var_slot, args[0], stop_on=e.macro == "exists")
+        if e.macro == "exists_one":
+            return _exists_one(iter_range, var_slot, args[0])
+        if e.macro == "map":
+            predicate = args[0] if len(args) == 2 else None
+            return _collect(iter_range, var_slot, predicate, args[-1])
+        return _collect(iter_range, var_slot, args[0], None)
+
+
+# Pure constructors whose constant calls are worth computing once: they parse their argument.
+_FOLDABLE = frozenset({"quantity", "semver", "isQuantity", "isSemver"})
+
+
+def _constant(node: ast.Expr) -> tuple[bool, Any]:
+    if isinstance(node, ast.Literal):
+        return True, node.value
+    if isinstance(node, ast.ListExpr) and all(isinstance(el, ast.Literal) for el in node.elements):
+        return True, tuple(el.value for el in node.elements)  # type: ignore[attr-defined]
+    return False, None
+
+
+def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None, args: list[Any]) -> Eval:
+    """A call on constants (`quantity("40Gi")`, `semver("1.2.3")`), computed once at compile time.
+
+    The functions are pure, so only the cost (still charged per evaluation) and an error
+    (still raised per evaluation, where `||` may absorb it) remain at run time.
+    """
+    try:
+        value = impl(*args)
+    except EvalError as err:
+        message = err.message
+
+        def failing(a: Activation) -> Any:
+            a.cost += 1
+            raise EvalError(message)
+
+        return failing
+    cost = 1 if cost_fn is None else cost_fn(args)
+
+    def constant(a: Activation) -> Any:
+        a.cost += cost
+        return value
+
+    return constant
+
+
+def _string_eq_cost(lhs: Any, rhs: Any) -> int:
+    shortest = min(len(lhs), len(rhs)) if type(lhs) is str and type(rhs) is str else 1
+    return -(-shortest // 10) if shortest else 0
+
+
+def _eq_cost(lhs: Any, rhs: Any) -> int:
+    from dradriver.cel.semver import Semver
+    from dradriver.quantity import Quantity
+
+    if type(lhs) in (Quantity, Semver):
+        return 1
+    import math
+
+    return math.ceil(min(size_of(lhs), size_of(rhs)) * STRING_TRAVERSAL_COST_FACTOR)
+
+
+def _pairs(collection: Any, two_vars: bool) -> Any:
+    if not two_vars:
+        return ((item, None) for item in iterate(collection))
+    if is_list(collection):
+        return enumerate(collection)
+    if isinstance(collection, Mapping):
+        return collection.items()
+    raise EvalError(f"unsupported comprehension range type: {_runtime_type(collection)}")
+
+
+def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bool) -> Eval:
+    """`all` (stop_on=False) and `exists` (stop_on=True), with cel-go's error absorption.
+
+    Per iteration cel-go spends: the accumulator read and @not_strictly_false (plus `!_` for
+    exists) in the loop condition, and one accumulator read in the step.
+    """
+    per_iteration = 3 if not stop_on else 4
+    keep = not stop_on
+
+    def quantifier(a: Activation) -> bool:
+        collection = iter_range(a)
+        slots = a.slots
+        accu: Any = keep
+        for item in iterate(collection):
+            if accu is stop_on:
+                break
+            slots[var_slot] = item
+            a.cost += per_iteration
+            try:
+                value = predicate(a)
+            except EvalError as err:
+                if accu is keep:
+                    accu = _Err(err.message)
+                check_budget(a)
+                continue
+            if value is stop_on:
+                accu = stop_on
+            elif value is not keep and accu is keep:
+                accu = _Err("no such overload")
+            check_budget(a)
+        a.cost += 1
+        if type(accu) is _Err:
+            raise EvalError(accu.message)
+        return bool(accu)
+
+    return quantifier
+
+
+def _exists_one(iter_range: Eval, var_slot: int, predicate: Eval) -> Eval:
+    def exists_one(a: Activation) -> bool:
+        collection = iter_range(a)
+        slots = a.slots
+        count = 0
+        error: str | None = None
+        for item in iterate(collection):
+            slots[var_slot] = item
+            a.cost += 2
+            try:
+                value = predicate(a)
+            except EvalError as err:
+                error = error or err.message
+                check_budget(a)
+                continue
+            if value is True:
+                count += 1
+            elif value is not False:
+                error = error or "no such overload"
+            check_budget(a)
+        a.cost += 2
+        if error is not None:
+            raise EvalError(error)
+        return count == 1
+
+    return exists_one
+
+
+def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform: Eval | None) -> Eval:
+    """`map` (transform, optional predicate) and `filter` (predicate only)."""
+
+    def collect(a: Activation) -> tuple[Any, ...]:
+        collection = iter_range(a)
+        slots = a.slots
+        out: list[Any] = []
+        error: str | None = None
+        for item in iterate(collection):
+            slots[var_slot] = item
+            a.cost += 1
+            if predicate is not None:
+                try:
+                    keep = predicate(a)
+                except EvalError as err:
+                    error = error or err.message
+                    check_budget(a)
+                    continue
+                if keep is not True:
+                    if keep is not False:
+                        error = error or "no such overload"
+                    check_budget(a)
+                    continue
+            a.cost += LIST_CREATE_COST + 1
+            if transform is None:
+                out.append(item)
+            else:
+                try:
+                    out.append(transform(a))
+                except EvalError as err:
+                    error = error or err.message
+            check_budget(a)
+        a.cost += 1
+        if error is not None:
+            raise EvalError(error)
+        return tuple(out)
+
+    return collect
+
+
+def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
+    from dradriver.cel.functions import list_sum
+
+    zero: Any = 0
+    if len(overloads) == 1:
+        zero = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}.get(overloads[0].id, 0)
+    return lambda items: list_sum(items, zero)
+
+
+def _type_value_name(ty: t.Type) -> str:
+    if ty.kind is t.Kind.LIST:
+        return "list"
+    if ty.kind is t.Kind.MAP:
+        return "map"
+    return ty.name

@@ -1,0 +1,205 @@
+"""`compile_selector` and `Selector`: the public face of the DRA CEL evaluator."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.cel import ast
+from dradriver.cel import types as t
+from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issue_text, validate_aggregates, walk
+from dradriver.cel.decls import declarations
+from dradriver.cel.device import CELDevice, to_cel_device
+from dradriver.cel.errors import CELCompileError, CELRuntimeError, CostLimitError, EvalError
+from dradriver.cel.functions import compile_regex
+from dradriver.cel.parser import format_issue, parse
+from dradriver.cel.program import (
+    COST_LIMIT,
+    COST_LIMIT_MESSAGE,
+    DEVICE_SLOT,
+    Activation,
+    Compiler,
+    Eval,
+    UnsupportedFunctionError,
+)
+from dradriver.cel.values import type_name
+
+# resourceapi.CELSelectorExpressionMaxLength.
+MAX_EXPRESSION_LENGTH = 10 * 1024
+_CACHE_SIZE = 1024
+
+_DECLARATIONS = declarations()
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The outcome of one selector on one device, with the cost it spent."""
+
+    matched: bool
+    cost: int
+
+
+class Selector:
+    """A compiled DRA selector expression. Immutable; safe to share between threads."""
+
+    __slots__ = ("_program", "_slot_count", "cost_limit", "expression", "result_type")
+
+    def __init__(
+        self, expression: str, program: Eval, slot_count: int, result_type: t.Type, cost_limit: int
+    ) -> None:
+        self.expression = expression
+        self.result_type = result_type
+        self.cost_limit = cost_limit
+        self._program = program
+        self._slot_count = slot_count
+
+    def matches(self, device: Mapping[str, Any] | CELDevice, driver: str) -> bool:
+        """Whether the device satisfies the expression; CELRuntimeError where Kubernetes errors.
+
+        `device` is a resource.k8s.io/v1 Device in JSON form, or a `CELDevice` built once with
+        `to_cel_device` and reused across selectors (much faster for many selectors).
+        """
+        return self.evaluate(device, driver).matched
+
+    def evaluate(self, device: Mapping[str, Any] | CELDevice, driver: str) -> Evaluation:
+        """Like `matches`, and also report the cost spent (cel-go's actual cost, approximately)."""
+        if isinstance(device, CELDevice):
+            if device.driver != driver:
+                raise ValueError(
+                    f"device {device.name!r} was converted for driver {device.driver!r}, not {driver!r}"
+                )
+            cel_device = device
+        else:
+            cel_device = to_cel_device(device, driver)
+        if cel_device.error is not None:
+            raise CELRuntimeError(cel_device.error)
+        act = Activation(self._slot_count, self.cost_limit)
+        act.slots[DEVICE_SLOT] = cel_device.value
+        try:
+            result = self._program(act)
+        except EvalError as err:
+            raise CELRuntimeError(err.message) from None
+        except CostLimitError:
+            raise CELRuntimeError(COST_LIMIT_MESSAGE) from None
+        except RecursionError:
+            raise CELRuntimeError("evaluation nests too deeply") from None
+        if act.cost > act.limit:
+            raise CELRuntimeError(COST_LIMIT_MESSAGE)
+        if type(result) is not bool:
+            raise CELRuntimeError(
+                f"CEL result of type {type_name(result)} could not be converted to bool: "
+                + _to_bool_error(result)
+            )
+        return Evaluation(result, act.cost)
+
+    def __repr__(self) -> str:
+        return f"Selector({self.expression!r})"
+
+
+_cache: OrderedDict[tuple[str, int], Selector | CELCompileError] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def compile_selector(expression: str, *, cost_limit: int = COST_LIMIT) -> Selector:
+    """Compile a DRA selector with Kubernetes' semantics; CELCompileError if Kubernetes rejects it.
+
+    Results (and compile errors) are cached per expression, so calling this for every device
+    costs a dictionary lookup after the first time.
+    """
+    key = (expression, cost_limit)
+    with _cache_lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            _cache.move_to_end(key)
+    if cached is None:
+        try:
+            cached = _compile(expression, cost_limit)
+        except CELCompileError as err:
+            cached = err
+        with _cache_lock:
+            _cache[key] = cached
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(cached, CELCompileError):
+        raise CELCompileError(cached.message, expression=expression, hint=cached.hint)
+    return cached
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def _compile(expression: str, cost_limit: int) -> Selector:
+    size = len(expression.encode())
+    if size > MAX_EXPRESSION_LENGTH:
+        raise CELCompileError(
+            f"expression is too long: may not be more than {MAX_EXPRESSION_LENGTH} bytes (has {size})",
+            expression=expression,
+        )
+    root = parse(expression)
+    try:
+        checked = Checker(_DECLARATIONS, {"device": DEVICE_TYPE}).check(root)
+        validate_aggregates(root, checked)
+        _validate_regex_literals(root)
+    except CheckError as issue:
+        raise CELCompileError(issue_text(expression, issue), expression=expression) from None
+    except RecursionError:
+        raise CELCompileError(
+            format_issue(expression, "expression nests too deeply", (1, 1)), expression=expression
+        ) from None
+    result_type = checked.types[root]
+    if result_type.kind not in (t.Kind.BOOL, t.Kind.ANY):
+        raise CELCompileError(
+            f"must evaluate to bool or the unknown type, not {_type_string(result_type)}",
+            expression=expression,
+        )
+    compiler = Compiler(checked, {"device": DEVICE_SLOT})
+    try:
+        program = compiler.compile(root)
+    except UnsupportedFunctionError as unsupported:
+        raise CELCompileError(
+            format_issue(
+                expression,
+                f"function '{unsupported.name}' (timestamps and durations) is not evaluated by dradriver",
+                unsupported.pos,
+            ),
+            expression=expression,
+        ) from None
+    except EvalError as err:
+        raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
+    return Selector(expression, program, compiler.slot_count, result_type, cost_limit)
+
+
+def _to_bool_error(value: object) -> str:
+    """The ConvertToNative(bool) error of cel-go's value types (string.go, int.go, uint.go)."""
+    name = type_name(value)
+    if name == "string":
+        return "unsupported native conversion from string to 'bool'"
+    if name in ("int", "uint"):
+        return f"unsupported type conversion from '{name}' to bool"
+    return f"type conversion error from '{name}' to 'bool'"
+
+
+def _type_string(ty: t.Type) -> str:
+    """cel-go Type.String(): what CompileCELExpression prints for a wrong result type."""
+    if ty.kind is t.Kind.TYPE_PARAM:
+        return f"<{ty.name}>"
+    if not ty.params:
+        return ty.name
+    return f"{ty.name}({', '.join(_type_string(p) for p in ty.params)})"
+
+
+def _validate_regex_literals(root: ast.Expr) -> None:
+    """cel-go ValidateRegexLiterals: a constant first argument of `matches` must compile."""
+    for node in walk(root):
+        if isinstance(node, ast.Call) and node.function == "matches" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Literal) and isinstance(first.value, str):
+                try:
+                    compile_regex(first.value)
+                except EvalError:
+                    raise CheckError("invalid matches argument", first.pos) from None

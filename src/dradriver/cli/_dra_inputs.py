@@ -1,0 +1,287 @@
+"""Reading DRA objects for the `cel`, `dry-run` and `validate` commands.
+
+Files may hold YAML (multi-document) or JSON, single objects, lists, or `kind: List` objects.
+Device inventories and device classes come from interchangeable sources (files, the fake GPU
+backend, the cluster) behind two small interfaces, so that the commands never care where the
+objects came from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dradriver.cli._common import CLIError
+
+
+@dataclass(frozen=True)
+class Document:
+    """One object from a file; `index` counts documents from 1 (after flattening lists)."""
+
+    path: str
+    index: int
+    obj: Mapping[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.index}"
+
+
+def _flatten(value: Any) -> Iterator[Any]:
+    if isinstance(value, list):
+        for item in value:
+            yield from _flatten(item)
+    elif isinstance(value, Mapping) and str(value.get("kind", "")).endswith("List") and "items" in value:
+        yield from _flatten(value.get("items") or [])
+    elif value is not None:
+        yield value
+
+
+def read_documents(path: str) -> list[Document]:
+    """All objects in a YAML or JSON file; CLIError naming the file on unreadable input."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise CLIError(f"{path}: cannot read: {err.strerror or err}") from None
+    raw: list[Any]
+    stripped = text.lstrip()
+    if path.endswith(".json") or stripped.startswith(("{", "[")):
+        try:
+            raw = [json.loads(text)]
+        except json.JSONDecodeError as err:
+            raise CLIError(f"{path}: invalid JSON: {err}") from None
+    else:
+        import yaml
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        try:
+            raw = list(yaml.load_all(text, Loader=loader))
+        except yaml.YAMLError as err:
+            raise CLIError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+    documents: list[Document] = []
+    for item in _flatten(raw):
+        if not isinstance(item, Mapping):
+            raise CLIError(f"{path}:{len(documents) + 1}: expected an object, got {type(item).__name__}")
+        documents.append(Document(path, len(documents) + 1, item))
+    return documents
+
+
+def read_objects(
+    paths: Sequence[str], kinds: Sequence[str], flag: str, *, others: list[Document] | None = None
+) -> list[Document]:
+    """Objects of the given kinds from files; anything else is a CLIError naming the document,
+    unless `others` is given: then objects outside resource.k8s.io (say, the Pod using a claim)
+    are collected there instead."""
+    found: list[Document] = []
+    for path in paths:
+        documents = read_documents(path)
+        if not documents:
+            raise CLIError(f"{path}: no objects in file (for {flag})")
+        for doc in documents:
+            kind = doc.obj.get("kind")
+            if kind in kinds:
+                found.append(doc)
+            elif others is not None and not str(doc.obj.get("apiVersion", "")).startswith("resource.k8s.io/"):
+                others.append(doc)
+            else:
+                raise CLIError(f"{doc.where}: kind {kind!r} given to {flag}; expected {' or '.join(kinds)}")
+    return found
+
+
+_POD_TEMPLATE_PATHS = {
+    "Pod": ("spec",),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+    **dict.fromkeys(("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"), ("spec", "template", "spec")),
+}
+
+
+def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Document]) -> list[Document]:
+    """The claims the scheduler creates for pods that ask for a device class's
+    `extendedResourceName` in their resource limits (DRAExtendedResource, Kubernetes >= 1.34):
+    one request per container and resource, of that class, with the requested count."""
+    mapped = {
+        c.obj["spec"]["extendedResourceName"]: c.obj["metadata"]["name"]
+        for c in classes
+        if isinstance(c.obj.get("spec"), Mapping) and c.obj["spec"].get("extendedResourceName")
+    }
+    claims = []
+    for doc in workloads:
+        spec: Any = doc.obj
+        for key in _POD_TEMPLATE_PATHS.get(str(doc.obj.get("kind")), ()):
+            spec = spec.get(key) if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        requests = []
+        for i, container in enumerate(spec.get("containers") or []):
+            limits = (container.get("resources") or {}).get("limits") or {}
+            for j, (resource, amount) in enumerate(sorted(limits.items())):
+                if resource in mapped:
+                    requests.append(
+                        {
+                            "name": f"container-{i}-request-{j}",
+                            "exactly": {"deviceClassName": mapped[resource], "count": int(amount)},
+                        }
+                    )
+        if requests:
+            meta = doc.obj.get("metadata") or {}
+            claim = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": f"{meta.get('name', 'pod')}-extended-resources",
+                    "namespace": meta.get("namespace", "default"),
+                },
+                "spec": {"devices": {"requests": requests}},
+            }
+            claims.append(Document(doc.path, doc.index, claim))
+    return claims
+
+
+# -- sources ---------------------------------------------------------------------------------------
+
+
+class InventorySource(Protocol):
+    """Where ResourceSlices come from."""
+
+    def resource_slices(self) -> list[Document]: ...
+
+
+class ClassSource(Protocol):
+    """Where DeviceClasses come from."""
+
+    def device_classes(self) -> list[Document]: ...
+
+
+@dataclass(frozen=True)
+class SliceFiles:
+    paths: Sequence[str]
+
+    def resource_slices(self) -> list[Document]:
+        return read_objects(self.paths, ["ResourceSlice"], "--slices")
+
+
+@dataclass(frozen=True)
+class FakeGPUs:
+    """The built-in fake GPU backend, through the same slice builder `serve` publishes with."""
+
+    profile: str
+    node_name: str
+    driver_name: str
+
+    def resource_slices(self) -> list[Document]:
+        import importlib
+
+        try:
+            # Imported by name: the slice builder lives in its own module (discovery -> slices).
+            build_node_slices = importlib.import_module("dradriver.slices").build_node_slices
+        except (ImportError, AttributeError):
+            raise CLIError("--fake-gpus: the slice builder (dradriver.slices) is not available") from None
+        try:
+            slices = build_node_slices(self.profile, node_name=self.node_name, driver_name=self.driver_name)
+        except (OSError, ValueError) as err:
+            raise CLIError(f"--fake-gpus {self.profile}: {err}") from None
+        return [Document(f"fake-gpus:{self.profile}", i + 1, s) for i, s in enumerate(slices)]
+
+
+@dataclass(frozen=True)
+class ClassFiles:
+    paths: Sequence[str]
+
+    def device_classes(self) -> list[Document]:
+        return read_objects(self.paths, ["DeviceClass"], "--class")
+
+
+@dataclass(frozen=True)
+class ClassDirectory:
+    directory: Path
+
+    def device_classes(self) -> list[Document]:
+        files = sorted(str(p) for p in self.directory.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        if not files:
+            raise CLIError(f"{self.directory}: no DeviceClass files (*.yaml, *.json)")
+        return read_objects(files, ["DeviceClass"], str(self.directory))
+
+
+class Cluster:
+    """ResourceSlices and DeviceClasses read from the API server (KUBECONFIG).
+
+    The adapter onto the project's Kubernetes client is wired in separately; until then this
+    source refuses clearly instead of guessing.
+    """
+
+    def resource_slices(self) -> list[Document]:
+        raise CLIError("--cluster is not available yet: pass --slices FILE or --fake-gpus PROFILE")
+
+    def device_classes(self) -> list[Document]:
+        raise CLIError("--cluster is not available yet: pass --class FILE")
+
+
+def default_class_directory() -> Path | None:
+    """The repository's deviceclasses/ directory: in the working directory, else beside the source."""
+    candidates = [Path.cwd() / "deviceclasses", Path(__file__).resolve().parents[3] / "deviceclasses"]
+    for candidate in candidates:
+        if candidate.is_dir() and any(p.suffix in (".yaml", ".yml", ".json") for p in candidate.iterdir()):
+            return candidate
+    return None
+
+
+def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
+    """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
+    import os
+
+    from dradriver.cli._common import env_name
+
+    name = env_name(flag)
+    from_env = os.environ.get(name, "").split()
+    parser.add_argument(
+        flag,
+        dest=dest,
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        default=from_env or None,
+        help=f"{help} (env {name}, space-separated)",
+    )
+
+
+def add_inventory_flags(parser: Any) -> None:
+    """--fake-gpus / --slices / --cluster (mutually exclusive) plus --node."""
+    from dradriver.cli._common import add_fake_gpus_flag, env_flag, env_switch
+
+    group = parser.add_argument_group("device inventory (one of)")
+    add_fake_gpus_flag(group)
+    env_list_flag(group, "--slices", help="ResourceSlice files (YAML or JSON; v1, v1beta2 or v1beta1)")
+    env_switch(
+        group, "--cluster", help="read ResourceSlices and DeviceClasses from the API server (KUBECONFIG)"
+    )
+    env_flag(
+        parser,
+        "--node",
+        metavar="NAME",
+        help="only devices of this node (default: every node in the inventory; the fake GPU node name)",
+    )
+
+
+def inventory_from_args(args: Any) -> InventorySource:
+    chosen = [
+        flag
+        for flag, value in (
+            ("--fake-gpus", args.fake_gpus),
+            ("--slices", args.slices),
+            ("--cluster", args.cluster),
+        )
+        if value
+    ]
+    if len(chosen) > 1:
+        raise CLIError(f"{' and '.join(chosen)} cannot be combined: choose one device inventory")
+    if args.fake_gpus:
+        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name)
+    if args.slices:
+        return SliceFiles(args.slices)
+    if args.cluster:
+        return Cluster()
+    raise CLIError("no device inventory: pass --slices FILE..., --fake-gpus PROFILE or --cluster")

@@ -1,0 +1,39 @@
+"""Writing command output as JSON or YAML (fast C dumper when PyYAML has it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Safe dumper that writes repeated objects out instead of as YAML anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_DUMPER = _Dumper
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def dump_yaml_documents(documents: Sequence[Any]) -> str:
+    """Multi-document YAML (`---` between documents), as `kubectl create -f` reads it."""
+    return yaml.dump_all(
+        documents,
+        Dumper=_DUMPER,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        explicit_start=True,
+    )

@@ -1,0 +1,143 @@
+"""`dradriver serve`: the kubelet plugin daemon."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Any
+
+from dradriver.cli._common import (
+    absolute_path,
+    add_command,
+    add_driver_name_flag,
+    add_fake_gpus_flag,
+    add_plugins_dir_flag,
+    env_flag,
+    env_switch,
+)
+
+
+def add_node_name_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--node-name",
+        fallback_env=["NODE_NAME"],
+        default=socket.gethostname().lower(),
+        help="this node's name: the pool name and spec.nodeName of our ResourceSlices",
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(
+        subparsers,
+        "serve",
+        help="run the kubelet plugin: register with the kubelet, serve DRA gRPC, publish ResourceSlices",
+        run=run,
+        log_format="json",
+        defer_logging=True,
+    )
+    add_driver_name_flag(parser)
+    add_node_name_flag(parser)
+    env_flag(
+        parser,
+        "--kubelet-registry-dir",
+        type=absolute_path,
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        help="directory the kubelet watches for registration sockets",
+    )
+    add_plugins_dir_flag(parser)
+    env_flag(
+        parser,
+        "--cdi-dir",
+        type=absolute_path,
+        default=Path("/var/run/cdi"),
+        help="where CDI specs are written",
+    )
+    env_flag(
+        parser,
+        "--state-dir",
+        type=absolute_path,
+        help="where the checkpoint lives (default <kubelet-plugins-dir>/<driver-name>)",
+    )
+    env_flag(
+        parser,
+        "--kubeconfig",
+        help="kubeconfig file (default: in-cluster config, then KUBECONFIG); without any, node-only mode",
+    )
+    add_fake_gpus_flag(parser)
+    env_flag(
+        parser,
+        "--claims-dir",
+        type=absolute_path,
+        metavar="DIR",
+        help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
+        "(node-only set-ups, the demo and tests)",
+    )
+    env_flag(
+        parser,
+        "--driver-root",
+        type=absolute_path,
+        default=Path("/"),
+        help="the NVIDIA driver's root on the host (/run/nvidia/driver with the GPU operator)",
+    )
+    env_flag(
+        parser,
+        "--driver-root-mount",
+        type=absolute_path,
+        help="where --driver-root is mounted inside this container (default: the same path)",
+    )
+    env_switch(
+        parser,
+        "--partitionable",
+        help="publish full GPUs plus all possible MIG placements with shared counters (Kubernetes >= 1.35)",
+    )
+    env_flag(
+        parser,
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
+    )
+    env_flag(
+        parser,
+        "--metrics-address",
+        type=probe_address,
+        metavar="[HOST]:PORT",
+        help="serve /healthz and /readyz (and /metrics) here, e.g. 127.0.0.1:8080; off when unset",
+    )
+
+
+def probe_address(value: str) -> str:
+    from dradriver.probes import parse_address
+
+    try:
+        parse_address(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.daemon import Daemon, ServeConfig
+
+    config = ServeConfig(
+        driver_name=args.driver_name,
+        node_name=args.node_name,
+        registry_dir=args.kubelet_registry_dir,
+        plugins_dir=args.kubelet_plugins_dir,
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir or args.kubelet_plugins_dir / args.driver_name,
+        kubeconfig=args.kubeconfig,
+        fake_gpus=args.fake_gpus,
+        log_format=args.log_format,
+        verbosity=args.verbosity,
+        shutdown_grace=args.shutdown_grace,
+        metrics_address=args.metrics_address,
+        claims_dir=args.claims_dir,
+        driver_root=args.driver_root,
+        driver_root_mount=args.driver_root_mount or args.driver_root,
+        partitionable=args.partitionable,
+    )
+    return Daemon(config).run()

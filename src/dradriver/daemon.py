@@ -1,0 +1,255 @@
+"""`dradriver serve`: assembles the node daemon around the plugin server and runs it until a signal.
+
+The sockets come up first, with only grpc and the generated code loaded; everything heavier
+(discovery, the Kubernetes client, pydantic models) is built afterwards in the background while
+the kubelet can already register us. Calls that arrive before that finishes wait for it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from dradriver import __version__, logs
+from dradriver.health.board import HealthBoard
+from dradriver.plugin.dra import DRAService
+from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
+from dradriver.plugin.registration import RegistrationState
+from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
+
+if TYPE_CHECKING:
+    from dradriver.prepare.driver import GpuDriver
+    from dradriver.probes import ProbeServer
+
+#: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
+INIT_WAIT_SECONDS = 30.0
+
+log = logs.get_logger(component="daemon")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    driver_name: str
+    node_name: str
+    registry_dir: Path
+    plugins_dir: Path
+    cdi_dir: Path
+    state_dir: Path
+    kubeconfig: str | None
+    fake_gpus: str | None
+    log_format: logs.LogFormat
+    verbosity: int
+    shutdown_grace: float
+    metrics_address: str | None
+    claims_dir: Path | None
+    driver_root: Path
+    driver_root_mount: Path
+    partitionable: bool
+
+
+class DeferredDriver:
+    """Takes calls as soon as the sockets are up and hands them to the real driver once it exists."""
+
+    def __init__(self, wait_seconds: float = INIT_WAIT_SECONDS) -> None:
+        self._ready = threading.Event()
+        self._driver: Driver | None = None
+        self._failure = ""
+        self._wait = wait_seconds
+
+    def set(self, driver: Driver) -> None:
+        self._driver = driver
+        self._ready.set()
+
+    def fail(self, reason: str) -> None:
+        self._failure = reason
+        self._ready.set()
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        return self._get().prepare(claims)
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        return self._get().unprepare(claims)
+
+    def _get(self) -> Driver:
+        if not self._ready.wait(self._wait):
+            raise CallError(f"driver is still initializing after {self._wait:.0f}s; retry later")
+        if self._driver is None:
+            raise CallError(f"driver failed to initialize: {self._failure}")
+        return self._driver
+
+
+class Daemon:
+    """The running node daemon; `run` blocks until SIGTERM/SIGINT or a fatal error."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.board = HealthBoard()
+        self.registration = RegistrationState()
+        self.driver = DeferredDriver()
+        self.paths = PluginPaths.for_driver(config.driver_name, config.plugins_dir, config.registry_dir)
+        self.service = DRAService(self.driver)
+        self.server = PluginServer(
+            self.paths, config.driver_name, self.service, self.board, self.registration
+        )
+        self._stop = threading.Event()
+        self._fatal = ""
+        self._signal: str | None = None
+
+    def run(self) -> int:
+        # Before anything binds: a SIGTERM during start-up must still clean up.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            self.server.start()
+        except StartupError as err:
+            print(f"dradriver serve: error: {err}", file=sys.stderr)
+            return 1
+        logs.configure(self.config.log_format, self.config.verbosity)
+        log.info(
+            "plugin sockets are up",
+            version=__version__,
+            driver=self.config.driver_name,
+            node=self.config.node_name,
+            dra_socket=str(self.paths.dra_socket),
+            registration_socket=str(self.paths.registration_socket),
+        )
+        probes = self._start_probes()
+        threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
+        while not self._stop.wait(1.0):
+            pass
+        log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
+        self.server.stop(self.config.shutdown_grace)
+        if probes is not None:
+            probes.stop()
+        log.info("stopped; sockets and lock removed")
+        if self._fatal:
+            print(f"dradriver serve: error: {self._fatal}", file=sys.stderr)
+            return 1
+        return 0
+
+    def readiness_problem(self) -> str | None:
+        """Ready once the kubelet has accepted our registration."""
+        status = self.registration.status
+        if status.registered is None:
+            return "not registered with the kubelet yet"
+        if not status.registered:
+            return f"the kubelet rejected the registration: {status.error}"
+        return None
+
+    def _start_probes(self) -> ProbeServer | None:
+        if not self.config.metrics_address:
+            return None
+        from dradriver.probes import ProbeServer
+
+        probes = ProbeServer(
+            self.config.metrics_address,
+            liveness=self.server.liveness_problem,
+            readiness=self.readiness_problem,
+            metrics=_metrics_exposition,
+        )
+        probes.start()
+        log.info("serving probes", address=self.config.metrics_address, port=probes.port)
+        return probes
+
+    def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
+        from dradriver import metrics
+
+        def devices() -> list[tuple[str, str]]:
+            return [
+                (device_types.get(d.device_name, "unknown"), d.health.name.lower())
+                for d in self.board.snapshot()[1]
+            ]
+
+        self.service.recorder = metrics.CallMetrics()
+        metrics.REGISTRY.register(
+            metrics.StateCollector(
+                devices=devices,
+                prepared_claims=lambda: len(driver.records()),
+                registered=lambda: self.registration.status.registered is True,
+            )
+        )
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signal.Signals(signum).name
+        self._stop.set()
+
+    def _initialize(self) -> None:
+        try:
+            self.driver.set(self._build_driver())
+        except Exception as err:
+            log.exception("initialization failed")
+            self._fatal = str(err)
+            self.driver.fail(str(err))
+            self._stop.set()
+
+    def _build_driver(self) -> Driver:
+        """Discovery, the device model and the GPU driver, built once the sockets are up."""
+        from dradriver.devicemodel import build_devices
+        from dradriver.discovery import open_library
+        from dradriver.prepare.cdi import CdiDirectory
+        from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
+        from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
+        from dradriver.prepare.driver import GpuDriver
+        from dradriver.prepare.edits import common_edits
+        from dradriver.prepare.hostdriver import driver_mounts
+        from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
+
+        config = self.config
+        library = open_library(config.fake_gpus)
+        try:
+            inventory = library.discover()
+        finally:
+            library.close()
+        for skipped in inventory.skipped:
+            log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
+        devices = build_devices(inventory, driver_name=config.driver_name, partitionable=config.partitionable)
+        for warning in devices.warnings:
+            log.warning("device model", detail=warning)
+        self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
+        sharing: SharingControl = (
+            FakeSharing()
+            if config.fake_gpus
+            else NvidiaSharing(config.driver_root_mount / "usr/bin", config.state_dir)
+        )
+        driver = GpuDriver(
+            driver_name=config.driver_name,
+            pool_name=config.node_name,
+            devices={d.name: d.hardware for d in devices.devices},
+            claims=DirectoryClaimSource(config.claims_dir) if config.claims_dir else NoClaimSource(),
+            cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
+            store=CheckpointStore(config.state_dir),
+            common_edits=common_edits(
+                inventory.nvidia_uvm_major,
+                driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
+            ),
+            caps_major=inventory.nvidia_caps_major,
+            sharing=sharing,
+            boot_id=read_boot_id(),
+        )
+        recovery = driver.recover()
+        if config.metrics_address:
+            self._install_metrics(
+                driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}
+            )
+        log.info(
+            "driver ready",
+            devices=len(devices.devices),
+            prepared_claims=len(driver.records()),
+            rolled_back=recovery.rolled_back,
+            orphans_removed=recovery.orphans_removed,
+            rebuilt_from_cdi=recovery.rebuilt_from_cdi,
+            cleared_after_reboot=recovery.cleared_after_reboot,
+        )
+        return driver
+
+
+def _metrics_exposition() -> bytes:
+    from dradriver import metrics
+
+    return metrics.exposition()

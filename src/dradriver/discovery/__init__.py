@@ -1,0 +1,88 @@
+"""GPU discovery: one small interface, two backends (NVML and fake GPUs).
+
+`open_library(None)` talks to the NVIDIA driver through NVML; `open_library("dgx-h100")` or
+`open_library("/path/profile.yaml")` serves a fake node. Both return a `DeviceLibrary` whose
+`discover()` gives a `NodeInventory`; nothing above this package knows which one it has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from dradriver.discovery.errors import DiscoveryError
+from dradriver.discovery.model import (
+    NVIDIA_CHAR_MAJOR,
+    Gpu,
+    MigDevice,
+    MigPlacement,
+    MigProfile,
+    MigResources,
+    NodeInventory,
+    SkippedDevice,
+)
+
+__all__ = [
+    "NVIDIA_CHAR_MAJOR",
+    "DeviceLibrary",
+    "DiscoveryError",
+    "Gpu",
+    "MigDevice",
+    "MigPlacement",
+    "MigProfile",
+    "MigResources",
+    "NodeInventory",
+    "SkippedDevice",
+    "builtin_profile_names",
+    "open_library",
+]
+
+
+class DeviceLibrary(Protocol):
+    """A source of GPU inventory; `close()` releases it (NVML shutdown)."""
+
+    def discover(self) -> NodeInventory: ...
+
+    def close(self) -> None: ...
+
+
+def builtin_profile_names() -> list[str]:
+    from dradriver.discovery.profile import builtin_profile_names as names
+
+    return names()
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or value.endswith((".yaml", ".yml", ".json"))
+
+
+def open_library(
+    fake_gpus: str | None,
+    *,
+    nvml_library: str | None = None,
+    proc_root: Path = Path("/proc"),
+    sys_root: Path = Path("/sys"),
+) -> DeviceLibrary:
+    """The fake backend for a profile name or file, else NVML.
+
+    `nvml_library` loads libnvidia-ml from an explicit path instead of the loader's search path;
+    `proc_root`/`sys_root` let tests (and containers with host mounts) point at other trees.
+    Raises DiscoveryError with a one-line reason when neither can be opened.
+    """
+    if fake_gpus is None:
+        from dradriver.discovery.nvml import NvmlLibrary
+
+        return NvmlLibrary(library_path=nvml_library, proc_root=proc_root, sys_root=sys_root)
+
+    from dradriver.discovery.fake import FakeLibrary
+    from dradriver.discovery.profile import load_builtin_profile, load_profile_file
+
+    if fake_gpus in builtin_profile_names():
+        return FakeLibrary(load_builtin_profile(fake_gpus), name=fake_gpus)
+    path = Path(fake_gpus)
+    if path.is_file() or _looks_like_path(fake_gpus):
+        return FakeLibrary(load_profile_file(path), name=path.stem)
+    raise DiscoveryError(
+        f"unknown fake GPU profile {fake_gpus!r}: not a built-in profile "
+        f"({', '.join(builtin_profile_names())}) and no such file"
+    )

@@ -1,0 +1,257 @@
+"""The fake GPU profile file format (`--fake-gpus FILE`), as pydantic models.
+
+A profile describes one node: driver versions and groups of identical GPUs. Every field is
+documented in README.md ("Fake GPU profiles"); the built-in profiles in `profiles/` are
+examples. Loading turns any problem into a `DiscoveryError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from dradriver.discovery.errors import DiscoveryError
+
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_NESTED_FIELD = re.compile(r"[a-zA-Z_][\w.\[\]]*: ")
+_PROFILES_PACKAGE = "dradriver.discovery.profiles"
+_MIG_TABLES_FILE = "mig-tables.yaml"
+
+NonNegative = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class MigProfileSpec(_Model):
+    """One GPU instance profile, as `nvidia-smi mig -lgip` shows it."""
+
+    name: Annotated[str, Field(pattern=r"^[1-9]\d*g\.[1-9]\d*gb(\+[a-z]+)*$")]
+    id: NonNegative
+    slice_count: Positive
+    instance_count: Positive
+    memory_mib: Positive = Field(alias="memoryMiB")
+    multiprocessors: Positive
+    copy_engines: NonNegative = 0
+    decoders: NonNegative = 0
+    encoders: NonNegative = 0
+    jpeg_engines: NonNegative = 0
+    ofa_engines: NonNegative = 0
+    placement_size: Positive
+    placement_starts: Annotated[tuple[NonNegative, ...], Field(min_length=1)]
+
+
+class MigDeviceSpec(_Model):
+    """A MIG device that exists on the GPU: a GPU instance with one compute instance spanning it."""
+
+    profile: str
+    start: NonNegative
+    gi: NonNegative | None = Field(default=None, description="GPU instance id; default: position + 1")
+
+
+class MigSpec(_Model):
+    """MIG support of a GPU group: its profile table, MIG mode and the MIG devices it has.
+
+    The table is either a built-in one by name (`table`) or written out (`profiles`).
+    """
+
+    table: str | None = None
+    profiles: Annotated[tuple[MigProfileSpec, ...], Field(min_length=1)] | None = None
+    enabled: bool = False
+    devices: tuple[MigDeviceSpec, ...] = ()
+
+    @field_validator("table")
+    @classmethod
+    def _known_table(cls, value: str | None) -> str | None:
+        if value is not None and value not in builtin_mig_tables():
+            raise ValueError(
+                f"unknown MIG profile table {value!r} (built-in: {', '.join(sorted(builtin_mig_tables()))})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _devices_fit(self) -> MigSpec:
+        if (self.table is None) == (self.profiles is None):
+            raise ValueError("exactly one of table (a built-in MIG profile table) or profiles is required")
+        if self.devices and not self.enabled:
+            raise ValueError("MIG devices are listed but MIG is not enabled (set enabled: true)")
+        table = {p.name: p for p in self.profile_table()}
+        used: dict[int, str] = {}
+        gis: set[int] = set()
+        for position, device in enumerate(self.devices):
+            where = f"devices[{position}]"
+            spec = table.get(device.profile)
+            if spec is None:
+                raise ValueError(f"{where}.profile: {device.profile!r} is not in the MIG profile table")
+            if device.start not in spec.placement_starts:
+                raise ValueError(
+                    f"{where}.start: {device.start} is not a placement of {spec.name} "
+                    f"(allowed: {', '.join(map(str, spec.placement_starts))})"
+                )
+            for memory_slice in range(device.start, device.start + spec.placement_size):
+                if memory_slice in used:
+                    raise ValueError(
+                        f"{where}: memory slice {memory_slice} is already used by {used[memory_slice]}"
+                    )
+                used[memory_slice] = f"devices[{position}]"
+            gi = device.gi if device.gi is not None else position + 1
+            if gi in gis:
+                raise ValueError(f"{where}.gi: GPU instance id {gi} is used twice")
+            gis.add(gi)
+        return self
+
+    def profile_table(self) -> tuple[MigProfileSpec, ...]:
+        if self.profiles is not None:
+            return self.profiles
+        return builtin_mig_tables()[self.table] if self.table is not None else ()
+
+
+class GpuGroup(_Model):
+    """`count` identical GPUs with consecutive minors; per-GPU facts come as lists of `count` items."""
+
+    product_name: Annotated[str, Field(min_length=1)]
+    count: Positive = 1
+    first_minor: NonNegative | None = None
+    brand: Annotated[str, Field(min_length=1)] = "Nvidia"
+    architecture: Annotated[str, Field(min_length=1)]
+    compute_capability: str
+    memory_mib: Positive = Field(alias="memoryMiB")
+    uuids: tuple[str, ...] | None = None
+    pci_bus_ids: tuple[str, ...] | None = None
+    pcie_roots: tuple[str, ...] | None = None
+    numa_nodes: tuple[NonNegative, ...] | None = None
+    mig: MigSpec | None = None
+
+    @field_validator("compute_capability")
+    @classmethod
+    def _capability(cls, value: str) -> str:
+        if not _COMPUTE_CAPABILITY.fullmatch(value):
+            raise ValueError(f"must be MAJOR.MINOR like 9.0, got {value!r}")
+        return value
+
+    @field_validator("pci_bus_ids")
+    @classmethod
+    def _bdf(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for item in value or ():
+            if not _BDF.fullmatch(item):
+                raise ValueError(f"{item!r} is not a lowercase PCI address like 0000:18:00.0")
+        return value
+
+    @model_validator(mode="after")
+    def _lists_match_count(self) -> GpuGroup:
+        for field_name in ("uuids", "pci_bus_ids", "pcie_roots", "numa_nodes"):
+            value = getattr(self, field_name)
+            if value is not None and len(value) != self.count:
+                raise ValueError(
+                    f"{to_camel(field_name)}: has {len(value)} items, expected count={self.count}"
+                )
+        return self
+
+
+class FakeProfile(_Model):
+    """A fake node: what the fake backend reports instead of NVML."""
+
+    description: str = ""
+    driver_version: Annotated[str, Field(min_length=1)]
+    cuda_driver_version: Annotated[str, Field(min_length=1)]
+    nvidia_caps_major: Positive = 236
+    #: Character major of /dev/nvidia-uvm (dynamic on real nodes; any free major works for fakes).
+    nvidia_uvm_major: Positive = 510
+    gpus: tuple[GpuGroup, ...]
+
+    @model_validator(mode="after")
+    def _unique_minors(self) -> FakeProfile:
+        seen: set[int] = set()
+        for minor in (m for _, minors in self.expand_minors() for m in minors):
+            if minor in seen:
+                raise ValueError(f"GPU minor {minor} is used by two GPU groups (set firstMinor)")
+            seen.add(minor)
+        return self
+
+    def expand_minors(self) -> list[tuple[GpuGroup, range]]:
+        """Each group with its minors: from `firstMinor`, else one past the previous group's last."""
+        out: list[tuple[GpuGroup, range]] = []
+        following = 0
+        for group in self.gpus:
+            first = group.first_minor if group.first_minor is not None else following
+            out.append((group, range(first, first + group.count)))
+            following = first + group.count
+        return out
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    path = _field_path(first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    # Our own validators start their message with the nested field they blame: join the paths.
+    if path and _NESTED_FIELD.match(message):
+        path, message = f"{path}.{message.split(': ', 1)[0]}", message.split(": ", 1)[1]
+    more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
+    return f"{path or 'profile'}: {message}{more}"
+
+
+def parse_profile(data: Any, source: str) -> FakeProfile:
+    """Validate already-loaded YAML/JSON data; `source` names it in errors."""
+    if not isinstance(data, dict):
+        raise DiscoveryError(f"invalid fake GPU profile {source}: must be a mapping with a 'gpus' list")
+    try:
+        return FakeProfile.model_validate(data)
+    except ValidationError as err:
+        raise DiscoveryError(f"invalid fake GPU profile {source}: {_one_line(err)}") from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (the C one when built)
+    except yaml.YAMLError as err:
+        raise DiscoveryError(
+            f"invalid fake GPU profile {source}: not valid YAML: {err}".replace("\n", " ")
+        ) from None
+
+
+def load_profile_file(path: Path) -> FakeProfile:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise DiscoveryError(f"cannot read fake GPU profile {path}: {err.strerror or err}") from None
+    return parse_profile(_load_yaml(text, str(path)), str(path))
+
+
+def builtin_profile_names() -> list[str]:
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in resources.files(_PROFILES_PACKAGE).iterdir()
+        if entry.name.endswith(".yaml") and entry.name != _MIG_TABLES_FILE
+    )
+
+
+def load_builtin_profile(name: str) -> FakeProfile:
+    text = resources.files(_PROFILES_PACKAGE).joinpath(f"{name}.yaml").read_text()
+    return parse_profile(_load_yaml(text, f"{name!r}"), f"{name!r}")
+
+
+@cache
+def builtin_mig_tables() -> dict[str, tuple[MigProfileSpec, ...]]:
+    """MIG profile tables of real GPU models, keyed by the name profiles refer to."""
+    data = _load_yaml(resources.files(_PROFILES_PACKAGE).joinpath(_MIG_TABLES_FILE).read_text(), "mig tables")
+    return {
+        name: tuple(MigProfileSpec.model_validate(item) for item in items) for name, items in data.items()
+    }

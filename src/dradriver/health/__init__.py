@@ -1,0 +1,1 @@
+"""Device health: the current state of every published device and what changes it."""

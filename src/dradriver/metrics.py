@@ -1,0 +1,124 @@
+"""Prometheus metrics of the node daemon, in one registry served on `--metrics-address`/metrics.
+
+Names follow Prometheus conventions under the `dradriver_` prefix. The module is imported only
+when metrics are served or recorded for the first time (prometheus-client costs ~50 ms to import,
+which `serve` must not pay before its sockets are up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dradriver import __version__
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+BUILD_INFO = Info("dradriver_build", "dradriver version", registry=REGISTRY)
+BUILD_INFO.info({"version": __version__})
+
+CALL_SECONDS = Histogram(
+    "dradriver_dra_call_duration_seconds",
+    "Duration of NodePrepareResources / NodeUnprepareResources calls",
+    ["method", "api"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+CLAIM_ERRORS = Counter(
+    "dradriver_claim_errors_total",
+    "Claims whose prepare or unprepare failed, by reason",
+    ["method", "reason"],
+    registry=REGISTRY,
+)
+CALL_FAILURES = Counter(
+    "dradriver_dra_call_failures_total",
+    "Whole DRA calls that failed (claim not fetchable, internal error)",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+SLICE_WRITES = Counter(
+    "dradriver_resourceslice_writes_total",
+    "ResourceSlice writes by operation",
+    ["operation"],
+    registry=REGISTRY,
+)
+NVML_ERRORS = Counter("dradriver_nvml_errors_total", "NVML calls that failed", ["call"], registry=REGISTRY)
+XID_EVENTS = Counter(
+    "dradriver_xid_events_total", "XID events seen, by code and class", ["xid", "class"], registry=REGISTRY
+)
+
+
+def exposition() -> bytes:
+    """The registry in the Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+def error_reason(message: str) -> str:
+    """A bounded label value for a per-claim error message (messages themselves are unbounded)."""
+    for needle, reason in (
+        ("already prepared for claim", "device_in_use"),
+        ("invalid opaque config", "invalid_config"),
+        ("cannot be applied", "sharing_unavailable"),
+        ("does not have", "unknown_device"),
+        ("this node's pool is", "wrong_pool"),
+        ("invalid UID", "invalid_reference"),
+        ("invalid namespace", "invalid_reference"),
+        ("invalid name", "invalid_reference"),
+        ("node-only mode", "no_api_access"),
+        ("does not exist on the GPU yet", "mig_not_created"),
+    ):
+        if needle in message:
+            return reason
+    return "other"
+
+
+class CallMetrics:
+    """The gRPC layer's CallRecorder: latency histograms and error counts by bounded reason."""
+
+    def record(
+        self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
+    ) -> None:
+        CALL_SECONDS.labels(method, api).observe(seconds)
+        if failure is not None:
+            CALL_FAILURES.labels(method, failure).inc()
+        for message in claim_errors:
+            CLAIM_ERRORS.labels(method, error_reason(message)).inc()
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from the daemon's own state, so they can never drift from it."""
+
+    def __init__(
+        self,
+        *,
+        devices: Callable[[], Sequence[tuple[str, str]]],
+        prepared_claims: Callable[[], int],
+        registered: Callable[[], bool],
+    ) -> None:
+        self._devices = devices
+        self._prepared = prepared_claims
+        self._registered = registered
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        by_type_health = GaugeMetricFamily(
+            "dradriver_devices", "Published devices by type and health", labels=["type", "health"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for device_type, health in self._devices():
+            counts[(device_type, health)] = counts.get((device_type, health), 0) + 1
+        for (device_type, health), count in sorted(counts.items()):
+            by_type_health.add_metric([device_type, health], count)
+        yield by_type_health
+        yield GaugeMetricFamily(
+            "dradriver_prepared_claims", "Claims prepared on this node", value=self._prepared()
+        )
+        yield GaugeMetricFamily(
+            "dradriver_kubelet_registered",
+            "1 when the kubelet accepted our registration",
+            value=1 if self._registered() else 0,
+        )

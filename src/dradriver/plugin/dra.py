@@ -1,0 +1,231 @@
+"""The gRPC services on the DRA socket: DRAPlugin v1 and v1beta1, and the v1alpha1 health stream.
+
+Both DRAPlugin versions are thin adapters over one `DRAService`, which enforces the kubelet's
+response contract whatever the driver does: one entry per requested claim UID and nothing else,
+base request names, whole-call failures only through `CallError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+
+from dradriver import logs
+from dradriver.health.board import DeviceHealth, HealthBoard
+from dradriver.kubeletapi.dra.v1 import api_pb2 as v1
+from dradriver.kubeletapi.dra.v1 import api_pb2_grpc as v1_grpc
+from dradriver.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1
+from dradriver.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dradriver.kubeletapi.health.v1alpha1 import api_pb2 as health_pb
+from dradriver.kubeletapi.health.v1alpha1 import api_pb2_grpc as health_grpc
+from dradriver.plugin.driver import (
+    CallError,
+    ClaimRef,
+    Driver,
+    PreparedDevice,
+    PrepareResult,
+    base_request_name,
+)
+
+#: What GetInfo advertises, in order of preference: the kubelet takes the first one it knows.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+
+#: How long the kubelet may trust a health report; it marks unreported devices Unknown after it.
+HEALTH_TIMEOUT_SECONDS = 60
+#: Streams re-send the full list this often, well inside the timeout, even when nothing changed.
+HEALTH_REFRESH_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
+
+log = logs.get_logger(component="dra")
+
+
+class CallRecorder(Protocol):
+    """Told about every DRA call (metrics); must be cheap and never raise."""
+
+    def record(
+        self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
+    ) -> None: ...
+
+
+class _NoRecorder:
+    def record(
+        self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
+    ) -> None:
+        """Until the daemon installs metrics (after the sockets are up) calls are not recorded."""
+
+
+class DRAService:
+    """Version-independent prepare/unprepare that always answers the kubelet's contract."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self.recorder: CallRecorder = _NoRecorder()
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        results = self._driver.prepare(claims)
+        return {claim.uid: _normalized(results.get(claim.uid), claim) for claim in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        errors = self._driver.unprepare(claims)
+        return {
+            claim.uid: errors.get(claim.uid, f"internal error: driver returned no result for claim {claim}")
+            for claim in claims
+        }
+
+
+def _normalized(result: PrepareResult | None, claim: ClaimRef) -> PrepareResult:
+    if result is None:
+        return PrepareResult(error=f"internal error: driver returned no result for claim {claim}")
+    if result.error:
+        return PrepareResult(error=result.error)
+    return PrepareResult(devices=tuple(_with_base_request_names(d) for d in result.devices))
+
+
+def _with_base_request_names(device: PreparedDevice) -> PreparedDevice:
+    names = tuple(dict.fromkeys(base_request_name(n) for n in device.request_names))
+    return PreparedDevice(device.pool_name, device.device_name, names, device.cdi_device_ids, device.share_id)
+
+
+class _DRAPluginAdapter:
+    """Maps one wire version's messages to and from DRAService."""
+
+    def __init__(self, service: DRAService, pb: ModuleType, version: str) -> None:
+        self._service = service
+        self._pb = pb
+        self._version = version
+        self._share_ids = pb is v1  # share_id exists only on the v1 wire
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        claims = _claim_refs(request)
+        self._trace("NodePrepareResources request", request)
+        started = time.perf_counter()
+        results = self._call(context, "NodePrepareResources", started, lambda: self._service.prepare(claims))
+        response = self._pb.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            entry.error = result.error
+            for device in result.devices:
+                out = entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+                if self._share_ids and device.share_id is not None:
+                    out.share_id = device.share_id
+        self._log_done("NodePrepareResources", results.values(), started, lambda r: r.error)
+        self._trace("NodePrepareResources response", response)
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        claims = _claim_refs(request)
+        self._trace("NodeUnprepareResources request", request)
+        started = time.perf_counter()
+        errors = self._call(
+            context, "NodeUnprepareResources", started, lambda: self._service.unprepare(claims)
+        )
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        self._log_done("NodeUnprepareResources", errors.values(), started, lambda e: e)
+        self._trace("NodeUnprepareResources response", response)
+        return response
+
+    def _call(self, context: grpc.ServicerContext, method: str, started: float, body: Any) -> Any:
+        """Run the driver; CallError fails the whole call as the Go helper does, anything else is a bug."""
+        try:
+            return body()
+        except CallError as err:
+            self._service.recorder.record(method, self._version, time.perf_counter() - started, (), "UNKNOWN")
+            log.warning(f"{method} failed", error=str(err))
+            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        except Exception as err:
+            self._service.recorder.record(
+                method, self._version, time.perf_counter() - started, (), "INTERNAL"
+            )
+            log.exception(f"{method} crashed")
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {err}")
+
+    def _log_done(self, method: str, outcomes: Any, started: float, error_of: Any) -> None:
+        failed = [error_of(o) for o in outcomes if error_of(o)]
+        self._service.recorder.record(method, self._version, time.perf_counter() - started, failed, None)
+        log.info(
+            method,
+            api=self._version,
+            claims=len(outcomes),
+            failed=len(failed),
+            ms=round((time.perf_counter() - started) * 1000, 2),
+            **({"errors": failed[:5]} if failed else {}),
+        )
+
+    def _trace(self, what: str, message: Any) -> None:
+        if logs.verbosity() >= logs.VERBOSITY_TRACE_GRPC:
+            from google.protobuf.json_format import MessageToDict  # 30 ms to import: only when tracing
+
+            log.info(
+                what, api=self._version, message=MessageToDict(message, preserving_proto_field_name=True)
+            )
+
+
+def _claim_refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+class DRAPluginV1(_DRAPluginAdapter, v1_grpc.DRAPluginServicer):
+    def __init__(self, service: DRAService) -> None:
+        super().__init__(service, v1, "v1")
+
+
+class DRAPluginV1beta1(_DRAPluginAdapter, v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, service: DRAService) -> None:
+        super().__init__(service, v1beta1, "v1beta1")
+
+
+class DRAResourceHealth(health_grpc.DRAResourceHealthServicer):
+    """NodeWatchResources: the full device list at once, then on every change and periodically."""
+
+    def __init__(self, board: HealthBoard, refresh_seconds: float = HEALTH_REFRESH_SECONDS) -> None:
+        self._board = board
+        self._refresh = refresh_seconds
+
+    def NodeWatchResources(  # noqa: N802
+        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
+        context.add_callback(self._board.wake)
+        log.info("health stream opened", peer=context.peer())
+        # Right after start-up discovery may still be running: an empty list would tell the
+        # kubelet we have no devices, so wait for the real one (bounded).
+        self._board.wait_until_known(self._refresh)
+        version, devices = self._board.snapshot()
+        yield _health_response(devices)
+        while context.is_active() and not self._board.closed:
+            self._board.wait_for_change(version, self._refresh)
+            if not context.is_active() or self._board.closed:
+                break
+            version, devices = self._board.snapshot()
+            yield _health_response(devices)
+        log.info("health stream closed")
+
+
+def _health_response(devices: Sequence[DeviceHealth]) -> health_pb.NodeWatchResourcesResponse:
+    return health_pb.NodeWatchResourcesResponse(
+        devices=[
+            health_pb.DeviceHealth(
+                device=health_pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
+                health=int(d.health),  # type: ignore[arg-type]
+                last_updated_time=d.last_updated,
+                health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                message=d.message,
+            )
+            for d in devices
+        ]
+    )
+
+
+def add_dra_services(server: grpc.Server, service: DRAService, board: HealthBoard) -> None:
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(service), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(service), server)
+    health_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealth(board), server)

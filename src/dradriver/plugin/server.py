@@ -1,0 +1,248 @@
+"""Socket lifecycle of the plugin: one gRPC server on the DRA socket, one on the registration socket.
+
+Start-up follows the Go `kubeletplugin` helper: take the instance lock, remove stale sockets,
+serve the DRA socket, then the registration socket (so the DRA services are up by the time the
+kubelet reacts to registration). A watchdog re-creates a socket that was deleted under us (the
+kubelet's plugin directories wiped), and `stop` drains in-flight calls before removing everything.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import grpc
+
+from dradriver import logs
+from dradriver.health.board import HealthBoard
+from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
+from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
+
+#: sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+#: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
+MAX_WORKERS = 16
+#: How often the watchdog checks that our sockets still exist.
+WATCH_INTERVAL_SECONDS = 1.0
+#: In-flight calls on a DRA server whose socket vanished get this long before it is torn down.
+RESTART_GRACE_SECONDS = 2.0
+
+log = logs.get_logger(component="server")
+
+
+class StartupError(Exception):
+    """The plugin cannot start on these paths (another instance, a foreign file, a bad path)."""
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    """Where the kubelet expects us; identical inside the container and on the host."""
+
+    plugin_dir: Path
+    dra_socket: Path
+    registration_socket: Path
+    lock_file: Path
+
+    @classmethod
+    def for_driver(cls, driver_name: str, plugins_dir: Path, registry_dir: Path) -> PluginPaths:
+        plugin_dir = plugins_dir / driver_name
+        return cls(
+            plugin_dir=plugin_dir,
+            dra_socket=plugin_dir / "dra.sock",
+            registration_socket=registry_dir / f"{driver_name}-reg.sock",
+            lock_file=plugin_dir / "serve.lock",
+        )
+
+    def check(self) -> None:
+        for sock in (self.dra_socket, self.registration_socket):
+            if not sock.is_absolute():
+                raise StartupError(f"socket path {sock} must be absolute")
+            if len(os.fsencode(sock)) > MAX_SOCKET_PATH_BYTES:
+                raise StartupError(f"socket path {sock} is longer than {MAX_SOCKET_PATH_BYTES} bytes")
+
+
+class InstanceLock:
+    """An exclusive flock on a file holding our pid: a second instance fails instead of taking our sockets."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = self._path.open("a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                owner = handle.read().strip() or "unknown"
+                handle.close()
+                raise StartupError(
+                    f"another dradriver serve (pid {owner}) holds {self._path}; "
+                    "refusing to take over its sockets"
+                ) from None
+            # The holder may have unlinked the file between our open and our lock: retry on the new one.
+            if self._path.exists() and os.stat(self._path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+            handle.close()
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is None:
+            return
+        self._path.unlink(missing_ok=True)  # while still holding the lock, so no one can be racing us
+        self._file.close()
+        self._file = None
+
+
+class _SocketServer:
+    """A gRPC server bound to one unix socket whose inode we remember, so we only ever remove our own."""
+
+    def __init__(self, path: Path, server: grpc.Server) -> None:
+        self.path = path
+        self.server = server
+        _remove_stale_socket(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as err:
+            raise StartupError(f"cannot listen on {path}: {err}") from err
+        server.start()
+        self.inode = os.stat(path).st_ino
+
+    def still_there(self) -> bool:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode
+
+    def stop(self, grace: float | None) -> None:
+        self.server.stop(grace).wait()
+        if self.still_there():
+            self.path.unlink(missing_ok=True)
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartupError(f"refusing to replace {path}: it exists and is not a socket")
+    log.info("removing stale socket", path=str(path))
+    path.unlink()
+
+
+class PluginServer:
+    """Runs the DRA and registration sockets until `stop`."""
+
+    def __init__(
+        self,
+        paths: PluginPaths,
+        driver_name: str,
+        service: DRAService,
+        board: HealthBoard,
+        registration: RegistrationState,
+        *,
+        watch_interval: float = WATCH_INTERVAL_SECONDS,
+    ) -> None:
+        self.paths = paths
+        self._driver_name = driver_name
+        self._service = service
+        self._board = board
+        self._registration = registration
+        self._watch_interval = watch_interval
+        self._lock = InstanceLock(paths.lock_file)
+        self._dra: _SocketServer | None = None
+        self._reg: _SocketServer | None = None
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._restart_lock = threading.Lock()
+
+    def start(self) -> None:
+        self.paths.check()
+        self._lock.acquire()
+        try:
+            self._dra = self._serve_dra()
+            self._reg = self._serve_registration()
+        except BaseException:
+            self._stop_sockets(grace=0)
+            self._lock.release()
+            raise
+        self._watchdog = threading.Thread(target=self._watch, name="socket-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def stop(self, grace: float) -> None:
+        """Deregister, let in-flight calls finish for up to `grace` seconds, remove sockets and lock."""
+        self._stopping.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+        self._board.close()  # ends health streams so they do not hold up the drain
+        self._stop_sockets(grace)
+        self._lock.release()
+
+    def liveness_problem(self) -> str | None:
+        """None while both sockets are served (the watchdog restores them within a second)."""
+        if self._stopping.is_set():
+            return "shutting down"
+        if self._watchdog is None or not self._watchdog.is_alive():
+            return "socket watchdog is not running"
+        return None
+
+    def _stop_sockets(self, grace: float) -> None:
+        with self._restart_lock:
+            if self._reg is not None:
+                self._reg.stop(grace=0)  # the kubelet deregisters as soon as this socket disappears
+                self._reg = None
+            if self._dra is not None:
+                self._dra.stop(grace=grace)
+                self._dra = None
+
+    def _serve_dra(self) -> _SocketServer:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="dra"))
+        add_dra_services(server, self._service, self._board)
+        return _SocketServer(self.paths.dra_socket, server)
+
+    def _serve_registration(self) -> _SocketServer:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
+        servicer = RegistrationServicer(
+            self._driver_name, str(self.paths.dra_socket), SUPPORTED_SERVICES, self._registration
+        )
+        add_registration_service(server, servicer)
+        return _SocketServer(self.paths.registration_socket, server)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self._watch_interval):
+            try:
+                self._restore_sockets()
+            except Exception:
+                log.exception("could not re-create a socket; retrying")
+
+    def _restore_sockets(self) -> None:
+        with self._restart_lock:
+            if self._stopping.is_set() or self._dra is None or self._reg is None:
+                return
+            dra_lost = not self._dra.still_there()
+            if dra_lost:
+                log.warning("DRA socket was removed; re-creating it", path=str(self.paths.dra_socket))
+                # grpc unlinks whatever socket is at its path when it stops, so stop first, then bind.
+                self._dra.stop(grace=RESTART_GRACE_SECONDS)
+                self._dra = self._serve_dra()
+            if dra_lost or not self._reg.still_there():
+                # Re-creating the registration socket makes the kubelet register us (and dial) afresh.
+                log.warning("re-creating the registration socket", path=str(self.paths.registration_socket))
+                self._reg.stop(grace=0)
+                self._registration.reset()
+                self._reg = self._serve_registration()

@@ -1,0 +1,1 @@
+"""Preparing ResourceClaims on the node: allocation handling, opaque config, CDI specs, checkpoint."""

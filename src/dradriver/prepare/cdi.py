@@ -1,0 +1,302 @@
+"""CDI specs for prepared claims: pure rendering and validation, plus the directory they live in.
+
+One transient spec per claim, `<vendor>-claim_<uid>.json`, kind `<vendor>/claim` with the vendor
+`k8s.<driver name>`, device names `<claim uid>-<device name>` (unique per claim, never reused, so
+runtimes that cache specs cannot mix claims up). `cdiVersion` is the lowest the content needs:
+runtimes reject versions newer than they know (podman 4.3 and containerd 1.7 stop at 0.5.0).
+The rules enforced here are the CDI library's, which are stricter than its JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CDI_CLASS = "claim"
+#: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
+READ_ONLY_BIND = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_VALID_PERMISSIONS = re.compile(r"r?w?m?")
+
+
+def vendor(driver_name: str) -> str:
+    """`gpu.dradriver.dev` -> `k8s.gpu.dradriver.dev`: ours alone, as NVIDIA's is `k8s.gpu.nvidia.com`."""
+    return f"k8s.{driver_name}"
+
+
+def kind(driver_name: str) -> str:
+    return f"{vendor(driver_name)}/{CDI_CLASS}"
+
+
+def spec_file_name(driver_name: str, claim_uid: str) -> str:
+    return f"{vendor(driver_name)}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def qualified_device_id(driver_name: str, claim_uid: str, device: str) -> str:
+    return f"{kind(driver_name)}={device_name(claim_uid, device)}"
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node in the container. With type, major and minor set it is "minimally specified":
+    the runtime creates it without looking at the host, so it works with fake GPUs too."""
+
+    path: str
+    type: str = "c"
+    major: int | None = None
+    minor: int | None = None
+    host_path: str | None = None
+    file_mode: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.host_path is not None:
+            out["hostPath"] = self.host_path
+        if self.type:
+            out["type"] = self.type
+        if self.major is not None:
+            out["major"] = self.major
+        if self.minor is not None:
+            out["minor"] = self.minor
+        if self.file_mode is not None:
+            out["fileMode"] = self.file_mode
+        return out
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = READ_ONLY_BIND
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "options": list(self.options),
+        }
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.env or self.device_nodes or self.mounts)
+
+    def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        return ContainerEdits(
+            self.env + other.env, self.device_nodes + other.device_nodes, self.mounts + other.mounts
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [n.to_json() for n in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_json() for m in self.mounts]
+        return out
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    name: str
+    edits: ContainerEdits
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """Everything that goes into one claim's spec file."""
+
+    kind: str
+    devices: tuple[CdiDevice, ...]
+    common: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+def render(spec: ClaimSpec) -> dict[str, Any]:
+    """The spec as JSON-ready data, at the lowest cdiVersion its content needs."""
+    out: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": spec.kind,
+        "devices": [{"name": d.name, "containerEdits": d.edits.to_json()} for d in spec.devices],
+    }
+    if spec.common:
+        out["containerEdits"] = spec.common.to_json()
+    out["cdiVersion"] = minimum_version(out)
+    return out
+
+
+def _all_edits(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    if "containerEdits" in spec:
+        yield spec["containerEdits"]
+    for device in spec.get("devices", []):
+        yield device.get("containerEdits", {})
+
+
+def minimum_version(spec: Mapping[str, Any]) -> str:
+    """The lowest cdiVersion whose features cover the spec (the CDI library's own rules)."""
+    version = "0.3.0"
+    if any("type" in m for e in _all_edits(spec) for m in e.get("mounts", [])):
+        version = "0.4.0"
+    if any("hostPath" in n for e in _all_edits(spec) for n in e.get("deviceNodes", [])) or any(
+        d["name"][:1].isdigit() for d in spec.get("devices", [])
+    ):
+        version = "0.5.0"
+    if "annotations" in spec or any("annotations" in d for d in spec.get("devices", [])):
+        version = "0.6.0"
+    if "." in str(spec.get("kind", "")).partition("/")[2]:
+        version = max(version, "0.6.0")
+    return version
+
+
+def validate(spec: Mapping[str, Any]) -> list[str]:
+    """What a CDI library would reject (or a runtime fail on), as messages; empty when valid."""
+    problems: list[str] = []
+    vendor_part, slash, class_part = str(spec.get("kind", "")).partition("/")
+    if not slash or not _VENDOR_OR_CLASS.fullmatch(vendor_part) or not _VENDOR_OR_CLASS.fullmatch(class_part):
+        problems.append(f"kind {spec.get('kind')!r}: must be vendor/class, each a letter then [A-Za-z0-9_.-]")
+    devices = spec.get("devices") or []
+    if not devices:
+        problems.append("devices: must not be empty")
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        name = str(device.get("name", ""))
+        if not _DEVICE_NAME.fullmatch(name):
+            problems.append(f"devices[{i}].name {name!r}: invalid CDI device name")
+        if name in seen:
+            problems.append(f"devices[{i}].name {name!r}: duplicate device name")
+        seen.add(name)
+        if not device.get("containerEdits"):
+            problems.append(f"devices[{i}].containerEdits: must not be empty")
+    for where, edits in [("containerEdits", spec.get("containerEdits", {}))] + [
+        (f"devices[{i}].containerEdits", d.get("containerEdits", {})) for i, d in enumerate(devices)
+    ]:
+        problems += _edit_problems(where, edits)
+    return problems
+
+
+def _edit_problems(where: str, edits: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for i, env in enumerate(edits.get("env", [])):
+        if env.find("=") <= 0:
+            problems.append(f"{where}.env[{i}] {env!r}: must be NAME=value")
+    for i, node in enumerate(edits.get("deviceNodes", [])):
+        if not str(node.get("path", "")).startswith("/"):
+            problems.append(f"{where}.deviceNodes[{i}].path: must be an absolute path")
+        if node.get("type", "") not in {"", "b", "c", "u", "p"}:
+            problems.append(f"{where}.deviceNodes[{i}].type: must be one of b, c, u, p")
+        if not _VALID_PERMISSIONS.fullmatch(str(node.get("permissions", ""))):
+            problems.append(f"{where}.deviceNodes[{i}].permissions: must be a subset of rwm")
+    for i, mount in enumerate(edits.get("mounts", [])):
+        if not str(mount.get("hostPath", "")).startswith("/") or not str(mount.get("containerPath", "")):
+            problems.append(f"{where}.mounts[{i}]: hostPath (absolute) and containerPath are required")
+        if not {"bind", "rbind"} & set(mount.get("options", [])):
+            problems.append(f"{where}.mounts[{i}].options: needs bind or rbind (runc fails without)")
+    return problems
+
+
+class InvalidSpecError(ValueError):
+    pass
+
+
+class CdiDirectory:
+    """The runtime's dynamic CDI directory (e.g. /var/run/cdi), of which we own our vendor's claim files.
+
+    Runtimes watch the directory and re-read it on every change, and some fail every injection on
+    the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
+    fsync, rename, fsync the directory) and only after validation.
+    """
+
+    def __init__(self, path: Path, driver_name: str) -> None:
+        self.path = path
+        self._driver_name = driver_name
+        self._prefix = f"{vendor(driver_name)}-{CDI_CLASS}_"
+
+    def file_for(self, claim_uid: str) -> Path:
+        return self.path / spec_file_name(self._driver_name, claim_uid)
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+        problems = validate(spec)
+        if problems:
+            raise InvalidSpecError("; ".join(problems))
+        self.path.mkdir(parents=True, exist_ok=True)
+        target = self.file_for(claim_uid)
+        data = json.dumps(spec, indent=2).encode() + b"\n"
+        write_atomically(target, data, mode=0o644)
+        return target
+
+    def remove(self, claim_uid: str) -> bool:
+        target = self.file_for(claim_uid)
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return False
+        fsync_directory(self.path)
+        return True
+
+    def claim_uids(self) -> list[str]:
+        """UIDs of every claim spec of ours in the directory."""
+        if not self.path.is_dir():
+            return []
+        return sorted(
+            p.name[len(self._prefix) : -len(".json")]
+            for p in self.path.iterdir()
+            if p.name.startswith(self._prefix) and p.name.endswith(".json")
+        )
+
+    def read(self, claim_uid: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.file_for(claim_uid).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data
+
+    def remove_temp_files(self) -> list[Path]:
+        """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""
+        if not self.path.is_dir():
+            return []
+        leftovers = [
+            p for p in self.path.iterdir() if p.name.startswith(f".{self._prefix}") and p.suffix == ".tmp"
+        ]
+        for p in leftovers:
+            p.unlink(missing_ok=True)
+        return leftovers
+
+
+def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
+    """Replace `target` with `data` so that readers see the old or the new content, never a mix.
+
+    The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
+    """
+    tmp = target.with_name(f".{target.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(fd, mode)  # the umask must not make a spec unreadable or a checkpoint world-readable
+        out.write(data)
+        out.flush()
+        os.fsync(fd)
+    os.replace(tmp, target)
+    fsync_directory(target.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

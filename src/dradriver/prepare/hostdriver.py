@@ -1,0 +1,83 @@
+"""The host driver's user-space files that containers need, found under `--driver-root`.
+
+Hook-free: each versioned library (`libcuda.so.570.124.06`) is bind-mounted read-only into
+`/usr/local/nvidia/lib64`, once under its own name and once under each SONAME that points to it
+on the host (`libcuda.so.1`), and `nvidia-smi` into `/usr/local/nvidia/bin`. The nvidia/cuda images
+already have those directories on LD_LIBRARY_PATH and PATH; no `nvidia-cdi-hook`, no ldconfig run
+inside the container, so nothing on the host beyond the driver itself is required.
+
+`driver_root` is where this process sees the driver; `host_driver_root` is the same tree as the
+container runtime on the host sees it (they differ when the plugin runs in a container that
+mounts the host's driver root elsewhere). Specs must contain host paths.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dradriver.prepare.cdi import Mount
+
+CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
+CONTAINER_BIN_DIR = "/usr/local/nvidia/bin"
+#: What CUDA and NVML applications load; graphics and video libraries are left out on purpose.
+COMPUTE_LIBRARIES = (
+    "libcuda",
+    "libcudadebugger",
+    "libnvidia-ml",
+    "libnvidia-ptxjitcompiler",
+    "libnvidia-nvvm",
+    "libnvidia-gpucomp",
+    "libnvidia-allocator",
+    "libnvidia-cfg",
+    "libnvidia-opencl",
+)
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "usr/lib",
+)
+BINARIES = ("nvidia-smi", "nvidia-debugdump")
+BINARY_DIRS = ("usr/bin", "bin", "usr/local/bin")
+
+
+def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str) -> list[Mount]:
+    mounts: list[Mount] = []
+
+    def host_path(local: Path) -> str:
+        return str(host_driver_root / local.relative_to(driver_root))
+
+    for library in COMPUTE_LIBRARIES:
+        found = _first_existing(driver_root, LIBRARY_DIRS, f"{library}.so.{driver_version}")
+        if found is None:
+            continue
+        mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{found.name}"))
+        for soname in _sonames_of(found):
+            mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{soname}"))
+    for binary in BINARIES:
+        found = _first_existing(driver_root, BINARY_DIRS, binary)
+        if found is not None:
+            mounts.append(Mount(host_path(found), f"{CONTAINER_BIN_DIR}/{binary}"))
+    return mounts
+
+
+def _first_existing(root: Path, directories: tuple[str, ...], name: str) -> Path | None:
+    for directory in directories:
+        candidate = root / directory / name
+        if candidate.is_file() and not candidate.is_symlink():
+            return candidate
+    return None
+
+
+def _sonames_of(library: Path) -> list[str]:
+    """Names of the symlinks ldconfig made for this library in its directory (libcuda.so.1 ...)."""
+    names = []
+    stem = library.name.split(".so.")[0] + ".so."
+    target = os.path.realpath(library)
+    for entry in sorted(library.parent.iterdir()):
+        if entry.is_symlink() and entry.name.startswith(stem) and os.path.realpath(entry) == target:
+            names.append(entry.name)
+    return names

@@ -1,0 +1,316 @@
+"""Kubernetes resource quantities with `k8s.io/apimachinery/pkg/api/resource` semantics.
+
+One implementation serves the CEL `kubernetes.Quantity` type, ResourceSlice validation and opaque
+config checks, so that all three accept exactly what the API server accepts.
+
+A Go Quantity keeps its value either as a scaled int64 (`int64Amount{value, scale}`) or, when
+that cannot represent it exactly, as an arbitrary-precision decimal (`inf.Dec`). The split is
+visible from CEL: `asInteger()`/`isInteger()` only succeed on the int64 form with a
+non-negative scale, so `quantity("1000m").isInteger()` is false and so is
+`quantity("1.5Gi").isInteger()`. We keep the same representation, ported from
+`quantity.go` (ParseQuantity, Add, Sub, Cmp, AsInt64, AsApproximateFloat64) and `amount.go`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_NANO = -9
+_MAX_INT64_FACTORS = 18
+# The largest value a BinarySI quantity is clamped to (maxAllowed in quantity.go).
+_MAX_ALLOWED = _INT64_MAX
+
+ERR_FORMAT_WRONG = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
+ERR_NUMERIC = "unable to parse numeric part of quantity"
+ERR_SUFFIX = "unable to parse quantity's suffix"
+
+_DECIMAL_SI = "DecimalSI"
+_BINARY_SI = "BinarySI"
+_DECIMAL_EXPONENT = "DecimalExponent"
+
+_DEC_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BIN_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_SUFFIX_CHARS = frozenset("eEinumkKMGTP")
+_DIGITS = frozenset("0123456789")
+
+
+class QuantityError(ValueError):
+    """A string that resource.ParseQuantity rejects."""
+
+
+def _fits_int64(value: int) -> bool:
+    return _INT64_MIN <= value <= _INT64_MAX
+
+
+def _split(text: str) -> tuple[bool, str, str, str, str]:
+    """parseQuantityString: sign, numeric text, integer digits, fraction digits, suffix."""
+    positive = True
+    pos = 0
+    end = len(text)
+    if pos < end and text[0] in "+-":
+        positive = text[0] == "+"
+        pos += 1
+    while pos < end and text[pos] == "0":
+        pos += 1
+    if pos >= end:
+        return positive, "0", "0", "", ""
+    start = pos
+    while pos < end and text[pos] in _DIGITS:
+        pos += 1
+    num = text[start:pos] or "0"
+    if pos >= end:
+        return positive, text, num, "", ""
+    denom = ""
+    if text[pos] == ".":
+        pos += 1
+        start = pos
+        while pos < end and text[pos] in _DIGITS:
+            pos += 1
+        denom = text[start:pos]
+        if pos >= end:
+            return positive, text, num, denom, ""
+    value = text[:pos]
+    suffix_start = pos
+    while pos < end and text[pos] in _SUFFIX_CHARS:
+        pos += 1
+    if pos < end and text[pos] in "+-":
+        pos += 1
+    while pos < end and text[pos] in _DIGITS:
+        pos += 1
+    if pos < end:
+        raise QuantityError(ERR_FORMAT_WRONG)
+    return positive, value, num, denom, text[suffix_start:]
+
+
+def _interpret_suffix(suffix: str) -> tuple[int, int, str]:
+    if suffix in _DEC_SUFFIXES:
+        return 10, _DEC_SUFFIXES[suffix], _DECIMAL_SI
+    if suffix in _BIN_SUFFIXES:
+        return 2, _BIN_SUFFIXES[suffix], _BINARY_SI
+    if len(suffix) > 1 and suffix[0] in "eE":
+        exponent_text = suffix[1:]
+        body = exponent_text[1:] if exponent_text[0] in "+-" else exponent_text
+        if body and all(ch in _DIGITS for ch in body):
+            exponent = int(exponent_text)
+            if _fits_int64(exponent):
+                # Go truncates the parsed int64 to int32.
+                exponent = (exponent + 2**31) % 2**32 - 2**31
+                return 10, exponent, _DECIMAL_EXPONENT
+    raise QuantityError(ERR_SUFFIX)
+
+
+def _parse_decimal(text: str) -> tuple[int, int]:
+    """inf.Dec.SetString for the numeric part: (unscaled, exponent) with value = unscaled * 10**exponent."""
+    sign = 1
+    if text and text[0] in "+-":
+        sign = -1 if text[0] == "-" else 1
+        text = text[1:]
+    whole, dot, fraction = text.partition(".")
+    digits = whole + fraction
+    if not digits or not all(ch in _DIGITS for ch in digits) or (dot and not fraction and not whole):
+        raise QuantityError(ERR_NUMERIC)
+    return sign * int(digits), -len(fraction)
+
+
+def _ceil_to_nano(unscaled: int, exponent: int) -> tuple[int, int]:
+    """inf.Dec.Round(x, 9, RoundUp) of a positive value: the result always has scale 9."""
+    shift = exponent - _NANO
+    if shift >= 0:
+        return unscaled * 10**shift, _NANO
+    divisor = 10**-shift
+    return -(-unscaled // divisor), _NANO
+
+
+class Quantity:
+    """An immutable resource quantity. Compare with `compare`; arithmetic returns new values."""
+
+    __slots__ = ("_dec", "_exp", "_unscaled")
+
+    def __init__(self, unscaled: int, exponent: int, *, dec: bool) -> None:
+        # value = unscaled * 10**exponent; `dec` marks Go's inf.Dec representation.
+        self._unscaled = unscaled
+        self._exp = exponent
+        self._dec = dec
+
+    @classmethod
+    def parse(cls, text: str) -> Quantity:
+        """resource.ParseQuantity."""
+        if not text:
+            raise QuantityError(ERR_FORMAT_WRONG)
+        if text == "0":
+            return cls(0, 0, dec=False)
+        positive, value, num, denom, suffix = _split(text)
+        base, exponent, fmt = _interpret_suffix(suffix)
+        precision = 0
+        scale = 0
+        mantissa = 1
+        if fmt in (_DECIMAL_EXPONENT, _DECIMAL_SI):
+            scale = exponent
+            precision = _MAX_INT64_FACTORS - (len(num) + len(denom))
+        elif exponent >= 0 and not denom:
+            mantissa = 1 << exponent
+            precision = 15 - len(num) - int(exponent * 3 / 10) - 1
+        else:
+            precision = -1
+        if precision >= 0:
+            scale -= len(denom)
+            if scale >= _NANO:
+                shifted = int(num + denom)
+                result = shifted * mantissa
+                if _fits_int64(result) and _fits_int64(shifted):
+                    return cls(result if positive else -result, scale, dec=False)
+        return cls._parse_big(value, base, exponent, fmt)
+
+    @classmethod
+    def _parse_big(cls, value: str, base: int, exponent: int, fmt: str) -> Quantity:
+        unscaled, exp = _parse_decimal(value)
+        if base == 10:
+            exp += exponent
+        else:
+            unscaled *= 1 << exponent
+        negative = unscaled < 0
+        unscaled = abs(unscaled)
+        if unscaled:
+            unscaled, exp = _ceil_to_nano(unscaled, exp)
+        if fmt == _BINARY_SI and _compare_exact(unscaled, exp, _MAX_ALLOWED, 0) > 0:
+            unscaled, exp = _MAX_ALLOWED, 0
+        return cls(-unscaled if negative else unscaled, exp, dec=True)
+
+    @classmethod
+    def from_int(cls, value: int) -> Quantity:
+        """resource.NewQuantity(value, DecimalExponent)."""
+        return cls(value, 0, dec=False)
+
+    # -- comparisons -----------------------------------------------------------------------
+
+    def compare(self, other: Quantity) -> int:
+        return _compare_exact(self._unscaled, self._exp, other._unscaled, other._exp)
+
+    def sign(self) -> int:
+        return (self._unscaled > 0) - (self._unscaled < 0)
+
+    # -- arithmetic (Quantity.Add / Quantity.Sub) --------------------------------------------
+
+    def add(self, other: Quantity) -> Quantity:
+        if not self._dec and not other._dec:
+            summed = _int64_amount_add(self._unscaled, self._exp, other._unscaled, other._exp)
+            if summed is not None:
+                return Quantity(summed[0], summed[1], dec=False)
+        return _dec_add(self, other._unscaled, other._exp)
+
+    def sub(self, other: Quantity) -> Quantity:
+        if not self._dec and not other._dec:
+            summed = _int64_amount_add(self._unscaled, self._exp, -other._unscaled, other._exp)
+            if summed is not None:
+                return Quantity(summed[0], summed[1], dec=False)
+        return _dec_add(self, -other._unscaled, other._exp)
+
+    # -- conversions -------------------------------------------------------------------------
+
+    def as_int64(self) -> int | None:
+        """Quantity.AsInt64: the value if the int64 form holds it exactly with scale >= 0."""
+        if self._dec:
+            return None
+        if self._exp == 0:
+            return self._unscaled
+        if self._exp < 0:
+            return None
+        value = self._unscaled * 10**self._exp
+        return value if _fits_int64(value) else None
+
+    def exact(self) -> Fraction:
+        """The exact value, for arithmetic the Go type does not offer (steps, modulo)."""
+        return Fraction(self._unscaled) * Fraction(10) ** self._exp
+
+    def as_approximate_float(self) -> float:
+        """Quantity.AsApproximateFloat64: float(unscaled) * 10**exponent."""
+        base = float(self._unscaled)
+        if self._exp == 0:
+            return base
+        return base * _pow10(self._exp)
+
+    def __str__(self) -> str:
+        value = self._unscaled * 10**self._exp if self._exp >= 0 else None
+        if value is not None:
+            return str(value)
+        digits = str(abs(self._unscaled)).rjust(-self._exp + 1, "0")
+        whole, fraction = digits[: self._exp], digits[self._exp :].rstrip("0")
+        text = f"{whole}.{fraction}" if fraction else whole
+        return ("-" if self._unscaled < 0 else "") + text
+
+    def __repr__(self) -> str:
+        return f"quantity({str(self)!r})"
+
+
+def _pow10(exponent: int) -> float:
+    """Go's math.Pow10: exact table values, 0 below 1e-323 and +Inf above 1e308."""
+    if exponent < -323:
+        return 0.0
+    if exponent > 308:
+        return math.inf
+    return float(10**exponent) if exponent >= 0 else 1.0 / float(10**-exponent)
+
+
+def _compare_exact(a: int, a_exp: int, b: int, b_exp: int) -> int:
+    low = min(a_exp, b_exp)
+    left = a * _ten_to(a_exp - low)
+    right = b * _ten_to(b_exp - low)
+    return (left > right) - (left < right)
+
+
+def _ten_to(exponent: int) -> int:
+    """10**exponent for exponent >= 0, typed as an int."""
+    return int(10**exponent)
+
+
+def _int64_amount_add(a: int, a_scale: int, b: int, b_scale: int) -> tuple[int, int] | None:
+    """int64Amount.Add: the sum in int64 form, or None when it would overflow."""
+    if b == 0:
+        return a, a_scale
+    if a == 0:
+        return b, b_scale
+    if a_scale == b_scale:
+        total, scale = a + b, a_scale
+    elif a_scale > b_scale:
+        scaled = a * 10 ** (a_scale - b_scale)
+        if not _fits_int64(scaled):
+            return None
+        total, scale = scaled + b, b_scale
+    else:
+        scaled = b * 10 ** (b_scale - a_scale)
+        if not _fits_int64(scaled):
+            return None
+        total, scale = a + scaled, a_scale
+    return (total, scale) if _fits_int64(total) else None
+
+
+def _dec_add(left: Quantity, unscaled: int, exponent: int) -> Quantity:
+    """inf.Dec.Add: exact, with the larger of the two scales (the smaller exponent)."""
+    low = min(left._exp, exponent)
+    total = left._unscaled * 10 ** (left._exp - low) + unscaled * 10 ** (exponent - low)
+    return Quantity(total, low, dec=True)
+
+
+def quantity_error(value: object) -> str | None:
+    """None for a valid quantity string; else the API server's message (also for non-strings,
+    which our JSON must never contain: quantities are always written as strings)."""
+    if not isinstance(value, str):
+        return f'must be a quantity string like "80Gi", not {type(value).__name__}'
+    try:
+        Quantity.parse(value)
+    except QuantityError as err:
+        return str(err)
+    return None
+
+
+def parse_quantity(value: str) -> Fraction | None:
+    """The exact value of a quantity string, or None if it is not one."""
+    try:
+        return Quantity.parse(value).exact()
+    except QuantityError:
+        return None

@@ -1,0 +1,63 @@
+"""ResourceSlices: rendering a node's devices into slices, and the upstream-limits validator.
+
+`build_node_slices` is the one-call path (discover -> device model -> render -> validate)
+shared by `dradriver slices`, the CEL dry-run's --fake-gpus and `serve`; it raises
+`InvalidSlicesError` instead of returning anything the API server would reject.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dradriver.slices.compare import stored_differences
+from dradriver.slices.render import render_slices, slice_name_prefix
+from dradriver.slices.validate import Finding, validate_slice, validate_slices
+
+__all__ = [
+    "Finding",
+    "InvalidSlicesError",
+    "build_node_slices",
+    "render_slices",
+    "slice_name_prefix",
+    "stored_differences",
+    "validate_slice",
+    "validate_slices",
+]
+
+
+class InvalidSlicesError(Exception):
+    """Rendered slices that fail validation; `findings` says where and why."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+        more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
+        super().__init__(f"rendered ResourceSlices are invalid: {findings[0]}{more}")
+
+
+def build_node_slices(
+    fake_gpus: str | None, *, node_name: str, driver_name: str, partitionable: bool = False
+) -> list[dict[str, Any]]:
+    """Discover the node's GPUs and return the validated slices `serve` would publish.
+
+    Devices discovery skipped and values the device model had to change or leave out are
+    logged as warnings. Raises DiscoveryError (no GPUs can be discovered) or InvalidSlicesError.
+    """
+    from dradriver.devicemodel import build_devices
+    from dradriver.discovery import open_library
+    from dradriver.logs import get_logger
+
+    library = open_library(fake_gpus)
+    try:
+        inventory = library.discover()
+    finally:
+        library.close()
+    device_set = build_devices(inventory, driver_name=driver_name, partitionable=partitionable)
+    log = get_logger(component="slices")
+    for skipped in inventory.skipped:
+        log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
+    for warning in device_set.warnings:
+        log.warning(warning)
+    slices = render_slices(device_set, node_name=node_name, driver_name=driver_name)
+    if findings := validate_slices(slices):
+        raise InvalidSlicesError(findings)
+    return slices

@@ -1,0 +1,67 @@
+"""deploy/Dockerfile builds an image whose entrypoint is dradriver, running as a non-root user.
+
+Needs podman or docker and the base image already present locally (the build installs the
+package from this tree plus its dependencies from the package index, which CI may not reach);
+skips naming whichever is missing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from tests.deploy.manifests import DEPLOY, REPO
+
+DOCKERFILE = DEPLOY / "Dockerfile"
+
+
+def base_image() -> str:
+    text = DOCKERFILE.read_text()
+    [version] = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", text, flags=re.MULTILINE)
+    return f"python:{version}-slim"
+
+
+def container_tool() -> str:
+    for tool in ("podman", "docker"):
+        path = shutil.which(tool)
+        if path and subprocess.run([path, "info"], capture_output=True, check=False).returncode == 0:
+            return path
+    pytest.skip("needs a working podman or docker to build deploy/Dockerfile")
+
+
+def test_image_builds_and_runs_dradriver() -> None:
+    tool = container_tool()
+    base = base_image()
+    if subprocess.run([tool, "image", "inspect", base], capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"base image {base} is not available locally (pull it first: {tool} pull {base})")
+    tag = f"localhost/dradriver-test:{uuid.uuid4().hex[:8]}"
+    build = subprocess.run(
+        [tool, "build", "-f", str(DOCKERFILE), "-t", tag, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    try:
+        assert build.returncode == 0, f"image build failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}"
+        version = subprocess.run(
+            [tool, "run", "--rm", tag, "--version"], capture_output=True, text=True, check=False
+        )
+        assert version.stdout.startswith("dradriver "), version.stderr
+        user = subprocess.run(
+            [tool, "run", "--rm", "--entrypoint", "id", tag, "-u"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert user.stdout.strip() == "65532"
+        serve_help = subprocess.run(
+            [tool, "run", "--rm", tag, "serve", "--help"], capture_output=True, text=True, check=False
+        )
+        assert "--kubelet-plugins-dir" in serve_help.stdout
+    finally:
+        subprocess.run([tool, "rmi", "-f", tag], capture_output=True, check=False)

@@ -1,0 +1,231 @@
+"""`kubectl kustomize` renders every kustomization, and the rendered objects fit together.
+
+Schema validity is test_schemas.py's job; these tests check what no schema can: that paths,
+names and ports agree between objects, that each overlay changes what it claims to, and that
+the plugin gets no more access than documented.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.deploy.manifests import (
+    KUSTOMIZATIONS,
+    Manifest,
+    container_env,
+    one,
+    plugin_container,
+    render,
+)
+
+EXPECTED_OBJECTS = {
+    ("Namespace", "dradriver"),
+    ("ServiceAccount", "dradriver-kubelet-plugin"),
+    ("ClusterRole", "dradriver-kubelet-plugin"),
+    ("ClusterRoleBinding", "dradriver-kubelet-plugin"),
+    ("ValidatingAdmissionPolicy", "dradriver-own-node-slices"),
+    ("ValidatingAdmissionPolicyBinding", "dradriver-own-node-slices"),
+    ("ResourceQuota", "dradriver-critical-pods"),
+    ("DaemonSet", "dradriver-kubelet-plugin"),
+}
+
+#: The plugin's whole API access: (api group, resource) -> verbs. Widening it is a decision
+#: to document in deploy/base/rbac.yaml and the README, not something to slip in.
+EXPECTED_RBAC = {
+    ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
+    ("resource.k8s.io", "resourceclaims"): {"get"},
+    ("", "nodes"): {"get"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+
+
+def daemonset_pod(objects: tuple[Manifest, ...]) -> Manifest:
+    pod: Manifest = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return pod
+
+
+def host_paths(objects: tuple[Manifest, ...]) -> dict[str, str]:
+    """Container mount path -> host path, for every hostPath volume the plugin mounts."""
+    pod = daemonset_pod(objects)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]["path"]
+        for m in plugin_container(objects)["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_renders_the_same_set_of_objects(kustomization: str) -> None:
+    objects = render(kustomization)
+    assert {(o["kind"], o["metadata"]["name"]) for o in objects} == EXPECTED_OBJECTS
+    namespaced = [o for o in objects if "namespace" in o["metadata"]]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"dradriver"}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_volumes_and_mounts_match(kustomization: str) -> None:
+    objects = render(kustomization)
+    volumes = {v["name"] for v in daemonset_pod(objects)["volumes"]}
+    mounted = {m["name"] for m in plugin_container(objects)["volumeMounts"]}
+    assert mounted == volumes, f"unmounted volumes {volumes - mounted}, dangling mounts {mounted - volumes}"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_kubelet_and_cdi_dirs_have_the_same_path_inside_and_out(kustomization: str) -> None:
+    """The kubelet dials the socket path serve reports, and runtimes read CDI specs from the
+    host: these mounts must not be remapped, and must be where the env vars point serve."""
+    objects = render(kustomization)
+    env = container_env(plugin_container(objects))
+    mounts = host_paths(objects)
+    plugin_data = str(PurePosixPath(env["DRADRIVER_KUBELET_PLUGINS_DIR"]) / env["DRADRIVER_DRIVER_NAME"])
+    for path in (env["DRADRIVER_KUBELET_REGISTRY_DIR"], plugin_data, env["DRADRIVER_CDI_DIR"]):
+        assert mounts.get(path) == path, f"{path} is not mounted from the same host path"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_identity_is_consistent(kustomization: str) -> None:
+    """The admission policy matches the service account the DaemonSet actually runs as."""
+    objects = render(kustomization)
+    account = one(objects, "ServiceAccount")["metadata"]
+    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    assert daemonset_pod(objects)["serviceAccountName"] == account["name"]
+    subjects = one(objects, "ClusterRoleBinding")["subjects"]
+    assert subjects == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    assert (
+        one(objects, "ClusterRoleBinding")["roleRef"]["name"]
+        == one(objects, "ClusterRole")["metadata"]["name"]
+    )
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    [condition] = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "{username}"'
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")["spec"]
+    assert binding == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_admission_policy_guards_every_slice_write(kustomization: str) -> None:
+    spec = one(render(kustomization), "ValidatingAdmissionPolicy")["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["resource.k8s.io"]
+    assert rule["resources"] == ["resourceslices"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["callerNode"]
+    assert "oldObject" in variables["sliceNode"]  # DELETE has no object, only oldObject
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_rbac_is_exactly_what_the_code_uses(kustomization: str) -> None:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in one(render(kustomization), "ClusterRole")["rules"]:
+        assert "resourceNames" not in rule
+        assert "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == EXPECTED_RBAC
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_probes_and_metrics_port_agree(kustomization: str) -> None:
+    container = plugin_container(render(kustomization))
+    env = container_env(container)
+    metrics_port = int(urlsplit("//" + env["DRADRIVER_METRICS_ADDRESS"]).port or 0)
+    [port] = container["ports"]
+    assert port["containerPort"] == metrics_port
+    readiness = container["readinessProbe"]["httpGet"]
+    assert readiness["path"] == "/readyz"
+    assert readiness["port"] in (port["name"], metrics_port)
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["exec"]["command"] == ["dradriver", "healthcheck"]
+    assert container["command"] == ["dradriver"]
+    assert container["args"] == ["serve"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_scheduling_and_rollout(kustomization: str) -> None:
+    objects = render(kustomization)
+    daemonset = one(objects, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    quota_scope = one(objects, "ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"]
+    assert quota_scope == [
+        {"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}
+    ]
+    assert {"operator": "Exists"} in pod["tolerations"]
+    # Fixed socket names and the instance lock rule out two plugin pods on one node: no surge.
+    rolling = daemonset["spec"]["updateStrategy"]["rollingUpdate"]
+    assert rolling == {"maxUnavailable": 1, "maxSurge": 0}
+    resources = plugin_container(objects)["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert set(resources["limits"]) == {"memory"}
+    for host_namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(host_namespace), f"the plugin needs no {host_namespace}"
+
+
+def test_base_reads_the_host_driver_with_nvml_privileges() -> None:
+    objects = render("base")
+    container = plugin_container(objects)
+    env = container_env(container)
+    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert env["DRADRIVER_DRIVER_ROOT"] == "/"
+    assert host_paths(objects)[env["DRADRIVER_DRIVER_ROOT_MOUNT"]] == env["DRADRIVER_DRIVER_ROOT"]
+    [driver_mount] = [
+        m for m in container["volumeMounts"] if m["mountPath"] == env["DRADRIVER_DRIVER_ROOT_MOUNT"]
+    ]
+    assert driver_mount["readOnly"] is True
+    assert driver_mount["mountPropagation"] == "HostToContainer"
+    assert "DRADRIVER_FAKE_GPUS" not in env
+    terms = daemonset_pod(objects)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    keys = {e["key"] for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]}
+    assert keys == {
+        "feature.node.kubernetes.io/pci-10de.present",
+        "nvidia.com/gpu.present",
+        "gpu.dradriver.dev/present",
+    }
+
+
+def test_fake_overlay_runs_unprivileged_without_a_driver() -> None:
+    objects = render("overlays/fake")
+    container = plugin_container(objects)
+    env = container_env(container)
+    assert env["DRADRIVER_FAKE_GPUS"] == "dgx-h100"
+    assert "DRADRIVER_DRIVER_ROOT" not in env
+    assert "DRADRIVER_DRIVER_ROOT_MOUNT" not in env
+    security = container["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "/" not in host_paths(objects).values()
+    assert "affinity" not in daemonset_pod(objects)
+
+
+def test_gpu_operator_overlay_reads_the_driver_container_root() -> None:
+    objects = render("overlays/gpu-operator")
+    container = plugin_container(objects)
+    env = container_env(container)
+    assert env["DRADRIVER_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert host_paths(objects)[env["DRADRIVER_DRIVER_ROOT_MOUNT"]] == "/run/nvidia/driver"
+    [volume] = [
+        v
+        for v in daemonset_pod(objects)["volumes"]
+        if v.get("hostPath", {}).get("path") == "/run/nvidia/driver"
+    ]
+    assert volume["hostPath"]["type"] == "Directory"
+    assert container["securityContext"]["privileged"] is True
+    # Everything else is the base unchanged.
+    base_env = container_env(plugin_container(render("base")))
+    assert {k: v for k, v in env.items() if k != "DRADRIVER_DRIVER_ROOT"} == {
+        k: v for k, v in base_env.items() if k != "DRADRIVER_DRIVER_ROOT"
+    }

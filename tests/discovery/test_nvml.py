@@ -1,0 +1,203 @@
+"""The real NVML code path (pynvml over ctypes) against the C fake libnvidia-ml.so.1."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dradriver.devicemodel import build_devices, mig_device_name
+from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
+from dradriver.discovery.nvidia_caps import driver_layout_minor
+from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
+from tests.fakenvml.harness import (
+    CONFIG_ENV,
+    NVML_ERROR_DRIVER_NOT_LOADED,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_UNKNOWN,
+    Failure,
+    config_text,
+)
+
+from .conftest import FakeNodeFactory
+
+DRIVER = "gpu.dradriver.dev"
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_nvml_discovers_what_the_equivalent_fake_profile_reports(
+    profile: str, fake_node: FakeNodeFactory
+) -> None:
+    expected = open_library(profile).discover()
+    assert fake_node(expected).discover() == expected
+
+
+def test_numa_comes_from_sysfs_when_nvml_does_not_report_it(fake_node: FakeNodeFactory) -> None:
+    expected = open_library("dgx-h100").discover()
+    node = fake_node(expected)
+    node.config.write_text(config_text(expected, numa_from_nvml=False))
+    got = node.discover()
+    assert [gpu.numa_node for gpu in got.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [gpu.pcie_root for gpu in got.gpus] == [gpu.pcie_root for gpu in expected.gpus]
+
+
+def test_error_on_one_gpu_skips_it_and_reports_why(fake_node: FakeNodeFactory) -> None:
+    expected = open_library("dgx-h100").discover()
+    node = fake_node(expected, [Failure("nvmlDeviceGetUUID", NVML_ERROR_UNKNOWN, gpu=2)])
+    got = node.discover()
+    assert [gpu.minor for gpu in got.gpus] == [0, 1, 3, 4, 5, 6, 7]
+    assert len(got.skipped) == 1
+    assert got.skipped[0].index == 2
+    assert "nvmlDeviceGetUUID" in got.skipped[0].reason
+    assert "Unknown Error" in got.skipped[0].reason
+    # The other GPUs keep their names: gpu-<minor> does not shift when a sibling is missing.
+    names = [d.name for d in build_devices(got, driver_name=DRIVER).devices]
+    assert names == ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+
+
+def test_lost_gpu_is_skipped(fake_node: FakeNodeFactory) -> None:
+    expected = open_library("t4x4").discover()
+    got = fake_node(
+        expected, [Failure("nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST, gpu=0)]
+    ).discover()
+    assert [gpu.minor for gpu in got.gpus] == [1, 2, 3]
+    assert "GPU is lost" in got.skipped[0].reason
+
+
+def test_error_on_mig_devices_skips_only_those(fake_node: FakeNodeFactory) -> None:
+    expected = open_library("dgx-a100-mig").discover()
+    got = fake_node(expected, [Failure("nvmlDeviceGetAttributes_v2", NVML_ERROR_UNKNOWN, gpu=1)]).discover()
+    assert len(got.gpus) == 8
+    assert got.gpus[1].mig_devices == ()
+    assert got.gpus[0].mig_devices == expected.gpus[0].mig_devices
+    assert [s.index for s in got.skipped] == [1, 1, 1]
+    assert all(
+        s.reason.startswith("MIG device ") and "nvmlDeviceGetAttributes" in s.reason for s in got.skipped
+    )
+
+
+def test_unsupported_optional_queries_do_not_lose_the_gpu(fake_node: FakeNodeFactory) -> None:
+    expected = open_library("t4x4").discover()
+    not_supported = 3
+    failures = [
+        Failure("nvmlDeviceGetArchitecture", not_supported),
+        Failure("nvmlDeviceGetMemoryInfo_v2", not_supported),
+    ]
+    got = fake_node(expected, failures).discover()
+    assert got.skipped == ()
+    assert [gpu.architecture for gpu in got.gpus] == ["Unknown"] * 4
+    assert [gpu.memory_bytes for gpu in got.gpus] == [gpu.memory_bytes for gpu in expected.gpus]  # v1 struct
+
+
+def test_driver_not_loaded_is_a_clear_startup_error(fake_node: FakeNodeFactory) -> None:
+    node = fake_node(
+        open_library("t4x4").discover(), [Failure("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)]
+    )
+    with pytest.raises(DiscoveryError, match="NVIDIA kernel driver is not loaded"):
+        node.open()
+
+
+def test_failing_gpu_listing_is_a_discovery_error(fake_node: FakeNodeFactory) -> None:
+    node = fake_node(open_library("t4x4").discover(), [Failure("nvmlDeviceGetCount_v2", NVML_ERROR_UNKNOWN)])
+    library = node.open()
+    try:
+        with pytest.raises(DiscoveryError, match="NVML cannot list the node's GPUs: nvmlDeviceGetCount"):
+            library.discover()
+    finally:
+        library.close()
+
+
+def test_missing_library_file_is_a_clear_error(tmp_path: Path, pristine_pynvml: None) -> None:
+    with pytest.raises(DiscoveryError, match=r"cannot load NVML library .*no-such-lib"):
+        NvmlLibrary(library_path=str(tmp_path / "no-such-lib.so.1"))
+
+
+def test_mig_compute_instance_smaller_than_its_gpu_instance(fake_node: FakeNodeFactory) -> None:
+    """Two 1c.3g.40gb compute instances share one GPU instance: distinct names, caps minors per CI."""
+    base = open_library("dgx-a100-mig").discover()
+    gpu = replace(base.gpus[0], mig_devices=())
+    three_g = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
+    resources = replace(three_g.resources, multiprocessors=14, copy_engines=1)
+    devices = tuple(
+        replace(
+            base.gpus[0].mig_devices[0],
+            uuid=f"MIG-00000000-0000-4000-8000-00000000000{ci}",
+            ci_id=ci,
+            profile="1c.3g.40gb",
+            compute_placement=MigPlacement(ci, 1),
+            full_gpu_instance=False,
+            resources=resources,
+            ci_caps_minor=driver_layout_minor(0, 1, ci),
+        )
+        for ci in (0, 1)
+    )
+    inventory = replace(base, gpus=(replace(gpu, mig_devices=devices),))
+    got = fake_node(inventory).discover()
+    assert got.skipped == ()
+    assert got.gpus[0].mig_devices == devices
+    assert [d.ci_caps_minor for d in devices] == [13, 14]
+    names = [d.name for d in build_devices(got, driver_name=DRIVER).devices]
+    assert names == [mig_device_name(0, "1c.3g.40gb", 0, 0), mig_device_name(0, "1c.3g.40gb", 0, 1)]
+    assert names == ["gpu-0-mig-1c3g40gb-0-c0", "gpu-0-mig-1c3g40gb-0-c1"]
+
+
+def test_bus_id_normalisation() -> None:
+    assert normalize_bus_id("00000000:1B:00.0") == "0000:1b:00.0"
+    assert normalize_bus_id("0000:c3:1f.7") == "0000:c3:1f.7"
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DRADRIVER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "dradriver", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_over_ld_library_path_publishes_what_the_fake_profile_publishes(
+    fake_nvml_library: Path, tmp_path: Path
+) -> None:
+    """The whole product path in a fresh process: libnvidia-ml found by the dynamic loader."""
+    # /proc and /sys are this machine's here, so the profile leaves PCIe roots and NUMA unknown.
+    profile = yaml.safe_load(
+        resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text()
+    )
+    for group in profile["gpus"]:
+        group.pop("pcieRoots", None)
+        group.pop("numaNodes", None)
+    profile_file = tmp_path / "dgx-a100-mig.yaml"
+    profile_file.write_text(yaml.safe_dump(profile))
+    config = tmp_path / "nvml.conf"
+    config.write_text(config_text(open_library(str(profile_file)).discover()))
+
+    common = ("slices", "--node-name", "node-a", "-o", "json")
+    from_nvml = _cli(*common, env={"LD_LIBRARY_PATH": str(fake_nvml_library.parent), CONFIG_ENV: str(config)})
+    from_fake = _cli(*common, "--fake-gpus", str(profile_file), env={})
+    assert from_nvml.returncode == 0, from_nvml.stderr
+    assert from_fake.returncode == 0, from_fake.stderr
+    assert json.loads(from_nvml.stdout) == json.loads(from_fake.stdout)
+    assert len(json.loads(from_nvml.stdout)[0]["spec"]["devices"]) == 28
+
+
+def test_cli_without_nvml_fails_with_one_clear_line(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml") is not None:
+        pytest.skip("a real libnvidia-ml is installed on this machine")
+    result = _cli("discover", env={"LD_LIBRARY_PATH": str(tmp_path)})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "NVML library libnvidia-ml.so.1 not found" in lines[0]
+    assert "--fake-gpus" in lines[0]

@@ -1,0 +1,555 @@
+/*
+ * A fake libnvidia-ml.so.1 for testing the real NVML code path (pynvml over ctypes) without a GPU.
+ *
+ * It exports the NVML entry points dradriver's discovery calls, with the C signatures and
+ * struct layouts of nvml.h, and serves GPUs described by a tab-separated text file named by the
+ * environment variable FAKE_NVML_CONFIG. The file is (re)read by every nvmlInitWithFlags, so one
+ * process can go through several configurations. Line formats (fields separated by one TAB):
+ *
+ *   driver   VERSION
+ *   cuda     INT                      e.g. 12080 for CUDA 12.8
+ *   gpu      MINOR UUID NAME BRAND ARCH CC_MAJOR CC_MINOR MEMORY_BYTES BUS_ID NUMA MIG_MODE
+ *            NUMA -1: not reported; MIG_MODE -1: not MIG-capable, 0: disabled, 1: enabled
+ *   profile  GPU INDEX ID SLICES INSTANCES SM CE DEC ENC JPEG OFA MEMORY_MB NAME PLACEMENT_SIZE STARTS
+ *            STARTS is a comma-separated list of placement starts
+ *   mig      GPU UUID GI CI GI_PROFILE_ID GI_START GI_SIZE CI_START CI_SIZE GI_SLICES CI_SLICES
+ *            SM CE DEC ENC JPEG OFA MEMORY_MB
+ *   fail     FUNCTION GPU CODE        FUNCTION returns CODE for GPU (its position, or * for all)
+ *
+ * GPU is the position of the gpu line (the NVML index). Build:
+ *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_GPUS 64
+#define MAX_PROFILES 256
+#define MAX_MIGS 512
+#define MAX_FAILS 64
+#define MAX_PLACEMENTS 16
+
+enum kind { KIND_GPU = 0x47505521, KIND_MIG, KIND_GI, KIND_CI };
+
+struct tag {
+    int kind;
+    int index;
+};
+
+struct gpu {
+    struct tag tag;
+    unsigned minor, brand, arch;
+    int cc_major, cc_minor, numa, mig_mode;
+    unsigned long long memory;
+    char uuid[96], name[96], bus_id[32];
+};
+
+struct profile {
+    int gpu;
+    unsigned index, id, slices, instances, sm, ce, dec, enc, jpeg, ofa, placement_size, nstarts;
+    unsigned long long memory_mb;
+    unsigned starts[MAX_PLACEMENTS];
+    char name[96];
+};
+
+struct mig {
+    struct tag tag, gi_tag, ci_tag;
+    int gpu;
+    unsigned gi, ci, gi_profile_id, gi_start, gi_size, ci_start, ci_size, gi_slices, ci_slices;
+    unsigned sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mb;
+    char uuid[96];
+};
+
+struct fail {
+    char function[64];
+    int gpu; /* -1: every GPU */
+    nvmlReturn_t code;
+};
+
+static struct {
+    int initialized;
+    char driver[80];
+    int cuda;
+    int ngpus, nprofiles, nmigs, nfails;
+    struct gpu gpus[MAX_GPUS];
+    struct profile profiles[MAX_PROFILES];
+    struct mig migs[MAX_MIGS];
+    struct fail fails[MAX_FAILS];
+} state;
+
+/* NVML's structs, laid out as in nvml.h (and pynvml's ctypes mirrors). */
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+typedef struct {
+    unsigned multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount,
+        sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+typedef struct { unsigned start, size; } nvmlPlacement_t;
+typedef struct {
+    void *device;
+    unsigned id, profileId;
+    nvmlPlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+typedef struct {
+    void *device, *gpuInstance;
+    unsigned id, profileId;
+    nvmlPlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+typedef struct {
+    unsigned version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+static void copy_field(char *dst, size_t size, const char *src) {
+    snprintf(dst, size, "%s", src ? src : "");
+}
+
+static int split_tabs(char *line, char **fields, int max) {
+    int n = 0;
+    char *save = NULL;
+    line[strcspn(line, "\r\n")] = '\0';
+    for (char *tok = strtok_r(line, "\t", &save); tok && n < max; tok = strtok_r(NULL, "\t", &save))
+        fields[n++] = tok;
+    return n;
+}
+
+static unsigned u(const char *text) { return (unsigned)strtoul(text, NULL, 10); }
+
+static nvmlReturn_t load_config(void) {
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    FILE *file = path ? fopen(path, "r") : NULL;
+    char line[1024], *f[24];
+    memset(&state, 0, sizeof state);
+    if (!file)
+        return NVML_ERROR_UNKNOWN;
+    while (fgets(line, sizeof line, file)) {
+        int n = split_tabs(line, f, 24);
+        if (n == 2 && !strcmp(f[0], "driver")) {
+            copy_field(state.driver, sizeof state.driver, f[1]);
+        } else if (n == 2 && !strcmp(f[0], "cuda")) {
+            state.cuda = atoi(f[1]);
+        } else if (n == 12 && !strcmp(f[0], "gpu") && state.ngpus < MAX_GPUS) {
+            struct gpu *g = &state.gpus[state.ngpus];
+            g->tag = (struct tag){KIND_GPU, state.ngpus++};
+            g->minor = u(f[1]);
+            copy_field(g->uuid, sizeof g->uuid, f[2]);
+            copy_field(g->name, sizeof g->name, f[3]);
+            g->brand = u(f[4]);
+            g->arch = u(f[5]);
+            g->cc_major = atoi(f[6]);
+            g->cc_minor = atoi(f[7]);
+            g->memory = strtoull(f[8], NULL, 10);
+            copy_field(g->bus_id, sizeof g->bus_id, f[9]);
+            g->numa = atoi(f[10]);
+            g->mig_mode = atoi(f[11]);
+        } else if (n == 16 && !strcmp(f[0], "profile") && state.nprofiles < MAX_PROFILES) {
+            struct profile *p = &state.profiles[state.nprofiles++];
+            unsigned *nums[] = {&p->index, &p->id, &p->slices, &p->instances, &p->sm, &p->ce,
+                                &p->dec, &p->enc, &p->jpeg, &p->ofa};
+            p->gpu = atoi(f[1]);
+            for (int i = 0; i < 10; i++)
+                *nums[i] = u(f[2 + i]);
+            p->memory_mb = strtoull(f[12], NULL, 10);
+            copy_field(p->name, sizeof p->name, f[13]);
+            p->placement_size = u(f[14]);
+            char *save = NULL;
+            for (char *s = strtok_r(f[15], ",", &save); s && p->nstarts < MAX_PLACEMENTS;
+                 s = strtok_r(NULL, ",", &save))
+                p->starts[p->nstarts++] = u(s);
+        } else if (n == 19 && !strcmp(f[0], "mig") && state.nmigs < MAX_MIGS) {
+            int index = state.nmigs++;
+            struct mig *m = &state.migs[index];
+            unsigned *nums[] = {&m->gi, &m->ci, &m->gi_profile_id, &m->gi_start, &m->gi_size, &m->ci_start,
+                                &m->ci_size, &m->gi_slices, &m->ci_slices, &m->sm, &m->ce, &m->dec,
+                                &m->enc, &m->jpeg, &m->ofa};
+            m->tag = (struct tag){KIND_MIG, index};
+            m->gi_tag = (struct tag){KIND_GI, index};
+            m->ci_tag = (struct tag){KIND_CI, index};
+            m->gpu = atoi(f[1]);
+            copy_field(m->uuid, sizeof m->uuid, f[2]);
+            for (int i = 0; i < 15; i++)
+                *nums[i] = u(f[3 + i]);
+            m->memory_mb = strtoull(f[18], NULL, 10);
+        } else if (n == 4 && !strcmp(f[0], "fail") && state.nfails < MAX_FAILS) {
+            struct fail *x = &state.fails[state.nfails++];
+            copy_field(x->function, sizeof x->function, f[1]);
+            x->gpu = strcmp(f[2], "*") ? atoi(f[2]) : -1;
+            x->code = atoi(f[3]);
+        } else if (n > 0) {
+            /* A line this fake does not understand: fail loudly rather than serve a different node. */
+            fprintf(stderr, "fake NVML: bad config line starting with %s (%d fields)\n", f[0], n);
+            fclose(file);
+            return NVML_ERROR_UNKNOWN;
+        }
+    }
+    fclose(file);
+    return NVML_SUCCESS;
+}
+
+/* The configured failure of `function` for GPU position `gpu` (-1: a call without a device). */
+static nvmlReturn_t injected(const char *function, int gpu) {
+    for (int i = 0; i < state.nfails; i++)
+        if (!strcmp(state.fails[i].function, function) && (state.fails[i].gpu < 0 || state.fails[i].gpu == gpu))
+            return state.fails[i].code;
+    return NVML_SUCCESS;
+}
+
+static struct gpu *as_gpu(void *handle) {
+    struct tag *t = handle;
+    return t && t->kind == KIND_GPU ? &state.gpus[t->index] : NULL;
+}
+
+static struct mig *as_kind(void *handle, int kind) {
+    struct tag *t = handle;
+    return t && t->kind == kind ? &state.migs[t->index] : NULL;
+}
+
+/* The GPU position a device handle (full GPU or MIG) belongs to, or -1. */
+static int gpu_of(void *handle) {
+    struct gpu *g = as_gpu(handle);
+    struct mig *m = as_kind(handle, KIND_MIG);
+    return g ? g->tag.index : m ? m->gpu : -1;
+}
+
+#define ENTER(name, handle)                                                \
+    do {                                                                   \
+        if (!state.initialized)                                            \
+            return NVML_ERROR_UNINITIALIZED;                               \
+        nvmlReturn_t forced_ = injected(name, (handle) ? gpu_of(handle) : -1); \
+        if (forced_ != NVML_SUCCESS)                                       \
+            return forced_;                                                \
+    } while (0)
+
+static nvmlReturn_t put_string(char *out, unsigned length, const char *value) {
+    if (!out || strlen(value) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
+    (void)flags;
+    nvmlReturn_t ret = load_config();
+    if (ret != NVML_SUCCESS)
+        return ret;
+    nvmlReturn_t forced = injected("nvmlInitWithFlags", -1);
+    if (forced != NVML_SUCCESS)
+        return forced;
+    state.initialized = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    state.initialized = 0;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    return result == NVML_SUCCESS ? "Success" : "Fake NVML error";
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned length) {
+    ENTER("nvmlSystemGetDriverVersion", NULL);
+    return put_string(version, length, state.driver);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    ENTER("nvmlSystemGetCudaDriverVersion", NULL);
+    *version = state.cuda;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
+    ENTER("nvmlDeviceGetCount_v2", NULL);
+    *count = (unsigned)state.ngpus;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (index >= (unsigned)state.ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t forced = injected("nvmlDeviceGetHandleByIndex_v2", (int)index);
+    if (forced != NVML_SUCCESS)
+        return forced;
+    *device = &state.gpus[index].tag;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned length) {
+    ENTER("nvmlDeviceGetUUID", device);
+    struct gpu *g = as_gpu(device);
+    struct mig *m = as_kind(device, KIND_MIG);
+    if (!g && !m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return put_string(uuid, length, g ? g->uuid : m->uuid);
+}
+
+nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned length) {
+    ENTER("nvmlDeviceGetName", device);
+    struct gpu *g = as_gpu(device);
+    return g ? put_string(name, length, g->name) : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetBrand(void *device, unsigned *brand) {
+    ENTER("nvmlDeviceGetBrand", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = g->brand;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetArchitecture(void *device, unsigned *arch) {
+    ENTER("nvmlDeviceGetArchitecture", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *arch = g->arch;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *minor) {
+    ENTER("nvmlDeviceGetCudaComputeCapability", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
+    ENTER("nvmlDeviceGetMemoryInfo", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = g->memory;
+    memory->free = g->memory;
+    memory->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
+    ENTER("nvmlDeviceGetMemoryInfo_v2", device);
+    struct gpu *g = as_gpu(device);
+    /* nvmlMemory_v2 = sizeof(nvmlMemory_v2_t) | 2 << 24, as NVML checks it. */
+    if (!g || memory->version != ((unsigned)sizeof(nvmlMemory_v2_t) | 2u << 24))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = g->memory;
+    memory->reserved = 0;
+    memory->free = g->memory;
+    memory->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+    ENTER("nvmlDeviceGetPciInfo_v3", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    copy_field(pci->busId, sizeof pci->busId, g->bus_id);
+    sscanf(g->bus_id, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *device, unsigned *minor) {
+    ENTER("nvmlDeviceGetMinorNumber", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = g->minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNumaNodeId(void *device, unsigned *node) {
+    ENTER("nvmlDeviceGetNumaNodeId", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->numa < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *node = (unsigned)g->numa;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned *current, unsigned *pending) {
+    ENTER("nvmlDeviceGetMigMode", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = (unsigned)g->mig_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned *count) {
+    ENTER("nvmlDeviceGetMaxMigDeviceCount", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = g->mig_mode == 1 ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+/* The index-th MIG device of a GPU; slots past the last one are empty, as on real hardware. */
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned index, void **mig) {
+    ENTER("nvmlDeviceGetMigDeviceHandleByIndex", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || index >= 7)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned seen = 0;
+    for (int i = 0; i < state.nmigs; i++)
+        if (state.migs[i].gpu == g->tag.index && seen++ == index) {
+            *mig = &state.migs[i].tag;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *device, unsigned *id) {
+    ENTER("nvmlDeviceGetGpuInstanceId", device);
+    struct mig *m = as_kind(device, KIND_MIG);
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *device, unsigned *id) {
+    ENTER("nvmlDeviceGetComputeInstanceId", device);
+    struct mig *m = as_kind(device, KIND_MIG);
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetAttributes_v2(void *device, nvmlDeviceAttributes_t *attributes) {
+    ENTER("nvmlDeviceGetAttributes_v2", device);
+    struct mig *m = as_kind(device, KIND_MIG);
+    if (!m)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *attributes = (nvmlDeviceAttributes_t){m->sm, m->ce, m->dec, m->enc, m->jpeg, m->ofa,
+                                           m->gi_slices, m->ci_slices, m->memory_mb};
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *device, unsigned id, void **instance) {
+    ENTER("nvmlDeviceGetGpuInstanceById", device);
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < state.nmigs; i++)
+        if (state.migs[i].gpu == g->tag.index && state.migs[i].gi == id) {
+            *instance = &state.migs[i].gi_tag;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(void *instance, nvmlGpuInstanceInfo_t *info) {
+    struct mig *m = as_kind(instance, KIND_GI);
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t forced = injected("nvmlGpuInstanceGetInfo", m->gpu);
+    if (forced != NVML_SUCCESS)
+        return forced;
+    *info = (nvmlGpuInstanceInfo_t){&state.gpus[m->gpu].tag, m->gi, m->gi_profile_id, {m->gi_start, m->gi_size}};
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *instance, unsigned id, void **compute) {
+    struct mig *gi = as_kind(instance, KIND_GI);
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!gi)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < state.nmigs; i++)
+        if (state.migs[i].gpu == gi->gpu && state.migs[i].gi == gi->gi && state.migs[i].ci == id) {
+            *compute = &state.migs[i].ci_tag;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *compute, nvmlComputeInstanceInfo_t *info) {
+    struct mig *m = as_kind(compute, KIND_CI);
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *info = (nvmlComputeInstanceInfo_t){&state.gpus[m->gpu].tag, &m->gi_tag, m->ci, 0, {m->ci_start, m->ci_size}};
+    return NVML_SUCCESS;
+}
+
+static struct profile *find_profile(int gpu, int by_index, unsigned key) {
+    for (int i = 0; i < state.nprofiles; i++)
+        if (state.profiles[i].gpu == gpu && (by_index ? state.profiles[i].index : state.profiles[i].id) == key)
+            return &state.profiles[i];
+    return NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(void *device, unsigned index, nvmlGpuInstanceProfileInfo_v2_t *info) {
+    ENTER("nvmlDeviceGetGpuInstanceProfileInfoV", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || info->version != ((unsigned)sizeof(nvmlGpuInstanceProfileInfo_v2_t) | 2u << 24))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct profile *p = find_profile(g->tag.index, 1, index);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *info = (nvmlGpuInstanceProfileInfo_v2_t){info->version, p->id, 0, p->slices, p->instances, p->sm, p->ce,
+                                               p->dec, p->enc, p->jpeg, p->ofa, p->memory_mb, {0}};
+    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigned profile_id, nvmlPlacement_t *placements,
+                                                           unsigned *count) {
+    ENTER("nvmlDeviceGetGpuInstancePossiblePlacements_v2", device);
+    struct gpu *g = as_gpu(device);
+    struct profile *p = g ? find_profile(g->tag.index, 0, profile_id) : NULL;
+    if (!p || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!placements) {
+        *count = p->nstarts;
+        return NVML_SUCCESS;
+    }
+    if (*count < p->nstarts)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < p->nstarts; i++)
+        placements[i] = (nvmlPlacement_t){p->starts[i], p->placement_size};
+    *count = p->nstarts;
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,169 @@
+"""Test harness shared by the suites: short temp dirs and a real `dradriver serve` subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+DRIVER = "gpu.dradriver.dev"
+
+
+@contextmanager
+def short_tmpdir() -> Iterator[Path]:
+    """A temp dir under /tmp with a short name: unix socket paths must stay within 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class ServeProcess:
+    """`python -m dradriver serve` on temporary kubelet dirs, as a kubelet would see it."""
+
+    def __init__(
+        self,
+        root: Path,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        driver: str = DRIVER,
+    ) -> None:
+        self.root = root
+        self.registry_dir = root / "plugins_registry"
+        self.plugins_dir = root / "plugins"
+        self.cdi_dir = root / "cdi"
+        self.claims_dir = root / "claims"
+        self.driver = driver
+        self.args = [
+            "--kubelet-registry-dir",
+            str(self.registry_dir),
+            "--kubelet-plugins-dir",
+            str(self.plugins_dir),
+            "--cdi-dir",
+            str(self.cdi_dir),
+            "--node-name",
+            "node-1",
+            "--fake-gpus",
+            "dgx-h100",
+            "--claims-dir",
+            str(self.claims_dir),
+            *extra_args,
+        ]
+        # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.
+        inherited = {
+            k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("DRADRIVER_")
+        }
+        self.env = inherited | {"PYTHONUNBUFFERED": "1"} | (env or {})
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = root / "serve.log"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugins_dir / self.driver / "dra.sock"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.plugins_dir / self.driver / "serve.lock"
+
+    def start(self, wait: bool = True) -> ServeProcess:
+        log = self.log_path.open("a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dradriver", "serve", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            text=True,
+        )
+        if wait:
+            wait_for(self.registration_socket.exists, 20, f"{self.registration_socket} (log: {self.log()})")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@contextmanager
+def running_serve(
+    extra_args: Sequence[str] = (), env: dict[str, str] | None = None, driver: str = DRIVER
+) -> Iterator[ServeProcess]:
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, extra_args, env, driver).start()
+        try:
+            yield serve
+        finally:
+            serve.kill()
+
+
+def allocated_claim(
+    name: str,
+    uid: str,
+    results: Sequence[dict[str, object]],
+    *,
+    namespace: str = "default",
+    config: Sequence[dict[str, object]] = (),
+    pool: str = "node-1",
+    driver: str = DRIVER,
+) -> dict[str, object]:
+    """A resource.k8s.io/v1 ResourceClaim as the scheduler leaves it: allocated, results filled in.
+
+    Each result needs at least `request` and `device`; driver and pool default to ours.
+    """
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"driver": driver, "pool": pool} | dict(r) for r in results],
+                    "config": list(config),
+                }
+            }
+        },
+    }
+
+
+def opaque(
+    parameters: dict[str, object], *, requests: Sequence[str] = (), source: str = "FromClaim"
+) -> dict[str, object]:
+    entry: dict[str, object] = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+def uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"
