@@ -1,8 +1,8 @@
 """Publishing figures: first publish, recovery after an external delete, steady-state traffic.
 
-    python bench/bench_publish.py [--kubeconfig PATH] [--runs 30] [--steady-seconds 600]
+    python -m bench.bench_publish [--kubeconfig PATH] [--runs 30] [--steady-seconds 600]
 
-Without --kubeconfig it runs against the loopback fake API server from tests/ (the only
+Without --kubeconfig it runs against the loopback fake API server from tests/publish (the only
 server this machine has); with one, against that server (Nodes it creates are removed again).
 All connections go through a loopback TCP forwarder that counts them.
 """
@@ -10,7 +10,6 @@ All connections go through a loopback TCP forwarder that counts them.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -20,25 +19,18 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 import yaml
-from fakeslices import desired_slices, fake_devices
-from kubefake import FakeApiServer
-from polling import wait_for
-from tcpproxy import TcpProxy
 
+from bench.common import summary
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices, plan_pool
+from tests.helpers import wait_for
+from tests.publish.fakeslices import desired_slices, fake_devices
+from tests.publish.kubefake import FakeApiServer
+from tests.publish.tcpproxy import TcpProxy
 
 DRIVER = "gpu.bench.dradriver.dev"
-
-
-def stats(samples: list[float]) -> str:
-    ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return f"median {statistics.median(ordered) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, n={len(ordered)}"
 
 
 class Bench:
@@ -113,8 +105,8 @@ def recovery(bench: Bench, devices: int, runs: int) -> list[float]:
     for _ in range(runs):
         start = time.perf_counter()
         delete_node_slices(bench.direct, driver_name=DRIVER, node_name=node)
-        assert wait_for(
-            lambda: controller.status.in_sync and bench.count(node) == expected, timeout=30, interval=0.005
+        wait_for(
+            lambda: controller.status.in_sync and bench.count(node) == expected, 30, "republished", 0.005
         )
         samples.append(time.perf_counter() - start)
         time.sleep(0.2)
@@ -188,13 +180,13 @@ def main() -> None:
             fake = FakeApiServer().start()
             kubeconfig = fake.write_kubeconfig(Path(tmp) / "kubeconfig")
         bench = Bench(kubeconfig, Path(tmp))
-        print(f"server: {'loopback fake API server (tests/kubefake.py)' if fake else kubeconfig}")
+        print(f"server: {'loopback fake API server (tests/publish/kubefake.py)' if fake else kubeconfig}")
         try:
-            print(f"import + load_client, cold process: {stats(cold_client_load(kubeconfig, 10))}")
-            print(f"sync decision, 300 devices, nothing to do: {stats(plan_cost(300, args.runs))}")
+            print(summary("import + load_client, cold process", cold_client_load(kubeconfig, 10)))
+            print(summary("sync decision, 300 devices, nothing to do", plan_cost(300, args.runs)))
             for devices in (8, 300):
-                print(f"first publish, {devices} devices: {stats(first_publish(bench, devices, args.runs))}")
-            print(f"deleted externally -> back, 300 devices: {stats(recovery(bench, 300, args.runs))}")
+                print(summary(f"first publish, {devices} devices", first_publish(bench, devices, args.runs)))
+            print(summary("deleted externally -> back, 300 devices", recovery(bench, 300, args.runs)))
             print(f"steady state, 300 devices: {steady(bench, fake, args.steady_seconds)}")
         finally:
             bench.cleanup()

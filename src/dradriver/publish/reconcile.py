@@ -25,8 +25,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
+
+from dradriver.quantity import parse_quantity
 
 Json = dict[str, Any]
 
@@ -165,15 +166,10 @@ def _is_quantity_field(path: tuple[str, ...], key: str) -> bool:
 def _quantity(value: Any) -> Any:
     if isinstance(value, list):
         return [_quantity(v) for v in value]
-    if not isinstance(value, (str, int, float)):
+    if not isinstance(value, str):
         return value
-    from kubernetes.utils.quantity import parse_quantity
-
-    try:
-        parsed: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
-    except ValueError:
-        return value
-    return parsed
+    parsed = parse_quantity(value)
+    return value if parsed is None else parsed
 
 
 def _paired_times(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> list[tuple[str, str]]:

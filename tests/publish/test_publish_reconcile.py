@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 import pytest
-from fakeslices import desired_slices, fake_devices
 
 from dradriver.publish.dropped import dropped_features, dropped_message
 from dradriver.publish.reconcile import (
@@ -19,6 +18,7 @@ from dradriver.publish.reconcile import (
     index_length,
     plan_pool,
 )
+from tests.publish.fakeslices import desired_slices, fake_devices
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "node-a"

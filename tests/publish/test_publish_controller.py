@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_DRIVER, Backend
-from fakeslices import desired_slices, fake_devices
-from kubefake import FakeApiServer
-from polling import wait_for
 
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices
+from dradriver.slices import build_node_slices
+from tests.helpers import wait_for
+from tests.publish.apiservers import TEST_DRIVER, Backend
+from tests.publish.fakeslices import desired_slices, fake_devices
+from tests.publish.kubefake import FakeApiServer
 
 Json = dict[str, Any]
 
@@ -97,17 +98,58 @@ def test_first_publish(backend: Backend, start: Callable[..., SliceController]) 
     assert (status.writes.creates, status.writes.updates, status.writes.deletes) == (1, 0, 0)
 
 
-def test_300_devices_are_split_into_three_slices(
-    backend: Backend, start: Callable[..., SliceController]
+PROFILE_300 = """\
+description: 300 T4 GPUs, to make the renderer split the pool.
+driverVersion: 570.124.06
+cudaDriverVersion: "12.8"
+gpus:
+  - productName: Tesla T4
+    count: 300
+    architecture: Turing
+    computeCapability: "7.5"
+    memoryMiB: 15360
+"""
+
+
+def rendered(profile: str, node: str, partitionable: bool = False) -> Callable[[], list[Json]]:
+    """The real renderer's slices for a fake GPU profile (name or file)."""
+    slices = build_node_slices(profile, node_name=node, driver_name=TEST_DRIVER, partitionable=partitionable)
+    return lambda: slices
+
+
+def test_300_device_profile_is_published_as_three_slices(
+    backend: Backend, start: Callable[..., SliceController], tmp_path: Path
 ) -> None:
     node = backend.make_node()
-    controller = start(backend.client(), node, Devices(node, 300))
+    profile = tmp_path / "300-gpus.yaml"
+    profile.write_text(PROFILE_300)
+    desired = rendered(str(profile), node)
+    controller = start(backend.client(), node, desired)
     assert controller.wait_published(10)
     slices = backend.slices(node)
     assert [s["metadata"]["name"][:6] for s in slices] == ["00000-", "00001-", "00002-"]
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
     assert {s["spec"]["pool"]["generation"] for s in slices} == {1}
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    assert matches(backend, node, desired)()
+
+
+def test_partitionable_profile_with_counter_slice(
+    backend: Backend, start: Callable[..., SliceController]
+) -> None:
+    node = backend.make_node()
+    desired = rendered("dgx-a100-mig", node, partitionable=True)
+    controller = start(backend.client(), node, desired)
+    assert controller.wait_published(10)
+    time.sleep(0.5)
+    slices = backend.slices(node)
+    assert matches(backend, node, desired)()
+    if not controller.status.dropped_features:  # a real server may have DRAPartitionableDevices off
+        assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [0, 0, 0, 6]
+        assert [s["spec"].get("sharedCounters") for s in slices] == [
+            s["spec"].get("sharedCounters") for s in desired()
+        ]
+    assert controller.status.writes.total == 4
 
 
 def test_restart_adopts_slices_without_writes(
@@ -139,19 +181,20 @@ def test_slices_deleted_by_someone_else_are_republished(
     controller = start(backend.client(), node, devices)
     assert controller.wait_published(10)
 
-    assert (
-        delete_node_slices(backend.direct, driver_name=TEST_DRIVER, node_name=node) == 2
-    )  # as the kubelet does
-    assert wait_for(lambda: len(backend.slices(node)) == 2, timeout=10)
-    assert wait_for(matches(backend, node, devices), timeout=5)
+    # As the kubelet does when it starts, or 30 s after the driver disconnected:
+    assert delete_node_slices(backend.direct, driver_name=TEST_DRIVER, node_name=node) == 2
+    wait_for(lambda: len(backend.slices(node)) == 2, 10, "the deleted slices to be recreated")
+    wait_for(matches(backend, node, devices), 5, "the desired pool")
     assert controller.status.writes.creates == 4
 
     victim = backend.slices(node)[1]["metadata"]
     backend.direct.delete_resource_slice(victim["name"])  # one slice lost: the pool is re-versioned
-    assert wait_for(
-        lambda: {s["spec"]["pool"]["generation"] for s in backend.slices(node)} == {2}, timeout=10
+    wait_for(
+        lambda: {s["spec"]["pool"]["generation"] for s in backend.slices(node)} == {2},
+        10,
+        "generation 2 on every slice",
     )
-    assert wait_for(matches(backend, node, devices), timeout=5)
+    wait_for(matches(backend, node, devices), 5, "the desired pool")
 
 
 def test_foreign_edit_is_reverted(backend: Backend, start: Callable[..., SliceController]) -> None:
@@ -163,8 +206,8 @@ def test_foreign_edit_is_reverted(backend: Backend, start: Callable[..., SliceCo
     edited = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **backend.slices(node)[1]}
     edited["spec"]["devices"] = edited["spec"]["devices"][:-1]
     backend.direct.update_resource_slice(edited)
-    assert wait_for(lambda: controller.status.writes.updates == 1, timeout=10)
-    assert wait_for(matches(backend, node, devices), timeout=5)
+    wait_for(lambda: controller.status.writes.updates == 1, 10, "one update")
+    wait_for(matches(backend, node, devices), 5, "the desired pool")
     slices = backend.slices(node)
     assert {s["spec"]["pool"]["generation"] for s in slices} == {1}  # one slice changed: updated in place
     assert controller.status.writes.total == 3
@@ -241,7 +284,7 @@ def test_apiserver_unreachable_for_20s_is_recovered_without_restart(
     delete_node_slices(backend.direct, driver_name=TEST_DRIVER, node_name=node)
     devices.devices = fake_devices(150)
     controller.resync()
-    assert wait_for(lambda: controller.status.last_error is not None, timeout=15)
+    wait_for(lambda: controller.status.last_error is not None, 15, "an error during the outage")
     assert not controller.status.watching
     time.sleep(max(0.0, outage_end - time.monotonic()))
     assert backend.slices(node) == []
@@ -249,16 +292,16 @@ def test_apiserver_unreachable_for_20s_is_recovered_without_restart(
     proxy.restore()
     recovered = time.monotonic()
     assert controller.wait_published(15)
-    assert wait_for(matches(backend, node, devices), timeout=10)
+    wait_for(matches(backend, node, devices), 10, "the desired pool")
     assert time.monotonic() - recovered < 10
-    assert wait_for(lambda: controller.status.watching, timeout=10)
+    wait_for(lambda: controller.status.watching, 10, "the watch to be back")
     assert controller.status.last_error is None
 
 
 def test_missing_node_is_waited_for(backend: Backend, start: Callable[..., SliceController]) -> None:
     node = backend.make_node(create=False)
     controller = start(backend.client(), node, Devices(node, 4))
-    assert wait_for(lambda: "does not exist" in (controller.status.last_error or ""), timeout=10)
+    wait_for(lambda: "does not exist" in (controller.status.last_error or ""), 10, "the missing-Node error")
     assert f"Node {node!r}" in (controller.status.last_error or "")
     assert not controller.wait_published(0.5)
     backend.direct.request(
@@ -275,7 +318,11 @@ def test_invalid_desired_slices_are_not_published(
     devices = Devices(node, 4)
     devices.devices.append(dict(devices.devices[0]))  # a duplicate device name
     controller = start(backend.client(), node, devices)
-    assert wait_for(lambda: "must be unique in the pool" in (controller.status.last_error or ""), timeout=10)
+    wait_for(
+        lambda: "must be unique in the pool" in (controller.status.last_error or ""),
+        10,
+        "the invalid-pool error",
+    )
     assert backend.slices(node) == []
     devices.devices.pop()
     controller.resync()
@@ -306,10 +353,9 @@ def test_dropped_fields_are_reported_once_without_update_loop(
         events = backend.fake.objects("events")
         assert [e["reason"] for e in events] == ["DroppedFields", "DroppedFields"]  # one per slice, once
 
-    delete_node_slices(
-        backend.direct, driver_name=TEST_DRIVER, node_name=node
-    )  # the stored form is republished
-    assert wait_for(lambda: len(backend.slices(node)) == 2, timeout=10)
+    # Republishing after a wipe uses the stored form: no new reports.
+    delete_node_slices(backend.direct, driver_name=TEST_DRIVER, node_name=node)
+    wait_for(lambda: len(backend.slices(node)) == 2, 10, "the stored form republished")
     if backend.fake:
         time.sleep(0.5)
         assert len(backend.fake.objects("events")) == 2

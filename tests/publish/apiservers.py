@@ -1,8 +1,8 @@
-"""Shared fixtures: API servers to publish to.
+"""API servers to publish to: the loopback fake, or a real one named by the environment.
 
-`backend` runs a test twice: against the loopback fake (always) and against a real API server
-when DRADRIVER_TEST_KUBECONFIG or KUBECONFIG names one (skipped otherwise). Each test gets a
-Node of its own, and its slices and Node are removed afterwards.
+A real API server is used when DRADRIVER_TEST_KUBECONFIG or KUBECONFIG names one (and
+DRADRIVER_TEST_KUBECONFIG_GATES_OFF for one with DRA gates off). Each test gets Nodes of its
+own, and their slices and the Nodes are removed afterwards.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from kubefake import FakeApiServer
-from tcpproxy import TcpProxy
 
 from dradriver.kube import KubeClient, NotFoundError, load_client
 from dradriver.publish import delete_node_slices
+from tests.publish.kubefake import FakeApiServer
+from tests.publish.tcpproxy import TcpProxy
 
 TEST_DRIVER = "gpu.test.dradriver.dev"
 GATES_OFF = frozenset({"DRADeviceTaints", "DRAPartitionableDevices"})
@@ -100,7 +99,7 @@ class Backend:
             self.fake.stop()
 
 
-def _backend(kind: str, tmp_path: Path, gates_off: bool = False) -> Backend:
+def make_backend(kind: str, tmp_path: Path, gates_off: bool = False) -> Backend:
     if kind == "fake":
         fake = FakeApiServer(gates_off=GATES_OFF if gates_off else frozenset()).start()
         return Backend("fake", fake.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path, fake=fake)
@@ -111,26 +110,3 @@ def _backend(kind: str, tmp_path: Path, gates_off: bool = False) -> Backend:
         )
         pytest.skip(f"needs a real Kubernetes API server (>= 1.34): set {env}")
     return Backend("cluster", Path(kubeconfig), tmp_path)
-
-
-@pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.cluster)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = _backend(request.param, tmp_path)
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.cluster)])
-def gates_off_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    """An API server with DRADeviceTaints and DRAPartitionableDevices off."""
-    b = _backend(request.param, tmp_path, gates_off=True)
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture
-def fake_api(tmp_path: Path) -> Iterator[FakeApiServer]:
-    fake = FakeApiServer().start()
-    fake.write_kubeconfig(tmp_path / "kubeconfig")
-    yield fake
-    fake.stop()

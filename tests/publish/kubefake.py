@@ -531,7 +531,7 @@ def _now() -> str:
 
 
 def main() -> None:
-    """`python tests/kubefake.py KUBECONFIG_OUT [--gates-off G1,G2]`: serve until interrupted."""
+    """`python tests/publish/kubefake.py KUBECONFIG_OUT [--gates-off G1,G2]`: serve until interrupted."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

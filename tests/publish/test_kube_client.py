@@ -6,8 +6,6 @@ import socket
 from pathlib import Path
 
 import pytest
-from kubefake import FakeApiServer
-from polling import wait_for
 
 from dradriver.kube import (
     ApiError,
@@ -23,6 +21,8 @@ from dradriver.kube import (
     pick_config_source,
 )
 from dradriver.kube.retry import parse_retry_after
+from tests.helpers import wait_for
+from tests.publish.kubefake import FakeApiServer
 
 # -- where access comes from (pure) ---------------------------------------------------------------
 
@@ -222,4 +222,4 @@ def test_watch_close_from_another_thread_ends_iteration(fake_api: FakeApiServer,
     threading.Thread(target=consume, daemon=True).start()
     assert not done.wait(0.3)
     stream.close()
-    assert wait_for(done.is_set, timeout=2)
+    wait_for(done.is_set, 2, "the watch iteration to end")
