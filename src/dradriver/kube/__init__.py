@@ -1,0 +1,45 @@
+"""Kubernetes API access: the official client underneath, raw JSON dicts on top.
+
+`load_client()` finds cluster access (flag, $KUBECONFIG, in-cluster, ~/.kube/config) and
+returns None when there is none, so `serve` can run node-only.
+"""
+
+from dradriver.kube.client import (
+    MIN_KUBERNETES,
+    KubeClient,
+    RetryPolicy,
+    Timeouts,
+    WatchEvent,
+    WatchStream,
+    load_client,
+    pick_config_source,
+)
+from dradriver.kube.errors import (
+    ApiError,
+    ConflictError,
+    GoneError,
+    KubeError,
+    NotFoundError,
+    UnreachableError,
+    UnsupportedServerError,
+)
+from dradriver.kube.retry import Backoff
+
+__all__ = [
+    "MIN_KUBERNETES",
+    "ApiError",
+    "Backoff",
+    "ConflictError",
+    "GoneError",
+    "KubeClient",
+    "KubeError",
+    "NotFoundError",
+    "RetryPolicy",
+    "Timeouts",
+    "UnreachableError",
+    "UnsupportedServerError",
+    "WatchEvent",
+    "WatchStream",
+    "load_client",
+    "pick_config_source",
+]

@@ -1,0 +1,445 @@
+"""Keeps this node's ResourceSlices in the API server equal to what the driver renders.
+
+Two threads: a watcher (one list, then one long watch, scoped by field selectors to our driver
+and node) that keeps a cache of our slices, and a reconciler that turns cache + desired slices
+into writes with `reconcile.plan_pool`. Any change the watch reports (kubelet's wipe, a foreign
+edit) triggers a sync after a short debounce; our own writes are recognised and do not.
+
+Slices are left in place when the controller stops: a restarted driver adopts them without a
+write, and when a driver goes away for good the kubelet deletes its slices 30 s after it
+disconnects. `delete_node_slices` removes them explicitly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from dradriver.kube.client import KubeClient, WatchStream
+from dradriver.kube.errors import ConflictError, GoneError, KubeError, NotFoundError
+from dradriver.kube.retry import Backoff
+from dradriver.logs import get_logger
+from dradriver.publish.cache import SliceCache
+from dradriver.publish.dropped import dropped_features, dropped_message
+from dradriver.publish.reconcile import (
+    InvalidPoolError,
+    Plan,
+    content,
+    contents_equal,
+    fingerprint,
+    plan_pool,
+)
+
+Json = dict[str, Any]
+
+#: Watch events arrive in bursts (the kubelet deletes all slices at once): wait this long
+#: after the first one before syncing.
+DEFAULT_DEBOUNCE_S = 0.3
+#: Namespace for Events about the (cluster-scoped) Node.
+EVENT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class WriteCounts:
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.creates + self.updates + self.deletes
+
+
+@dataclass(frozen=True)
+class PublishStatus:
+    """What readiness and `dradriver status` show."""
+
+    #: The desired pool has been in the API server at least once since start.
+    published: bool = False
+    #: The last sync found (or left) the API server equal to the desired pool.
+    in_sync: bool = False
+    watching: bool = False
+    generation: int | None = None
+    slices: int = 0
+    last_error: str | None = None
+    last_sync: datetime | None = None
+    #: Feature gates the API server seems to have off (it dropped their fields from our slices).
+    dropped_features: tuple[str, ...] = ()
+    #: Reports that are not failures: publishing goes on (e.g. which fields were dropped).
+    warnings: tuple[str, ...] = ()
+    writes: WriteCounts = field(default_factory=WriteCounts)
+
+
+def field_selector(driver_name: str, node_name: str) -> str:
+    return f"spec.driver={driver_name},spec.nodeName={node_name}"
+
+
+def delete_node_slices(client: KubeClient, *, driver_name: str, node_name: str) -> int:
+    """Delete all of this driver's slices on `node_name`; returns how many were deleted."""
+    slices = client.list_resource_slices(field_selector(driver_name, node_name)).get("items", [])
+    deleted = 0
+    for slice_ in slices:
+        meta = slice_["metadata"]
+        try:
+            client.delete_resource_slice(
+                meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+            )
+            deleted += 1
+        except NotFoundError:
+            pass
+    return deleted
+
+
+class SliceController:
+    """Publishes `desired()` as this node's pool and keeps it that way (see module docstring).
+
+    `desired()` returns full ResourceSlice objects in priority order (as `render_slices` makes
+    them); the controller owns their names, owner reference and pool generation.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        driver_name: str,
+        node_name: str,
+        desired: Callable[[], list[Json]],
+        debounce: float = DEFAULT_DEBOUNCE_S,
+        backoff: Backoff | None = None,
+        events: bool = True,
+    ) -> None:
+        self._client = client
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self._desired = desired
+        self._debounce = debounce
+        self._backoff = backoff or Backoff(initial=0.2, cap=5.0)
+        self._events = events
+        self._log = get_logger(component="publish", driver=driver_name, node=node_name)
+        self._selector = field_selector(driver_name, node_name)
+
+        self._cache = SliceCache()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._listed = threading.Event()
+        self._stream: WatchStream | None = None
+        self._threads: list[threading.Thread] = []
+        # Guarded by _cond:
+        self._status = PublishStatus()
+        self._due: float | None = None  # monotonic time of the next sync
+        self._requested = 0  # bumped by start() and resync()
+        self._completed = 0  # the request number the last in-sync pass served
+        # Reconciler thread only:
+        self._node_uid: str | None = None
+        self._stored_forms: dict[int, tuple[str, Json]] = {}  # index -> (desired fingerprint, stored content)
+        self._reported: set[tuple[int, str]] = set()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the watcher and reconciler threads; returns at once."""
+        if self._threads:
+            raise RuntimeError("SliceController already started")
+        with self._cond:
+            self._requested += 1
+            self._due = time.monotonic()
+        for name, target in (("slice-watch", self._watch_loop), ("slice-sync", self._sync_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads; the slices stay in the API server (see module docstring)."""
+        self._stop.set()
+        self._listed.set()  # releases a reconciler still waiting for the first list
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def resync(self) -> None:
+        """The device set changed: republish `desired()` now."""
+        with self._cond:
+            self._requested += 1
+            self._due = time.monotonic()
+            self._cond.notify_all()
+
+    def wait_published(self, timeout: float) -> bool:
+        """Wait until the desired pool as of the latest start()/resync() is in the API server."""
+        with self._cond:
+            target = self._requested
+            return self._cond.wait_for(
+                lambda: self._completed >= target or self._stop.is_set(), timeout
+            ) and (self._completed >= target)
+
+    @property
+    def status(self) -> PublishStatus:
+        with self._cond:
+            return self._status
+
+    # -- watcher -------------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        resource_version: str | None = None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    listed = self._client.list_resource_slices(self._selector)
+                    self._cache.replace(listed.get("items", []))
+                    resource_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                    self._listed.set()
+                    self._kick(debounce=False)
+                stream = self._client.watch_resource_slices(self._selector, resource_version)
+                self._stream = stream
+                self._set_status(watching=True)
+                if self._stop.is_set():
+                    stream.close()
+                opened, events = time.monotonic(), 0
+                for event in stream:
+                    failures, events = 0, events + 1
+                    resource_version = str(
+                        event.object.get("metadata", {}).get("resourceVersion") or resource_version
+                    )
+                    if event.type != "BOOKMARK" and self._cache.apply_event(event.type, event.object):
+                        self._log.debug(
+                            "slice changed", type=event.type, slice=event.object["metadata"].get("name")
+                        )
+                        self._kick(debounce=True)
+                if not events and time.monotonic() - opened < 1.0 and not self._stop.is_set():
+                    # Something in between accepts and hangs up at once: do not spin.
+                    failures += 1
+                    self._stop.wait(self._backoff.delay(failures - 1))
+            except GoneError:
+                self._log.info("watch resourceVersion expired, listing again")
+                resource_version = None
+                continue
+            except KubeError as err:
+                failures += 1
+                self._set_status(watching=False)
+                delay = self._backoff.delay(failures - 1)
+                self._log.warning("watching ResourceSlices failed", error=str(err), retry_in=round(delay, 2))
+                self._stop.wait(delay)
+                continue
+            except Exception:  # keep the daemon alive whatever happens; the next round starts afresh
+                failures += 1
+                self._log.exception("unexpected error in the ResourceSlice watch")
+                resource_version = None
+                self._stop.wait(self._backoff.delay(failures - 1))
+                continue
+            finally:
+                self._stream = None
+                self._set_status(watching=False)
+
+    def _kick(self, *, debounce: bool) -> None:
+        with self._cond:
+            when = time.monotonic() + (self._debounce if debounce else 0.0)
+            if self._due is None or when < self._due:
+                self._due = when
+            self._cond.notify_all()
+
+    # -- reconciler ----------------------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        if not self._lookup_node():
+            return
+        self._listed.wait()  # the watcher retries its first list itself
+        failures = 0
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._stop.is_set() and not self._due_now():
+                    self._cond.wait(self._wait_time())
+                if self._stop.is_set():
+                    return
+                self._due = None
+                request = self._requested
+            try:
+                plan = self._sync_once()
+            except InvalidPoolError as err:  # retried on the next resync, not in a loop
+                self._log.error("not publishing: invalid desired ResourceSlices", error=str(err))
+                self._set_status(in_sync=False, last_error=str(err))
+                continue
+            except Exception as err:
+                failures += 1
+                delay = self._backoff.delay(failures - 1)
+                if not isinstance(err, KubeError):
+                    self._log.exception("unexpected error while publishing ResourceSlices")
+                else:
+                    self._log.warning(
+                        "publishing ResourceSlices failed", error=str(err), retry_in=round(delay, 2)
+                    )
+                self._set_status(in_sync=False, last_error=str(err))
+                self._kick_at(
+                    time.monotonic() + (min(delay, 0.5) if isinstance(err, ConflictError) else delay)
+                )
+                continue
+            failures = 0
+            with self._cond:
+                self._status = replace(
+                    self._status,
+                    published=self._status.published or plan.in_sync,
+                    in_sync=plan.in_sync,
+                    generation=plan.generation,
+                    slices=len(self._cache.snapshot()),
+                    last_error=None if plan.in_sync else self._status.last_error,
+                    last_sync=datetime.now(UTC),
+                )
+                if plan.in_sync:
+                    self._completed = max(self._completed, request)
+                else:  # the writes were made; check again (a conflict or a dropped field)
+                    self._due = time.monotonic()
+                self._cond.notify_all()
+
+    def _due_now(self) -> bool:
+        return self._due is not None and self._due <= time.monotonic()
+
+    def _wait_time(self) -> float | None:
+        return None if self._due is None else max(0.0, self._due - time.monotonic())
+
+    def _kick_at(self, when: float) -> None:
+        with self._cond:
+            self._due = when if self._due is None else min(self._due, when)
+            self._cond.notify_all()
+
+    def _lookup_node(self) -> bool:
+        """Find the Node's UID (for the owner reference), retrying until it exists."""
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                self._node_uid = self._client.node_uid(self.node_name)
+                return True
+            except KubeError as err:
+                delay = Backoff(initial=1.0, cap=30.0).delay(attempt)
+                if isinstance(err, NotFoundError):
+                    message = (
+                        f"Node {self.node_name!r} does not exist in the cluster; our ResourceSlices are "
+                        f"owned by it, so publishing waits for it (is --node-name right?)"
+                    )
+                else:
+                    message = f"looking up Node {self.node_name!r}: {err}"
+                self._log.warning(message, retry_in=round(delay, 1))
+                self._set_status(last_error=message)
+                attempt += 1
+                self._stop.wait(delay)
+        return False
+
+    def _sync_once(self) -> Plan:
+        """One pass: plan against the cache, make the writes, report dropped fields."""
+        assert self._node_uid is not None
+        desired = self._desired()
+        effective = [self._effective(i, s) for i, s in enumerate(desired)]
+        plan = plan_pool(
+            self._cache.snapshot(),
+            effective,
+            driver=self.driver_name,
+            node=self.node_name,
+            node_uid=self._node_uid,
+        )
+        if plan.in_sync:
+            return plan
+        self._log.info(
+            "publishing ResourceSlices",
+            generation=plan.generation,
+            deletes=len(plan.deletes),
+            updates=len(plan.updates),
+            creates=len(plan.creates),
+        )
+        for delete in plan.deletes:
+            try:
+                self._client.delete_resource_slice(
+                    delete.name, uid=delete.uid, resource_version=delete.resource_version
+                )
+                self._count(deletes=1)
+            except NotFoundError:
+                pass
+            self._cache.record_delete(delete.name, delete.uid)
+        for update in plan.updates:
+            stored = self._client.update_resource_slice(update.body)
+            self._count(updates=1)
+            self._stored(update.index, desired[update.index], effective[update.index], stored)
+        for create in plan.creates:
+            stored = self._client.create_resource_slice(create.body)
+            self._count(creates=1)
+            self._stored(create.index, desired[create.index], effective[create.index], stored)
+        return plan
+
+    def _effective(self, index: int, desired: Json) -> Json:
+        """The desired slice, or the form the server stored for it when it dropped fields."""
+        remembered = self._stored_forms.get(index)
+        spec = desired.get("spec") or {}
+        if remembered is None or remembered[0] != fingerprint(content(spec)):
+            return desired
+        return {
+            **desired,
+            "spec": {**{k: v for k, v in spec.items() if k not in content(spec)}, **remembered[1]},
+        }
+
+    def _stored(self, index: int, desired: Json, effective: Json, stored: Json) -> None:
+        self._cache.record_write(stored)
+        wanted = content(effective.get("spec") or {})
+        got = content(stored.get("spec") or {})
+        if contents_equal(wanted, got):
+            return
+        key = fingerprint(content(desired.get("spec") or {}))
+        self._stored_forms[index] = (key, got)
+        if (index, key) in self._reported:
+            return
+        self._reported.add((index, key))
+        gates = dropped_features(wanted, got)
+        message = dropped_message(index, gates)
+        self._log.warning(message, gates=gates)
+        with self._cond:
+            merged = tuple(sorted({*self._status.dropped_features, *(gates or ["unknown"])}))
+            self._status = replace(
+                self._status, dropped_features=merged, warnings=(*self._status.warnings, message)[-10:]
+            )
+        if self._events:
+            self._emit_event("DroppedFields", message)
+
+    def _emit_event(self, reason: str, message: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{self.node_name}.", "namespace": EVENT_NAMESPACE},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self._node_uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": self.driver_name, "host": self.node_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._client.create_event(EVENT_NAMESPACE, event)
+        except KubeError as err:  # an Event is a courtesy; the log line above is the record
+            self._log.debug("could not create Event", error=str(err))
+
+    def _count(self, **delta: int) -> None:
+        with self._cond:
+            w = self._status.writes
+            self._status = replace(
+                self._status,
+                writes=WriteCounts(
+                    w.creates + delta.get("creates", 0),
+                    w.updates + delta.get("updates", 0),
+                    w.deletes + delta.get("deletes", 0),
+                ),
+            )
+
+    def _set_status(self, **changes: Any) -> None:
+        with self._cond:
+            self._status = replace(self._status, **changes)

@@ -1,0 +1,1 @@
+"""Publishing ResourceSlices: the Kubernetes client adapter and the slice controller."""

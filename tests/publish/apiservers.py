@@ -1,0 +1,112 @@
+"""API servers to publish to: the loopback fake, or a real one named by the environment.
+
+A real API server is used when DRADRIVER_TEST_KUBECONFIG or KUBECONFIG names one (and
+DRADRIVER_TEST_KUBECONFIG_GATES_OFF for one with DRA gates off). Each test gets Nodes of its
+own, and their slices and the Nodes are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from dradriver.kube import KubeClient, NotFoundError, load_client
+from dradriver.publish import delete_node_slices
+from tests.publish.kubefake import FakeApiServer
+from tests.publish.tcpproxy import TcpProxy
+
+TEST_DRIVER = "gpu.test.dradriver.dev"
+GATES_OFF = frozenset({"DRADeviceTaints", "DRAPartitionableDevices"})
+
+
+def cluster_kubeconfig(gates_off: bool = False) -> str | None:
+    if gates_off:
+        return os.environ.get("DRADRIVER_TEST_KUBECONFIG_GATES_OFF") or None
+    return os.environ.get("DRADRIVER_TEST_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
+
+
+@dataclass
+class Backend:
+    """An API server, a client to poke it directly, and what to clean up."""
+
+    kind: str  # "fake" or "cluster"
+    kubeconfig: Path
+    tmp: Path
+    fake: FakeApiServer | None = None
+    nodes: list[str] = field(default_factory=list)
+    proxies: list[TcpProxy] = field(default_factory=list)
+    clients: list[KubeClient] = field(default_factory=list)
+
+    def client(self, kubeconfig: Path | None = None) -> KubeClient:
+        client = load_client(str(kubeconfig or self.kubeconfig))
+        assert client is not None
+        self.clients.append(client)
+        return client
+
+    @property
+    def direct(self) -> KubeClient:
+        if not self.clients:
+            self.client()
+        return self.clients[0]
+
+    def proxied_client(self) -> tuple[KubeClient, TcpProxy]:
+        """A client whose connections go through a TcpProxy the test can cut."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+        cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
+        server = urlsplit(cluster["server"])
+        proxy = TcpProxy(server.hostname or "127.0.0.1", server.port or 443)
+        self.proxies.append(proxy)
+        cluster["server"] = f"{server.scheme}://127.0.0.1:{proxy.port}"
+        if server.scheme == "https" and server.hostname and not cluster.get("tls-server-name"):
+            cluster["tls-server-name"] = server.hostname
+        path = self.tmp / f"kubeconfig-proxy-{proxy.port}"
+        path.write_text(yaml.safe_dump(config))
+        return self.client(path), proxy
+
+    def make_node(self, create: bool = True) -> str:
+        name = f"dradriver-test-{uuid.uuid4().hex[:10]}"
+        self.nodes.append(name)
+        if create:
+            self.direct.request(
+                "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+            )
+        return name
+
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        selector = f"spec.driver={TEST_DRIVER},spec.nodeName={node}"
+        items: list[dict[str, Any]] = self.direct.list_resource_slices(selector)["items"]
+        return sorted(items, key=lambda s: str(s["metadata"]["name"]))
+
+    def cleanup(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+        for node in self.nodes:
+            delete_node_slices(self.direct, driver_name=TEST_DRIVER, node_name=node)
+            with contextlib.suppress(NotFoundError):
+                self.direct.request("DELETE", f"/api/v1/nodes/{node}")
+        for client in self.clients:
+            client.close()
+        if self.fake is not None:
+            self.fake.stop()
+
+
+def make_backend(kind: str, tmp_path: Path, gates_off: bool = False) -> Backend:
+    if kind == "fake":
+        fake = FakeApiServer(gates_off=GATES_OFF if gates_off else frozenset()).start()
+        return Backend("fake", fake.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path, fake=fake)
+    kubeconfig = cluster_kubeconfig(gates_off)
+    if kubeconfig is None:
+        env = (
+            "DRADRIVER_TEST_KUBECONFIG_GATES_OFF" if gates_off else "DRADRIVER_TEST_KUBECONFIG or KUBECONFIG"
+        )
+        pytest.skip(f"needs a real Kubernetes API server (>= 1.34): set {env}")
+    return Backend("cluster", Path(kubeconfig), tmp_path)

@@ -1,0 +1,55 @@
+"""The slice cache: watch events, our own writes and their echoes, deletes and late events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dradriver.publish.cache import SliceCache, rv_newer
+
+
+def obj(name: str, uid: str, rv: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "resourceVersion": str(rv)}}
+
+
+@pytest.mark.parametrize(
+    ("candidate", "current", "newer"),
+    [("10", "9", True), ("9", "10", False), ("10", "10", False), ("abc", "10", True), ("100", "99", True)],
+)
+def test_rv_newer(candidate: str, current: str, newer: bool) -> None:
+    assert rv_newer(candidate, current) is newer
+
+
+def test_echo_of_our_write_is_not_a_change() -> None:
+    cache = SliceCache()
+    cache.record_write(obj("a", "u1", 5))
+    assert not cache.apply_event("ADDED", obj("a", "u1", 5))
+    assert cache.apply_event("MODIFIED", obj("a", "u1", 6))  # someone else's edit
+    assert not cache.apply_event("MODIFIED", obj("a", "u1", 6))
+
+
+def test_late_event_does_not_resurrect_a_deleted_slice() -> None:
+    cache = SliceCache()
+    cache.replace([obj("a", "u1", 5)])
+    cache.record_delete("a", "u1")
+    assert cache.snapshot() == []
+    assert not cache.apply_event("MODIFIED", obj("a", "u1", 6))
+    assert not cache.apply_event("DELETED", obj("a", "u1", 7))
+    assert cache.snapshot() == []
+
+
+def test_recreated_name_with_new_uid_replaces() -> None:
+    cache = SliceCache()
+    cache.replace([obj("a", "u1", 5)])
+    assert cache.apply_event("ADDED", obj("a", "u2", 3))
+    assert cache.apply_event("DELETED", obj("a", "u2", 8))
+    assert not cache.apply_event("DELETED", obj("a", "u1", 9))
+    assert cache.snapshot() == []
+
+
+def test_older_write_result_does_not_overwrite_newer_event() -> None:
+    cache = SliceCache()
+    cache.apply_event("MODIFIED", obj("a", "u1", 9))
+    cache.record_write(obj("a", "u1", 8))
+    assert cache.snapshot() == [obj("a", "u1", 9)]
