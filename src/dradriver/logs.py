@@ -55,13 +55,27 @@ def _standard_fields_first(_logger: Any, _method: str, event: dict[str, Any]) ->
     return front | event
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of writing, not when logging was configured
+    (tests and embedding callers swap sys.stderr; a captured, since-closed one would crash)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
     """Route structlog (and stdlib logging, e.g. from grpc or kubernetes) to `stream` (stderr)."""
     import structlog
 
     global _verbosity  # noqa: PLW0603 - one process-wide setting, set once at start-up
     _verbosity = level
-    out = stream if stream is not None else sys.stderr
+    out = stream if stream is not None else _CurrentStderr()
     min_level = logging.DEBUG if level >= VERBOSITY_DEBUG else logging.INFO
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,

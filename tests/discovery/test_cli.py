@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 import yaml
 
 import dradriver.slices as slices_module
@@ -28,18 +25,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("DRADRIVER_") or name == "NODE_NAME":
             monkeypatch.delenv(name)
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() points structlog and the root logger at this test's captured stderr: undo that."""
-    config = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    structlog.configure(**config)
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_slices_prints_multi_document_yaml_a_fresh_process(tmp_path: Path) -> None:
