@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Literal
+from typing import Any, Literal, TextIO, cast
 
 LogFormat = Literal["json", "console"]
 
@@ -75,7 +75,7 @@ def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
 
     global _verbosity  # noqa: PLW0603 - one process-wide setting, set once at start-up
     _verbosity = level
-    out = stream if stream is not None else _CurrentStderr()
+    out: TextIO = stream if stream is not None else cast(TextIO, _CurrentStderr())
     min_level = logging.DEBUG if level >= VERBOSITY_DEBUG else logging.INFO
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
