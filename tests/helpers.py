@@ -44,6 +44,8 @@ class ServeProcess:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         driver: str = DRIVER,
+        *,
+        claims_from_files: bool = True,
     ) -> None:
         self.root = root
         self.registry_dir = root / "plugins_registry"
@@ -62,8 +64,7 @@ class ServeProcess:
             "node-1",
             "--fake-gpus",
             "dgx-h100",
-            "--claims-dir",
-            str(self.claims_dir),
+            *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *extra_args,
         ]
         # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.

@@ -10,11 +10,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dradriver import __version__, logs
 from dradriver.health.board import HealthBoard
@@ -24,8 +24,11 @@ from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 
 if TYPE_CHECKING:
+    from dradriver.kube import KubeClient
+    from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
+    from dradriver.publish import SliceController
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
 INIT_WAIT_SECONDS = 30.0
@@ -100,6 +103,7 @@ class Daemon:
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
+        self._publisher: SliceController | None = None
 
     def run(self) -> int:
         # Before anything binds: a SIGTERM during start-up must still clean up.
@@ -124,6 +128,10 @@ class Daemon:
         while not self._stop.wait(1.0):
             pass
         log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
+        if self._publisher is not None:
+            # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
+            # while a restart (upgrade, crash) re-adopts them with zero writes.
+            self._publisher.stop()
         self.server.stop(self.config.shutdown_grace)
         if probes is not None:
             probes.stop()
@@ -134,12 +142,16 @@ class Daemon:
         return 0
 
     def readiness_problem(self) -> str | None:
-        """Ready once the kubelet has accepted our registration."""
+        """Ready once the kubelet has accepted our registration and, with a cluster, our
+        ResourceSlices have been published."""
         status = self.registration.status
         if status.registered is None:
             return "not registered with the kubelet yet"
         if not status.registered:
             return f"the kubelet rejected the registration: {status.error}"
+        if self._publisher is not None and not self._publisher.status.published:
+            error = self._publisher.status.last_error
+            return "ResourceSlices not published yet" + (f": {error}" if error else "")
         return None
 
     def _start_probes(self) -> ProbeServer | None:
@@ -156,6 +168,36 @@ class Daemon:
         probes.start()
         log.info("serving probes", address=self.config.metrics_address, port=probes.port)
         return probes
+
+    def _connect(self) -> KubeClient | None:
+        """The API server client, or None in node-only mode (no in-cluster config, no kubeconfig)."""
+        from dradriver.kube import load_client
+
+        client = load_client(self.config.kubeconfig)
+        if client is None:
+            log.warning(
+                "no Kubernetes API access: node-only mode, ResourceSlices are not published and claims "
+                "cannot be fetched from the API server (run in a pod, or pass --kubeconfig)"
+            )
+            return None
+        client.check_resource_v1()
+        log.info("connected to the API server", host=client.host)
+        return client
+
+    def _claim_source(self, client: KubeClient | None) -> ClaimSource:
+        from dradriver.prepare.claims import ApiClaimSource, DirectoryClaimSource, NoClaimSource
+
+        if self.config.claims_dir is not None:
+            return DirectoryClaimSource(self.config.claims_dir)
+        return ApiClaimSource(client) if client is not None else NoClaimSource()
+
+    def _publish(self, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> None:
+        from dradriver.publish import SliceController
+
+        self._publisher = SliceController(
+            client, driver_name=self.config.driver_name, node_name=self.config.node_name, desired=desired
+        )
+        self._publisher.start()
 
     def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
         from dradriver import metrics
@@ -194,11 +236,11 @@ class Daemon:
         from dradriver.discovery import open_library
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
-        from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.edits import common_edits
         from dradriver.prepare.hostdriver import driver_mounts
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
+        from dradriver.slices import render_slices
 
         config = self.config
         library = open_library(config.fake_gpus)
@@ -212,6 +254,12 @@ class Daemon:
         for warning in devices.warnings:
             log.warning("device model", detail=warning)
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
+        client = self._connect()
+        if client is not None:
+            self._publish(
+                client,
+                lambda: render_slices(devices, node_name=config.node_name, driver_name=config.driver_name),
+            )
         sharing: SharingControl = (
             FakeSharing()
             if config.fake_gpus
@@ -221,7 +269,7 @@ class Daemon:
             driver_name=config.driver_name,
             pool_name=config.node_name,
             devices={d.name: d.hardware for d in devices.devices},
-            claims=DirectoryClaimSource(config.claims_dir) if config.claims_dir else NoClaimSource(),
+            claims=self._claim_source(client),
             cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
             store=CheckpointStore(config.state_dir),
             common_edits=common_edits(

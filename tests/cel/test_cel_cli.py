@@ -359,10 +359,17 @@ def test_dry_run_invalid_claim_names_the_field(cache_home: Path, files: dict[str
     assert "spec.devices.requests[0].exactly.deviceClassName: required" in result.stderr
 
 
-def test_dry_run_cluster_is_not_available_yet(cache_home: Path, files: dict[str, Path]) -> None:
-    result = dradriver(cache_home, "dry-run", "--claim", str(files["claim"]), "--cluster")
+def test_dry_run_cluster_without_access_is_a_clear_error(
+    cache_home: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
+    result = dradriver(
+        cache_home, "dry-run", "--claim", str(files["claim"]), "--cluster", env={"HOME": str(tmp_path)}
+    )
     assert result.returncode == 2
-    assert "--cluster is not available yet" in result.stderr
+    assert (
+        result.stderr
+        == "dradriver dry-run: error: no Kubernetes API access: pass --kubeconfig or set KUBECONFIG\n"
+    )
 
 
 def test_dry_run_uses_deviceclasses_directory_by_default(

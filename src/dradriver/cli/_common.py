@@ -179,3 +179,24 @@ def add_partitionable_flag(parser: argparse.ArgumentParser) -> None:
         help="publish full GPUs plus every possible MIG placement of MIG-enabled GPUs, consuming shared "
         "counters (Kubernetes >= 1.35 with the DRAPartitionableDevices feature gate)",
     )
+
+
+def add_kubeconfig_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, in-cluster config, then ~/.kube/config)",
+    )
+
+
+def cluster_client(kubeconfig: str | None) -> Any:
+    """A KubeClient for a command that cannot work without a cluster; one-line errors otherwise."""
+    from dradriver.kube import KubeError, load_client
+
+    try:
+        client = load_client(kubeconfig)
+    except KubeError as err:
+        raise CLIError(str(err)) from None
+    if client is None:
+        raise CLIError("no Kubernetes API access: pass --kubeconfig or set KUBECONFIG")
+    return client

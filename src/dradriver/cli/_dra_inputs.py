@@ -207,17 +207,45 @@ class ClassDirectory:
 
 
 class Cluster:
-    """ResourceSlices and DeviceClasses read from the API server (KUBECONFIG).
+    """ResourceSlices and DeviceClasses read from the API server (--kubeconfig / KUBECONFIG)."""
 
-    The adapter onto the project's Kubernetes client is wired in separately; until then this
-    source refuses clearly instead of guessing.
-    """
+    def __init__(self, kubeconfig: str | None, node: str | None = None) -> None:
+        self._kubeconfig = kubeconfig
+        self._node = node
+        self._client: Any = None
+
+    def _api(self) -> Any:
+        from dradriver.cli._common import cluster_client
+
+        if self._client is None:
+            self._client = cluster_client(self._kubeconfig)
+        return self._client
+
+    def _read(self, what: str, kind: str, fetch: Any) -> list[Document]:
+        from dradriver.kube import KubeError
+
+        try:
+            items = fetch()
+        except KubeError as err:
+            raise CLIError(f"--cluster: cannot list {what}: {err}") from None
+        # Items of a list carry no apiVersion/kind of their own.
+        typed = (
+            dict(obj)
+            | {"apiVersion": obj.get("apiVersion") or "resource.k8s.io/v1", "kind": obj.get("kind") or kind}
+            for obj in items
+        )
+        return [Document(f"cluster:{what}", i + 1, obj) for i, obj in enumerate(typed)]
 
     def resource_slices(self) -> list[Document]:
-        raise CLIError("--cluster is not available yet: pass --slices FILE or --fake-gpus PROFILE")
+        selector = f"spec.nodeName={self._node}" if self._node else None
+        return self._read(
+            "resourceslices",
+            "ResourceSlice",
+            lambda: self._api().list_resource_slices(selector).get("items", []),
+        )
 
     def device_classes(self) -> list[Document]:
-        raise CLIError("--cluster is not available yet: pass --class FILE")
+        return self._read("deviceclasses", "DeviceClass", lambda: self._api().list_device_classes())
 
 
 def default_class_directory() -> Path | None:
@@ -250,7 +278,7 @@ def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None)
 
 def add_inventory_flags(parser: Any) -> None:
     """--fake-gpus / --slices / --cluster (mutually exclusive) plus --node."""
-    from dradriver.cli._common import add_fake_gpus_flag, env_flag, env_switch
+    from dradriver.cli._common import add_fake_gpus_flag, add_kubeconfig_flag, env_flag, env_switch
 
     group = parser.add_argument_group("device inventory (one of)")
     add_fake_gpus_flag(group)
@@ -258,6 +286,7 @@ def add_inventory_flags(parser: Any) -> None:
     env_switch(
         group, "--cluster", help="read ResourceSlices and DeviceClasses from the API server (KUBECONFIG)"
     )
+    add_kubeconfig_flag(parser)
     env_flag(
         parser,
         "--node",
@@ -283,5 +312,5 @@ def inventory_from_args(args: Any) -> InventorySource:
     if args.slices:
         return SliceFiles(args.slices)
     if args.cluster:
-        return Cluster()
+        return Cluster(args.kubeconfig, args.node)
     raise CLIError("no device inventory: pass --slices FILE..., --fake-gpus PROFILE or --cluster")

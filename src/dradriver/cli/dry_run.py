@@ -61,7 +61,7 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
     if args.classes:
         return ClassFiles(args.classes)
     if args.cluster:
-        return Cluster()
+        return Cluster(args.kubeconfig)
     directory = default_class_directory()
     if directory is None:
         raise _common.CLIError("no device classes: pass --class FILE (no deviceclasses/ directory found)")

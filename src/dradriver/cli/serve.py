@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +11,12 @@ from dradriver.cli._common import (
     add_command,
     add_driver_name_flag,
     add_fake_gpus_flag,
+    add_kubeconfig_flag,
+    add_node_name_flag,
+    add_partitionable_flag,
     add_plugins_dir_flag,
     env_flag,
-    env_switch,
 )
-
-
-def add_node_name_flag(parser: argparse.ArgumentParser) -> None:
-    env_flag(
-        parser,
-        "--node-name",
-        fallback_env=["NODE_NAME"],
-        default=socket.gethostname().lower(),
-        help="this node's name: the pool name and spec.nodeName of our ResourceSlices",
-    )
 
 
 def register(subparsers: Any) -> None:
@@ -60,11 +51,7 @@ def register(subparsers: Any) -> None:
         type=absolute_path,
         help="where the checkpoint lives (default <kubelet-plugins-dir>/<driver-name>)",
     )
-    env_flag(
-        parser,
-        "--kubeconfig",
-        help="kubeconfig file (default: in-cluster config, then KUBECONFIG); without any, node-only mode",
-    )
+    add_kubeconfig_flag(parser)
     add_fake_gpus_flag(parser)
     env_flag(
         parser,
@@ -87,11 +74,7 @@ def register(subparsers: Any) -> None:
         type=absolute_path,
         help="where --driver-root is mounted inside this container (default: the same path)",
     )
-    env_switch(
-        parser,
-        "--partitionable",
-        help="publish full GPUs plus all possible MIG placements with shared counters (Kubernetes >= 1.35)",
-    )
+    add_partitionable_flag(parser)
     env_flag(
         parser,
         "--shutdown-grace",

@@ -10,8 +10,10 @@ from dradriver.cli._common import (
     add_command,
     add_driver_name_flag,
     add_fake_gpus_flag,
+    add_kubeconfig_flag,
     add_node_name_flag,
     add_partitionable_flag,
+    cluster_client,
     env_flag,
 )
 
@@ -31,9 +33,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_driver_name_flag(parser)
     add_partitionable_flag(parser)
     env_flag(parser, "-o", "--output", choices=["yaml", "json"], default="yaml", help="output format")
+    parser.add_argument(
+        "--delete",
+        action="store_true",
+        help="delete this driver's ResourceSlices of --node-name from the API server instead "
+        "(serve leaves them in place on shutdown; the kubelet removes them 30 s after a driver is gone)",
+    )
+    add_kubeconfig_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.delete:
+        return _delete(args)
     from dradriver.cli._output import dump_json, dump_yaml_documents
     from dradriver.discovery import DiscoveryError
     from dradriver.slices import InvalidSlicesError, build_node_slices
@@ -53,4 +64,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {finding}", file=sys.stderr)
         return 1
     sys.stdout.write(dump_json(slices) if args.output == "json" else dump_yaml_documents(slices))
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from dradriver.kube import KubeError
+    from dradriver.publish import delete_node_slices
+
+    client = cluster_client(args.kubeconfig)
+    try:
+        deleted = delete_node_slices(client, driver_name=args.driver_name, node_name=args.node_name)
+    except KubeError as err:
+        raise CLIError(f"deleting ResourceSlices of node {args.node_name}: {err}") from None
+    print(f"deleted {deleted} ResourceSlice(s) of driver {args.driver_name} on node {args.node_name}")
     return 0

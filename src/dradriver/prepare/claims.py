@@ -11,9 +11,12 @@ import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
+
+if TYPE_CHECKING:
+    from dradriver.kube import KubeClient
 
 
 class ClaimSourceError(Exception):
@@ -113,3 +116,23 @@ def _claims_in(path: Path) -> list[Mapping[str, Any]]:
         )
         found += [d for d in items if isinstance(d, dict) and d.get("kind") == "ResourceClaim"]
     return found
+
+
+class ApiClaimSource:
+    """ResourceClaims from the API server (resource.k8s.io/v1), one GET each, as the Go helper does."""
+
+    authoritative = True
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        from dradriver.kube import KubeError, NotFoundError
+
+        try:
+            claim: Mapping[str, Any] = self._client.get_resource_claim(namespace, name)
+        except NotFoundError as err:
+            raise ClaimNotFoundError(str(err)) from err
+        except KubeError as err:
+            raise ClaimSourceError(str(err)) from err
+        return claim

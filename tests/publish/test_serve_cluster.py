@@ -1,0 +1,115 @@
+"""`dradriver serve` with an API server: publishes its slices, fetches claims, reports readiness.
+
+Runs against the loopback fake API server always, and a real one when the environment names it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+import grpc
+import pytest
+
+from dradriver import kubeletclient
+from dradriver.plugin.driver import ClaimRef
+from tests.helpers import ServeProcess, allocated_claim, short_tmpdir, uid, wait_for
+from tests.publish.apiservers import TEST_DRIVER, Backend
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except urllib.error.URLError as err:
+        return 0, str(err)
+
+
+def create_allocated_claim(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
+    """Create the claim, then write its allocation through the status subresource (the scheduler's way)."""
+    status = claim.pop("status")
+    created: dict[str, Any] = backend.direct.request("POST", CLAIMS, body=claim)
+    created["status"] = status
+    name = created["metadata"]["name"]
+    suffix = "/status" if backend.kind == "cluster" else ""
+    updated: dict[str, Any] = backend.direct.request("PUT", f"{CLAIMS}/{name}{suffix}", body=created)
+    return updated
+
+
+def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backend) -> None:
+    node = backend.make_node()
+    port = free_port()
+    with short_tmpdir() as root:
+        serve = ServeProcess(
+            root,
+            [
+                "--kubeconfig",
+                str(backend.kubeconfig),
+                "--node-name",
+                node,
+                "--metrics-address",
+                f"127.0.0.1:{port}",
+            ],
+            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
+            TEST_DRIVER,
+            claims_from_files=False,
+        ).start()
+        try:
+            wait_for(lambda: len(backend.slices(node)) == 1, 15, f"our slice (log: {serve.log()})")
+            (published,) = backend.slices(node)
+            assert published["spec"]["nodeName"] == node
+            assert published["spec"]["pool"] == {"name": node, "generation": 1, "resourceSliceCount": 1}
+            assert [d["name"] for d in published["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+            (owner,) = published["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", node, True)
+
+            assert readyz(port) == (503, "not registered with the kubelet yet\n")
+            kubeletclient.register(serve.registration_socket)
+            wait_for(lambda: readyz(port)[0] == 200, 10, "readiness")
+
+            claim = allocated_claim(
+                "from-api", uid(1), [{"request": "gpu", "device": "gpu-1"}], pool=node, driver=TEST_DRIVER
+            )
+            del claim["metadata"]["uid"]  # type: ignore[attr-defined]
+            created = create_allocated_claim(backend, claim)
+            ref = ClaimRef("default", "from-api", created["metadata"]["uid"])
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                (device,) = client.prepare([ref]).claims[ref.uid].devices
+                assert device.device_name == "gpu-1"
+                spec = json.loads((serve.cdi_dir / f"k8s.{TEST_DRIVER}-claim_{ref.uid}.json").read_text())
+                assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia1"
+                stale = ClaimRef("default", "from-api", uid(99))
+                with pytest.raises(grpc.RpcError) as caught:
+                    client.prepare([stale])
+                assert caught.value.details() == "get resource claims: claim default/from-api got replaced"
+                with pytest.raises(grpc.RpcError) as caught:
+                    client.prepare([ClaimRef("default", "missing", uid(98))])
+                assert "get resource claims: retrieve claim default/missing" in str(caught.value.details())
+                assert client.unprepare([ref]).claims[ref.uid].error == ""
+
+            # Someone (the kubelet at its restart) deletes our slices: they come back.
+            name = published["metadata"]["name"]
+            backend.direct.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{name}")
+            wait_for(
+                lambda: [s["metadata"]["name"] for s in backend.slices(node)] not in ([], [name]),
+                10,
+                "republish",
+            )
+            assert serve.stop(signal.SIGTERM) == 0
+            assert len(backend.slices(node)) == 1  # left in place on purpose (see README)
+        finally:
+            serve.kill()
