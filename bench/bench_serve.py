@@ -1,6 +1,11 @@
-"""Issue 2 figures: `serve` start to GetInfo answered, GetInfo round trip, idle RSS.
+"""Figures of `serve` itself: start to GetInfo answered, GetInfo round trip, idle RSS (issue 2),
+and first ResourceSlice publish after the registration socket is up (issue 4).
 
-Run: .venv/bin/python bench/bench_serve.py [--starts 20] [--calls 2000]
+Run: .venv/bin/python -m bench.bench_serve [--starts 20] [--calls 2000] [--publish-runs 20]
+
+The publish figure uses the loopback fake API server of the test suite (tests/publish/kubefake.py):
+no real kube-apiserver can be run on this machine; it answers in about a millisecond, so the
+figure is serve's own cost (discovery, Kubernetes client load, node lookup, list, create).
 """
 
 from __future__ import annotations
@@ -25,11 +30,37 @@ from dradriver.kubeletapi.pluginregistration import api_pb2_grpc as reg_grpc
 DRIVER = "gpu.dradriver.dev"
 
 
+def first_publish_after_socket(runs: int) -> list[float]:
+    from tests.publish.kubefake import FakeApiServer
+
+    samples = []
+    for _ in range(runs):
+        fake = FakeApiServer().start()
+        root = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
+        kubeconfig = fake.write_kubeconfig(root / "kubeconfig")
+        fake.create("nodes", None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"}})
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        command = [*serve_command(root), "--kubeconfig", str(kubeconfig)]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        socket_path = root / "reg" / f"{DRIVER}-reg.sock"
+        while not socket_path.exists():
+            time.sleep(0.001)
+        up = time.perf_counter()
+        while not fake.objects("resourceslices"):
+            time.sleep(0.001)
+        samples.append(time.perf_counter() - up)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        fake.stop()
+        shutil.rmtree(root)
+    return samples
+
+
 def serve_command(root: Path) -> list[str]:
     script = Path(sys.executable).with_name("dradriver")
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "dradriver"]
     return [
-        *prefix, "serve", "--node-name", "bench", "--kubelet-registry-dir", str(root / "reg"),
+        *prefix, "serve", "--fake-gpus", "dgx-h100", "--node-name", "bench", "--kubelet-registry-dir", str(root / "reg"),
         "--kubelet-plugins-dir", str(root / "plugins"), "--cdi-dir", str(root / "cdi"),
     ]  # fmt: skip
 
@@ -64,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--publish-runs", type=int, default=20)
     opts = parser.parse_args()
 
     starts: list[float] = []
@@ -97,6 +129,12 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         shutil.rmtree(root)
+    print(
+        summary(
+            "first publish after the registration socket is up (fake API server)",
+            first_publish_after_socket(opts.publish_runs),
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -234,12 +234,6 @@ class Daemon:
         """Discovery, the device model and the GPU driver, built once the sockets are up."""
         from dradriver.devicemodel import build_devices
         from dradriver.discovery import open_library
-        from dradriver.prepare.cdi import CdiDirectory
-        from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
-        from dradriver.prepare.driver import GpuDriver
-        from dradriver.prepare.edits import common_edits
-        from dradriver.prepare.hostdriver import driver_mounts
-        from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
         from dradriver.slices import render_slices
 
         config = self.config
@@ -260,6 +254,14 @@ class Daemon:
                 client,
                 lambda: render_slices(devices, node_name=config.node_name, driver_name=config.driver_name),
             )
+        # Only now the claim-preparation modules (pydantic models): publishing is already under way.
+        from dradriver.prepare.cdi import CdiDirectory
+        from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
+        from dradriver.prepare.driver import GpuDriver
+        from dradriver.prepare.edits import common_edits
+        from dradriver.prepare.hostdriver import driver_mounts
+        from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
+
         sharing: SharingControl = (
             FakeSharing()
             if config.fake_gpus
