@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from dradriver.publish.dropped import dropped_features, dropped_message
 from dradriver.publish.reconcile import (
     InvalidPoolError,
     Plan,
@@ -18,6 +17,7 @@ from dradriver.publish.reconcile import (
     index_length,
     plan_pool,
 )
+from dradriver.slices import dropped_gates
 from tests.publish.fakeslices import desired_slices, fake_devices
 
 DRIVER = "gpu.dradriver.dev"
@@ -351,16 +351,13 @@ def test_dropped_fields_name_the_gates() -> None:
         for field in ("taints", "consumesCounters", "allowMultipleAllocations", "bindingConditions"):
             device.pop(field, None)
         device.pop("bindingFailureConditions", None)
-    assert dropped_features(want, got) == [
+    assert dropped_gates(want, got) == [
+        "DRAConsumableCapacity",
+        "DRADeviceBindingConditions",
         "DRADeviceTaints",
         "DRAPartitionableDevices",
-        "DRADeviceBindingConditions",
-        "DRAConsumableCapacity",
     ]
     counters = {"sharedCounters": [{"name": "c", "counters": {"m": {"value": "1"}}}]}
-    assert dropped_features(counters, {}) == ["DRAPartitionableDevices"]
-    assert dropped_features({"perDeviceNodeSelection": True}, {}) == ["DRAPartitionableDevices"]
-    assert dropped_features(want, want) == []
-    assert dropped_message(3, []).endswith(
-        "feature gates are disabled: unknown; publishing what it stores instead"
-    )
+    assert dropped_gates(counters, {}) == ["DRAPartitionableDevices"]
+    assert dropped_gates({"perDeviceNodeSelection": True}, {}) == ["DRAPartitionableDevices"]
+    assert dropped_gates(want, want) == []

@@ -24,7 +24,6 @@ from dradriver.kube.errors import ConflictError, GoneError, KubeError, NotFoundE
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
 from dradriver.publish.cache import SliceCache
-from dradriver.publish.dropped import dropped_features, dropped_message
 from dradriver.publish.reconcile import (
     InvalidPoolError,
     Plan,
@@ -33,6 +32,7 @@ from dradriver.publish.reconcile import (
     fingerprint,
     plan_pool,
 )
+from dradriver.slices.compare import dropped_gates
 
 Json = dict[str, Any]
 
@@ -392,8 +392,11 @@ class SliceController:
         if (index, key) in self._reported:
             return
         self._reported.add((index, key))
-        gates = dropped_features(wanted, got)
-        message = dropped_message(index, gates)
+        gates = dropped_gates(wanted, got)
+        message = (
+            f"ResourceSlice #{index}: the API server dropped some fields, probably because these feature "
+            f"gates are disabled: {' '.join(gates) or 'unknown'}; publishing what it stores instead"
+        )
         self._log.warning(message, gates=gates)
         with self._cond:
             merged = tuple(sorted({*self._status.dropped_features, *(gates or ["unknown"])}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.slices.compare import stored_differences
+from dradriver.slices.compare import dropped_gates, stored_differences
 from dradriver.slices.render import render_slices, slice_name_prefix
 from dradriver.slices.validate import Finding, validate_slice, validate_slices
 
@@ -19,6 +19,7 @@ __all__ = [
     "build_node_slices",
     "render_slices",
     "slice_name_prefix",
+    "dropped_gates",
     "stored_differences",
     "validate_slice",
     "validate_slices",

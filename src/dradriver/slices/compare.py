@@ -68,3 +68,18 @@ def stored_differences(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> li
     out: list[Finding] = []
     _compare(sent.get("spec"), stored.get("spec"), ".spec", out)
     return out
+
+
+def dropped_gates(sent_spec: Mapping[str, Any], stored_spec: Mapping[str, Any]) -> list[str]:
+    """The feature gates that explain fields the API server dropped from a slice spec, sorted."""
+    found: list[Finding] = []
+    _compare(sent_spec, stored_spec, ".spec", found)
+    return sorted(
+        {
+            gate
+            for finding in found
+            if finding.message.startswith("dropped")
+            for key, gate in FIELD_GATES.items()
+            if finding.path.rsplit(".", 1)[-1].split("[", 1)[0] == key
+        }
+    )
