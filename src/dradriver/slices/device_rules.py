@@ -380,32 +380,36 @@ def device_findings(device: Any, path: str, per_device_node_selection: bool) -> 
 
 
 def _consumptions(consumptions: Any, path: str) -> Iterator[Finding]:
-    if consumptions is None:
+    yield from counter_lists(consumptions, path, name_key="counterSet", limit=MAX_CONSUMPTIONS_PER_DEVICE)
+
+
+def counter_lists(items: Any, path: str, *, name_key: str, limit: int) -> Iterator[Finding]:
+    """A list of named counter maps: a slice's `sharedCounters` (named by `name`) or a device's
+    `consumesCounters` (named by `counterSet`); names are DNS labels and unique in the list."""
+    if items is None:
         return
-    if not isinstance(consumptions, list):
+    if not isinstance(items, list):
         yield Finding(path, "must be a list")
         return
-    if len(consumptions) > MAX_CONSUMPTIONS_PER_DEVICE:
-        yield Finding(
-            path, f"Too many: {len(consumptions)}: must have at most {MAX_CONSUMPTIONS_PER_DEVICE} items"
-        )
+    if len(items) > limit:
+        yield Finding(path, f"Too many: {len(items)}: must have at most {limit} items")
         return
-    sets: set[str] = set()
-    for index, consumption in enumerate(consumptions):
+    names: set[str] = set()
+    for index, item in enumerate(items):
         where = f"{path}[{index}]"
-        if not isinstance(consumption, Mapping):
+        if not isinstance(item, Mapping):
             yield Finding(where, "must be an object")
             continue
-        yield from unknown_keys(consumption, {"counterSet", "counters"}, where)
-        counter_set = consumption.get("counterSet")
-        if not isinstance(counter_set, str) or not counter_set:
-            yield Finding(f"{where}.counterSet", "Required value")
+        yield from unknown_keys(item, {name_key, "counters"}, where)
+        name = item.get(name_key)
+        if not isinstance(name, str) or not name:
+            yield Finding(f"{where}.{name_key}", "Required value")
         else:
-            yield from checked(dns_label_error(counter_set), f"{where}.counterSet")
-            if counter_set in sets:
-                yield Finding(where, f"Duplicate value: counter set {counter_set!r}")
-            sets.add(counter_set)
-        yield from counter_findings(consumption.get("counters"), f"{where}.counters")
+            yield from checked(dns_label_error(name), f"{where}.{name_key}")
+            if name in names:
+                yield Finding(where, f"Duplicate value: counter set {name!r}")
+            names.add(name)
+        yield from counter_findings(item.get("counters"), f"{where}.counters")
 
 
 def node_selection(

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from dradriver.names import dns_label_error, dns_subdomain_error, driver_name_error
+from dradriver.names import dns_subdomain_error, driver_name_error
 from dradriver.slices.device_rules import (
     LIST_ATTRIBUTE_TYPES,
-    counter_findings,
+    counter_lists,
     device_findings,
     node_selection,
 )
@@ -154,30 +154,7 @@ def _slice(obj: Any, path: str) -> Iterator[Finding]:
 
 
 def _counter_sets(counter_sets: Any, path: str) -> Iterator[Finding]:
-    if counter_sets is None:
-        return
-    if not isinstance(counter_sets, list):
-        yield Finding(path, "must be a list")
-        return
-    if len(counter_sets) > MAX_COUNTER_SETS:
-        yield Finding(path, f"Too many: {len(counter_sets)}: must have at most {MAX_COUNTER_SETS} items")
-        return
-    names: set[str] = set()
-    for index, counter_set in enumerate(counter_sets):
-        where = f"{path}[{index}]"
-        if not isinstance(counter_set, Mapping):
-            yield Finding(where, "must be an object")
-            continue
-        yield from unknown_keys(counter_set, {"name", "counters"}, where)
-        name = counter_set.get("name")
-        if not isinstance(name, str) or not name:
-            yield Finding(f"{where}.name", "Required value")
-        else:
-            yield from checked(dns_label_error(name), f"{where}.name")
-            if name in names:
-                yield Finding(where, f"Duplicate value: counter set {name!r}")
-            names.add(name)
-        yield from counter_findings(counter_set.get("counters"), f"{where}.counters")
+    yield from counter_lists(counter_sets, path, name_key="name", limit=MAX_COUNTER_SETS)
 
 
 def _pool_checks(slices: Sequence[Any]) -> Iterator[Finding]:
