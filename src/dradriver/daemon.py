@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dradriver.kube import KubeClient
     from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
+    from dradriver.prepare.stale import StaleClaimCollector
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
 
@@ -54,6 +55,7 @@ class ServeConfig:
     driver_root: Path
     driver_root_mount: Path
     partitionable: bool
+    stale_claim_grace: float
 
 
 class DeferredDriver:
@@ -104,6 +106,7 @@ class Daemon:
         self._fatal = ""
         self._signal: str | None = None
         self._publisher: SliceController | None = None
+        self._collector: StaleClaimCollector | None = None
 
     def run(self) -> int:
         # Before anything binds: a SIGTERM during start-up must still clean up.
@@ -128,6 +131,8 @@ class Daemon:
         while not self._stop.wait(1.0):
             pass
         log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
+        if self._collector is not None:
+            self._collector.stop()
         if self._publisher is not None:
             # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
             # while a restart (upgrade, crash) re-adopts them with zero writes.
@@ -283,6 +288,11 @@ class Daemon:
             boot_id=read_boot_id(),
         )
         recovery = driver.recover()
+        if driver.claims.authoritative:
+            from dradriver.prepare.stale import StaleClaimCollector
+
+            self._collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
+            self._collector.start()
         if config.metrics_address:
             self._install_metrics(
                 driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}

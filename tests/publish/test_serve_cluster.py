@@ -113,3 +113,32 @@ def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backen
             assert len(backend.slices(node)) == 1  # left in place on purpose (see README)
         finally:
             serve.kill()
+
+
+def test_serve_unprepares_claims_deleted_from_the_api_server(backend: Backend) -> None:
+    node = backend.make_node()
+    with short_tmpdir() as root:
+        serve = ServeProcess(
+            root,
+            ["--kubeconfig", str(backend.kubeconfig), "--node-name", node, "--stale-claim-grace", "1"],
+            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
+            TEST_DRIVER,
+            claims_from_files=False,
+        ).start()
+        try:
+            claim = allocated_claim(
+                "short-lived", uid(2), [{"request": "gpu", "device": "gpu-4"}], pool=node, driver=TEST_DRIVER
+            )
+            del claim["metadata"]["uid"]  # type: ignore[attr-defined]
+            created = create_allocated_claim(backend, claim)
+            ref = ClaimRef("default", "short-lived", created["metadata"]["uid"])
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                assert client.prepare([ref]).claims[ref.uid].error == ""
+            spec = serve.cdi_dir / f"k8s.{TEST_DRIVER}-claim_{ref.uid}.json"
+            assert spec.exists()
+            # Deleted while the kubelet never calls unprepare (say, a force-deleted pod).
+            backend.direct.request("DELETE", f"{CLAIMS}/short-lived")
+            wait_for(lambda: not spec.exists(), 15, f"the stale claim to be unprepared (log: {serve.log()})")
+            assert "ResourceClaim is gone from the API server: unpreparing it" in serve.log()
+        finally:
+            serve.kill()

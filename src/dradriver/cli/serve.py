@@ -77,6 +77,14 @@ def register(subparsers: Any) -> None:
     add_partitionable_flag(parser)
     env_flag(
         parser,
+        "--stale-claim-grace",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="unprepare a prepared claim once its ResourceClaim has been gone from the API server this long",
+    )
+    env_flag(
+        parser,
         "--shutdown-grace",
         type=float,
         default=10.0,
@@ -122,5 +130,6 @@ def run(args: argparse.Namespace) -> int:
         driver_root=args.driver_root,
         driver_root_mount=args.driver_root_mount or args.driver_root,
         partitionable=args.partitionable,
+        stale_claim_grace=args.stale_claim_grace,
     )
     return Daemon(config).run()

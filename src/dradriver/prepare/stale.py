@@ -1,0 +1,110 @@
+"""Unprepare claims whose ResourceClaim is gone from the API server.
+
+The kubelet unprepares a claim when its last pod on the node goes, but not always: a force-deleted
+pod, a lost kubelet checkpoint or a node that was down while the claim was deleted leave claims
+prepared forever (NVIDIA's driver leaks them: kubernetes-sigs/dra-driver-nvidia-gpu#1278). A
+claim counts as gone when the API server answers NotFound for its namespace/name, or returns an
+object with another UID. Only after it has been seen gone for `grace` seconds is it unprepared;
+an API server that cannot be reached is never taken as an answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from dradriver import logs
+from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
+from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError
+
+DEFAULT_GRACE_SECONDS = 300.0
+#: How often at most the API server is asked, whatever the grace period.
+MAX_INTERVAL_SECONDS = 60.0
+
+log = logs.get_logger(component="stale-claims")
+
+
+class PreparedClaims(Protocol):
+    def records(self) -> list[ClaimRecord]: ...
+
+    def unprepare(self, claims: list[ClaimRef]) -> object: ...
+
+
+class StaleClaimCollector:
+    def __init__(
+        self,
+        driver: PreparedClaims,
+        source: ClaimSource,
+        *,
+        grace: float = DEFAULT_GRACE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._driver = driver
+        self._source = source
+        self.grace = grace
+        self.interval = min(MAX_INTERVAL_SECONDS, max(grace / 2, 0.1))
+        self._clock = clock
+        self._gone_since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check_once(self) -> list[str]:
+        """One pass; returns the UIDs of the claims it unprepared."""
+        now = self._clock()
+        candidates = [
+            r
+            for r in self._driver.records()
+            if r.state is ClaimState.PREPARE_COMPLETED and r.name and not r.recovered
+        ]
+        unprepared = []
+        for record in candidates:
+            gone = self._gone(record)
+            if gone is None:
+                continue  # no answer: do not guess
+            if not gone:
+                self._gone_since.pop(record.uid, None)
+                continue
+            since = self._gone_since.setdefault(record.uid, now)
+            if now - since >= self.grace:
+                ref = ClaimRef(record.namespace, record.name, record.uid)
+                log.warning(
+                    "ResourceClaim is gone from the API server: unpreparing it",
+                    claim=str(ref),
+                    uid=record.uid,
+                    gone_for_seconds=round(now - since, 1),
+                )
+                self._driver.unprepare([ref])
+                self._gone_since.pop(record.uid, None)
+                unprepared.append(record.uid)
+        known = {r.uid for r in candidates}
+        self._gone_since = {uid: t for uid, t in self._gone_since.items() if uid in known}
+        return unprepared
+
+    def _gone(self, record: ClaimRecord) -> bool | None:
+        try:
+            claim = self._source.get(record.namespace, record.name)
+        except ClaimNotFoundError:
+            return True
+        except ClaimSourceError as err:
+            log.debug("cannot check claim", claim=f"{record.namespace}/{record.name}", error=str(err))
+            return None
+        return (claim.get("metadata") or {}).get("uid") != record.uid
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stale-claims", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check_once()
+            except Exception:
+                log.exception("stale claim check failed; trying again later")
