@@ -60,8 +60,9 @@ def serve_command(root: Path) -> list[str]:
     script = Path(sys.executable).with_name("dradriver")
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "dradriver"]
     return [
-        *prefix, "serve", "--fake-gpus", "dgx-h100", "--node-name", "bench", "--kubelet-registry-dir", str(root / "reg"),
-        "--kubelet-plugins-dir", str(root / "plugins"), "--cdi-dir", str(root / "cdi"),
+        *prefix, "serve", "--fake-gpus", "dgx-h100", "--node-name", "bench",
+        "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+        "--cdi-dir", str(root / "cdi"),
     ]  # fmt: skip
 
 
