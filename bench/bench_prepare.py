@@ -1,9 +1,11 @@
 """Issue 5 figures: prepare/unprepare latency over real gRPC to a `serve` subprocess.
 
-Run: .venv/bin/python -m bench.bench_prepare [--rounds 300]
+Run: .venv/bin/python -m bench.bench_prepare [--rounds 300] [--api]
 
-The plugin runs on a fake profile with 128 GPUs and reads claims from a directory (the local
-claim source); every claim gets its own GPU, a CDI spec and checkpoint writes with fsync.
+The plugin runs on a fake profile with 128 GPUs; every claim gets its own GPU, a CDI spec and
+checkpoint writes with fsync. Claims come from a directory (the local claim source), or with
+--api from an API server: the test suite's loopback fake API server (tests/publish/kubefake.py),
+since no real kube-apiserver can run on this machine; each prepare then GETs its claim over HTTP.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ def claim(i: int) -> dict[str, object]:
     }
 
 
+#: Claim UIDs by number: ours for the local source, the API server's own when it created them.
+UIDS = {i: f"00000000-0000-4000-8000-{i:012d}" for i in range(GPUS)}
+
+
 def ref(i: int) -> ClaimRef:
-    return ClaimRef("bench", f"c{i}", f"00000000-0000-4000-8000-{i:012d}")
+    return ClaimRef("bench", f"c{i}", UIDS[i])
 
 
-def start_serve(root: Path) -> subprocess.Popen[bytes]:
+def start_serve(root: Path, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
     profile = root / "profile.yaml"
     profile.write_text(
         yaml.safe_dump(
@@ -66,13 +72,17 @@ def start_serve(root: Path) -> subprocess.Popen[bytes]:
             }
         )
     )
-    (root / "claims").mkdir()
-    (root / "claims" / "claims.yaml").write_text(yaml.safe_dump_all([claim(i) for i in range(GPUS)]))
     args = [
         sys.executable, "-m", "dradriver", "serve", "--fake-gpus", str(profile), "--node-name", "bench",
         "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-        "--cdi-dir", str(root / "cdi"), "--claims-dir", str(root / "claims"),
+        "--cdi-dir", str(root / "cdi"),
     ]  # fmt: skip
+    if kubeconfig is None:
+        (root / "claims").mkdir()
+        (root / "claims" / "claims.yaml").write_text(yaml.safe_dump_all([claim(i) for i in range(GPUS)]))
+        args += ["--claims-dir", str(root / "claims")]
+    else:
+        args += ["--kubeconfig", str(kubeconfig)]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     while not (root / "reg" / f"{DRIVER}-reg.sock").exists():
@@ -83,9 +93,21 @@ def start_serve(root: Path) -> subprocess.Popen[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--api", action="store_true", help="claims from the loopback fake API server")
     opts = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
-    proc = start_serve(root)
+    fake = None
+    kubeconfig = None
+    if opts.api:
+        from tests.publish.kubefake import FakeApiServer
+
+        fake = FakeApiServer().start()
+        kubeconfig = fake.write_kubeconfig(root / "kubeconfig")
+        fake.create("nodes", None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"}})
+        for i in range(GPUS):
+            UIDS[i] = fake.create("resourceclaims", "bench", claim(i))["metadata"]["uid"]
+    source = "API server (fake)" if opts.api else "local claim source"
+    proc = start_serve(root, kubeconfig)
     try:
         with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
             client.wait_ready(30)
@@ -102,7 +124,7 @@ def main() -> None:
                 t = time.perf_counter()
                 client.unprepare([r])
                 unprepares.append(time.perf_counter() - t)
-            print(summary("prepare, 1 claim / 1 GPU, local claim source", prepares))
+            print(summary(f"prepare, 1 claim / 1 GPU, {source}", prepares))
             print(summary("unprepare, 1 claim", unprepares))
 
             batches = []
@@ -126,6 +148,8 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+        if fake is not None:
+            fake.stop()
         shutil.rmtree(root)
 
 

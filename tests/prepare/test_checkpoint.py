@@ -95,3 +95,18 @@ def test_store_writes_0600_atomically_and_quarantines(tmp_path: Path) -> None:
     assert moved.read_text() == "garbage"
     assert moved.name.startswith("checkpoint.json.corrupt-")
     assert store.load() is None
+
+
+def test_store_writes_exactly_what_encode_gives(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    checkpoint = sample()
+    store.save(checkpoint)
+    assert store.path.read_bytes() == encode(checkpoint)
+    record = next(iter(checkpoint.claims.values()))
+    changed = CheckpointData(
+        boot_id="boot-2",
+        claims={record.uid: record.model_copy(update={"state": ClaimState.PREPARE_STARTED}), "x": record},
+    )
+    store.save(changed)  # one record reused from the cache, one new
+    assert store.path.read_bytes() == encode(changed)
+    assert decode(store.path.read_bytes()) == changed

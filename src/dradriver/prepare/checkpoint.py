@@ -84,7 +84,10 @@ def checksum(data: Any) -> str:
 
 
 def encode(checkpoint: CheckpointData) -> bytes:
-    data = checkpoint.model_dump(mode="json")
+    return _document(checkpoint.model_dump(mode="json"))
+
+
+def _document(data: dict[str, Any]) -> bytes:
     return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum(data), "data": data}).encode()
 
 
@@ -111,6 +114,8 @@ class CheckpointStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILE_NAME
+        # Records are immutable: each is converted to JSON once, not on every save of the file.
+        self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy."""
@@ -121,8 +126,17 @@ class CheckpointStore:
         return decode(raw)
 
     def save(self, checkpoint: CheckpointData) -> None:
+        """Write the whole checkpoint (same bytes as `encode`), converting only changed records."""
+        claims = {}
+        for uid, record in checkpoint.claims.items():
+            cached = self._dumped.get(uid)
+            if cached is None or cached[0] is not record:
+                cached = (record, record.model_dump(mode="json"))
+            claims[uid] = cached
+        self._dumped = claims
+        data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, encode(checkpoint), mode=0o600)
+        write_atomically(self.path, _document(data), mode=0o600)
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""
