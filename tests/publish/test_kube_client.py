@@ -36,10 +36,8 @@ def test_config_source_order(tmp_path: Path) -> None:
     in_cluster = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 
     assert pick_config_source("/flag", {"KUBECONFIG": "/env"}, home, token) == ("kubeconfig", "/flag")
-    assert pick_config_source(None, {"KUBECONFIG": "/env", **in_cluster}, home, token) == (
-        "kubeconfig",
-        "/env",
-    )
+    assert pick_config_source(None, {"KUBECONFIG": "/env", **in_cluster}, home, token) == ("in-cluster", None)
+    assert pick_config_source(None, {"KUBECONFIG": "/env"}, home, token) == ("kubeconfig", "/env")
     assert pick_config_source(None, in_cluster, home, token) == ("in-cluster", None)
     assert pick_config_source(None, in_cluster, home, tmp_path / "no-token") == (
         "kubeconfig",

@@ -185,7 +185,7 @@ def add_kubeconfig_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,
         "--kubeconfig",
-        help="kubeconfig file (default: $KUBECONFIG, in-cluster config, then ~/.kube/config)",
+        help="kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config)",
     )
 
 

@@ -1,6 +1,6 @@
 """Kubernetes API access: the official client underneath, raw JSON dicts on top.
 
-`load_client()` finds cluster access (flag, $KUBECONFIG, in-cluster, ~/.kube/config) and
+`load_client()` finds cluster access (flag, in-cluster, $KUBECONFIG, ~/.kube/config) and
 returns None when there is none, so `serve` can run node-only.
 """
 

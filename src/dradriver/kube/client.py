@@ -73,18 +73,19 @@ def pick_config_source(
     home: Path,
     token_file: Path = SERVICE_ACCOUNT_TOKEN,
 ) -> ConfigSource | None:
-    """Where cluster access comes from: the flag, then $KUBECONFIG, then the pod's service
-    account, then ~/.kube/config; None when there is none (serve then runs node-only)."""
+    """Where cluster access comes from: the flag, then the pod's service account (what the
+    DaemonSet's RBAC grants), then $KUBECONFIG, then ~/.kube/config; None when there is none
+    (serve then runs node-only)."""
     if kubeconfig:
         return ("kubeconfig", kubeconfig)
-    if environ.get("KUBECONFIG"):
-        return ("kubeconfig", environ["KUBECONFIG"])
     if (
         environ.get("KUBERNETES_SERVICE_HOST")
         and environ.get("KUBERNETES_SERVICE_PORT")
         and token_file.exists()
     ):
         return ("in-cluster", None)
+    if environ.get("KUBECONFIG"):
+        return ("kubeconfig", environ["KUBECONFIG"])
     default = home / ".kube" / "config"
     if default.exists():
         return ("kubeconfig", str(default))
