@@ -56,7 +56,7 @@ def device(index: int) -> dict[str, Any]:
             "migEnabled": {"bool": False},
             "resource.kubernetes.io/pciBusID": {"string": f"0000:{index % 256:02x}:00.0"},
             "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{index % 4:02x}"},
-            "resource.kubernetes.io/numaNode": {"int": index % 2},
+            "numaNode": {"int": index % 2},
         },
         "capacity": {"memory": {"value": "80Gi"}},
     }

@@ -27,7 +27,7 @@ def gpu_device(name: str = "gpu-0", **overrides: Any) -> dict[str, Any]:
             "migEnabled": {"bool": False},
             "resource.kubernetes.io/pciBusID": {"string": "0000:1b:00.0"},
             "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
-            "resource.kubernetes.io/numaNode": {"int": 0},
+            "numaNode": {"int": 0},
         },
         "capacity": {"memory": {"value": "80Gi"}},
     }

@@ -55,7 +55,7 @@ NAMES = st.sampled_from(
         "driverVersion",
         "migCapable",
         "migEnabled",
-        "resource.kubernetes.io/numaNode",
+        "numaNode",
         "other.example.com/x",
         "gpu.dradriver.dev/uuid",
     ]
