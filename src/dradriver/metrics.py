@@ -90,6 +90,16 @@ class CallMetrics:
             CLAIM_ERRORS.labels(method, error_reason(message)).inc()
 
 
+class HealthCounters:
+    """The health machinery's HealthMetrics: XID events by code and class, NVML errors by call."""
+
+    def xid(self, code: int, xid_class: str) -> None:
+        XID_EVENTS.labels(str(code), xid_class).inc()
+
+    def nvml_error(self, call: str) -> None:
+        NVML_ERRORS.labels(call).inc()
+
+
 class StateCollector(Collector):
     """Gauges read at scrape time from the daemon's own state, so they can never drift from it."""
 
