@@ -120,7 +120,7 @@ class HealthMonitor:
             "compute_instance": event.where.compute_instance,
         }
         if not devices:
-            log.warning("health event on hardware no published device uses", event=repr(event), **where)
+            log.warning("health event on hardware no published device uses", health_event=repr(event), **where)
             return []
         if assessment.problem is None:
             log.info(
