@@ -52,7 +52,8 @@ enabled: false
     assert config.unlisted_xids is XidClass.INFORMATIONAL
     assert (config.quiet_period_seconds, config.recheck_interval_seconds) == (60, 5)
     assert config.taint_effect == "NoExecute"
-    assert config.thresholds.enabled and config.thresholds.temperature_celsius == 90
+    assert config.thresholds.enabled
+    assert config.thresholds.temperature_celsius == 90
     assert not config.enabled
 
 
@@ -96,6 +97,7 @@ def test_serve_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert result.returncode == 2
     assert result.stderr.splitlines() == [

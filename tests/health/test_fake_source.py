@@ -65,7 +65,8 @@ def test_restart_replays_lost_gpus_but_not_old_xids(tmp_path: Path) -> None:
     assert fake.next_events(1) == [
         GpuLostEvent(HardwareRef("GPU-1"), "marked lost with dradriver fake-event", 200.0)
     ]
-    assert fake.check("GPU-1") is not None and fake.check("GPU-0") is None
+    assert fake.check("GPU-1") is not None
+    assert fake.check("GPU-0") is None
 
 
 def test_bad_lines_unknown_devices_and_partial_lines_are_skipped(tmp_path: Path) -> None:
@@ -101,4 +102,5 @@ def test_idle_wait_polls_at_the_poll_interval_until_the_timeout(tmp_path: Path) 
 
     fake = FakeHealthSource(tmp_path, PLACES.get, sleep=nap)
     assert fake.next_events(0.5) == []
-    assert 1 <= len(naps) <= 3 and all(0 < n <= 0.2 for n in naps)
+    assert 1 <= len(naps) <= 3
+    assert all(0 < n <= 0.2 for n in naps)

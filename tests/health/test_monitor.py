@@ -177,7 +177,8 @@ def test_non_fatal_xids_are_counted_and_change_nothing(rig: Rig) -> None:
     rig.step(XidEvent(HardwareRef(rig.gpu(0)), 13, AT), XidEvent(HardwareRef(rig.gpu(0)), 63, AT))
     assert rig.board.snapshot() == before
     assert rig.counters.xids == [(13, "application"), (63, "informational")]
-    assert rig.sent.events == [] and rig.resyncs == 0
+    assert rig.sent.events == []
+    assert rig.resyncs == 0
 
 
 def test_event_on_hardware_nothing_publishes_is_dropped(rig: Rig) -> None:

@@ -53,7 +53,8 @@ def test_application_xid_is_no_problem_but_an_override_makes_it_one() -> None:
     assert assess(XidEvent(GPU, 13, AT), HealthConfig()).problem is None
     config = HealthConfig.model_validate({"xids": {13: "fatal"}})
     problem = assess(XidEvent(GPU, 13, AT), config).problem
-    assert problem is not None and problem.reason == "13"
+    assert problem is not None
+    assert problem.reason == "13"
 
 
 def test_lost_gpus_and_thresholds_are_fatal() -> None:
@@ -78,7 +79,8 @@ def test_fatal_problem_makes_devices_unhealthy_until_a_passing_recheck_after_the
     assert tracker.due(1299.9) == []
     assert tracker.due(1300) == ["gpu-0", "gpu-1"]
     (back,) = tracker.rechecked("gpu-0", None, now=1300, wall=AT)
-    assert back.health is Health.HEALTHY and back.changed
+    assert back.health is Health.HEALTHY
+    assert back.changed
     assert back.message == (
         "healthy again at 2024-06-01T12:00:00Z: no fatal event for 300s and the GPU passed its "
         "re-check (was: XID 79 at T0)"
@@ -112,7 +114,8 @@ def test_failing_recheck_keeps_the_device_out_and_is_repeated() -> None:
     )
     assert tracker.next_recheck() == 15
     assert tracker.rechecked("gpu-0", "NVML GPU is lost", now=15, wall=AT + 5) == []  # same finding: quiet
-    assert tracker.due(19) == [] and tracker.due(20) == ["gpu-0"]
+    assert tracker.due(19) == []
+    assert tracker.due(20) == ["gpu-0"]
     (back,) = tracker.rechecked("gpu-0", None, now=20, wall=AT + 10)
     assert back.health is Health.HEALTHY
     assert tracker.next_recheck() is None

@@ -9,8 +9,8 @@ from dradriver.devicemodel import DeviceSet, build_devices
 from dradriver.discovery import open_library
 from dradriver.health.events import HardwareRef
 from dradriver.health.policy import Problem
-from dradriver.health.targets import HealthTargets
 from dradriver.health.taints import describe_taint, device_taint, with_taints
+from dradriver.health.targets import HealthTargets
 from dradriver.slices import render_slices, validate_slices
 
 DRIVER = "gpu.dradriver.dev"
@@ -44,9 +44,8 @@ def test_partitionable_gpu_event_concerns_the_gpu_and_all_placements() -> None:
     targets = HealthTargets(devices.devices)
     gpu0 = targets.gpu_of("gpu-0")
     on_gpu0 = targets.devices_for(HardwareRef(gpu0))
-    assert on_gpu0[0] == "gpu-0" and len(on_gpu0) == len(
-        [d for d in devices.devices if d.name.startswith("gpu-0")]
-    )
+    assert on_gpu0[0] == "gpu-0"
+    assert len(on_gpu0) == len([d for d in devices.devices if d.name.startswith("gpu-0")])
     # A MIG device that exists sits at its placement; placements without one have no instance.
     assert targets.devices_for(HardwareRef(gpu0, 13, 0)) == ("gpu-0-mig-1g10gb-6",)
     assert targets.locate("gpu-0-mig-1g10gb-6") == HardwareRef(gpu0, 13, 0)
@@ -81,7 +80,8 @@ def test_tainted_slices_are_valid_and_split_at_64_devices(tmp_path: Path) -> Non
     profile = tmp_path / "big.yaml"
     profile.write_text(
         "driverVersion: 550.54.15\ncudaDriverVersion: '12.4'\ngpus:\n"
-        "  - {productName: Tesla T4, count: 100, architecture: Turing, computeCapability: '7.5', memoryMiB: 15360}\n"
+        "  - {productName: Tesla T4, count: 100, architecture: Turing, computeCapability: '7.5',\n"
+        "     memoryMiB: 15360}\n"
     )
     devices = device_set(str(profile))
     taint = device_taint(DRIVER, Problem("gpu-lost", "lost"), "NoExecute")

@@ -120,7 +120,9 @@ class HealthMonitor:
             "compute_instance": event.where.compute_instance,
         }
         if not devices:
-            log.warning("health event on hardware no published device uses", health_event=repr(event), **where)
+            log.warning(
+                "health event on hardware no device is published for", health_event=repr(event), **where
+            )
             return []
         if assessment.problem is None:
             log.info(

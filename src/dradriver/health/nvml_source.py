@@ -14,6 +14,7 @@ GPU fails, and so does one with a row remap pending (it needs a reset) or over a
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -108,7 +109,9 @@ class NvmlHealthSource:
         started = self._clock()
         wait = timeout if self._next_poll is None else max(0.0, min(timeout, self._next_poll - started))
         try:
-            data = self._call("nvmlEventSetWait", self._nvml.nvmlEventSetWait_v2, self._set, int(wait * 1000))
+            # Rounded up: a 0 ms wait would return at once and spin until the poll is due.
+            wait_ms = max(1, math.ceil(wait * 1000))
+            data = self._call("nvmlEventSetWait", self._nvml.nvmlEventSetWait_v2, self._set, wait_ms)
         except _CallError as err:
             if isinstance(err.error, self._nvml.NVMLError_Timeout):
                 return []
