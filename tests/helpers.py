@@ -46,6 +46,7 @@ class ServeProcess:
         driver: str = DRIVER,
         *,
         claims_from_files: bool = True,
+        fake_gpus: str | None = "dgx-h100",
     ) -> None:
         self.root = root
         self.registry_dir = root / "plugins_registry"
@@ -62,8 +63,7 @@ class ServeProcess:
             str(self.cdi_dir),
             "--node-name",
             "node-1",
-            "--fake-gpus",
-            "dgx-h100",
+            *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *extra_args,
         ]
