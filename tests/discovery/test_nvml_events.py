@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import pytest
 
 from dradriver.devicemodel import build_devices
 from dradriver.discovery import open_library
+from dradriver.health.board import Health
 from dradriver.health.config import Thresholds
 from dradriver.health.events import GpuLostEvent, HardwareRef, SourceOptions, ThresholdEvent, XidEvent
 from dradriver.health.nvml_source import NvmlHealthSource
 from dradriver.health.targets import HealthTargets
-from tests.fakenvml.harness import EVENTS_ENV, NVML_ERROR_UNKNOWN, EventPipe, Failure
+from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, NVML_ERROR_UNKNOWN, EventPipe, Failure, config_text
+from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for
 
 from .conftest import FakeNode, FakeNodeFactory
 
@@ -40,7 +43,7 @@ def pipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EventPipe]
 
 
 def open_source(
-    node: FakeNode, profile: str, thresholds: Thresholds | None = None, errors: Errors | None = None
+    node: FakeNode, thresholds: Thresholds | None = None, errors: Errors | None = None
 ) -> tuple[NvmlHealthSource, HealthTargets]:
     """Discover through NVML (as serve does, library closed afterwards), then watch the result."""
     library = node.open()
@@ -57,7 +60,7 @@ def open_source(
 
 def test_xid_events_name_the_gpu_or_the_mig_instance(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
     inventory = open_library("dgx-a100-mig").discover()
-    source, targets = open_source(fake_node(inventory), "dgx-a100-mig")
+    source, targets = open_source(fake_node(inventory))
     try:
         assert source.unmonitored() == {}
         assert source.next_events(0.05) == []  # a wait that times out is no event
@@ -80,7 +83,7 @@ def test_gpus_that_cannot_register_are_unmonitored(fake_node: FakeNodeFactory, p
     inventory = open_library("t4x4").discover()
     node = fake_node(inventory, [Failure("nvmlDeviceRegisterEvents", NVML_ERROR_NOT_SUPPORTED, gpu=1)])
     errors = Errors()
-    source, _ = open_source(node, "t4x4", errors=errors)
+    source, _ = open_source(node, errors=errors)
     try:
         assert source.unmonitored() == {inventory.gpus[1].uuid: "nvmlDeviceRegisterEvents: Not Supported"}
         assert errors.calls == ["nvmlDeviceRegisterEvents"]
@@ -95,7 +98,7 @@ def test_gpus_that_cannot_register_are_unmonitored(fake_node: FakeNodeFactory, p
 def test_no_event_set_leaves_every_gpu_unmonitored(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
     inventory = open_library("t4x4").discover()
     node = fake_node(inventory, [Failure("nvmlEventSetCreate", NVML_ERROR_UNKNOWN)])
-    source, _ = open_source(node, "t4x4")
+    source, _ = open_source(node)
     try:
         assert set(source.unmonitored().values()) == {"nvmlEventSetCreate: Unknown Error"}
         assert source.next_events(0.01) == []
@@ -107,7 +110,7 @@ def test_lost_gpu_is_found_reported_once_and_recovers_by_recheck(
     fake_node: FakeNodeFactory, pipe: EventPipe
 ) -> None:
     inventory = open_library("t4x4").discover()
-    source, _ = open_source(fake_node(inventory), "t4x4")
+    source, _ = open_source(fake_node(inventory))
     lost_uuid = inventory.gpus[3].uuid
     try:
         pipe.send("lost 3")
@@ -132,7 +135,7 @@ def test_lost_gpu_is_found_reported_once_and_recovers_by_recheck(
 
 def test_recheck_fails_while_a_row_remap_is_pending(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
     inventory = open_library("dgx-h100").discover()
-    source, _ = open_source(fake_node(inventory), "dgx-h100")
+    source, _ = open_source(fake_node(inventory))
     uuid = inventory.gpus[5].uuid
     try:
         pipe.send("remap 5 1 0")
@@ -151,7 +154,7 @@ def test_recheck_fails_while_a_row_remap_is_pending(fake_node: FakeNodeFactory, 
 def test_thresholds_are_polled_and_rechecked(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
     inventory = open_library("t4x4").discover()
     thresholds = Thresholds(temperature_celsius=90, uncorrected_ecc_errors=2, poll_interval_seconds=1)
-    source, _ = open_source(fake_node(inventory), "t4x4", thresholds)
+    source, _ = open_source(fake_node(inventory), thresholds)
     hot, flaky = inventory.gpus[0].uuid, inventory.gpus[2].uuid
     try:
         assert source.next_events(0.01) == []  # first poll: all within limits
@@ -171,3 +174,35 @@ def test_thresholds_are_polled_and_rechecked(fake_node: FakeNodeFactory, pipe: E
         assert source.check(hot) is None
     finally:
         source.close()
+
+
+def test_serve_on_nvml_reports_an_xid_from_the_event_wait(fake_nvml_library: Path, tmp_path: Path) -> None:
+    """`serve` without --fake-gpus: discovery and events through pynvml and the C fake, end to end."""
+    inventory = open_library("t4x4").discover()
+    config = tmp_path / "nvml.conf"
+    config.write_text(config_text(inventory))
+    events = EventPipe(tmp_path / "nvml-events")
+    env = {
+        "LD_LIBRARY_PATH": str(fake_nvml_library.parent),
+        CONFIG_ENV: str(config),
+        EVENTS_ENV: str(events.path),
+    }
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, [], env, fake_gpus=None).start()
+        stream = HealthStream(serve.dra_socket)
+        try:
+            wait_for(lambda: len(stream.latest) == 4, 20, f"the device list (log: {serve.log()})")
+            report = serve.plugins_dir / DRIVER / "health.json"
+            wait_for(report.exists, 10, "health.json")
+            assert json.loads(report.read_text())["source"] == "nvml"
+            events.send("xid 2 13", "xid 1 95")
+            assert stream.wait("gpu-1", Health.UNHEALTHY).startswith("XID 95 (Uncontained ECC error) at ")
+            assert stream.latest["gpu-2"][0] == Health.HEALTHY
+            events.send("lost 3")
+            assert stream.wait("gpu-3", Health.UNHEALTHY).startswith(
+                "GPU lost (NVML nvmlDeviceGetHandleByUUID: GPU is lost) at "
+            )
+        finally:
+            stream.close()
+            serve.kill()
+            events.close()

@@ -7,54 +7,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from dradriver import kubeletclient
 from dradriver.health.board import Health
-from tests.helpers import DRIVER, ServeProcess, short_tmpdir, wait_for
+from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
 from tests.publish.test_serve_cluster import free_port
 
 #: Short enough for a test, long enough that "still unhealthy inside the quiet period" is observable.
 QUIET = "quietPeriodSeconds: 2\nrecheckIntervalSeconds: 0.5\n"
-
-DeviceStates = dict[str, tuple[int, str]]
-
-
-class HealthStream:
-    """The kubelet's NodeWatchResources stream, read in a thread; `latest` is the last full list."""
-
-    def __init__(self, socket: Path) -> None:
-        self._client = kubeletclient.DRAClient(socket)
-        self.responses: list[DeviceStates] = []
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            for response in self._client.watch_health(timeout=300):
-                self.responses.append({d.device.device_name: (d.health, d.message) for d in response.devices})
-        except grpc.RpcError:
-            pass  # closed by the test
-
-    @property
-    def latest(self) -> DeviceStates:
-        return self.responses[-1] if self.responses else {}
-
-    def wait(self, device: str, health: Health, timeout: float = 15) -> str:
-        """Wait for `device` to reach `health` on the stream; returns its message."""
-        wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, f"{device} {health.name}")
-        return self.latest[device][1]
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def fake_event(serve: ServeProcess, *args: str, driver: str = DRIVER) -> subprocess.CompletedProcess[str]:
