@@ -227,8 +227,15 @@ class Daemon:
                 devices=devices,
                 prepared_claims=lambda: len(driver.records()),
                 registered=lambda: self.registration.status.registered is True,
+                slice_writes=self._slice_writes,
             )
         )
+
+    def _slice_writes(self) -> dict[str, int]:
+        if self._publisher is None:
+            return {}
+        writes = self._publisher.status.writes
+        return {"create": writes.creates, "update": writes.updates, "delete": writes.deletes}
 
     def _start_health(
         self, library: DeviceLibrary, devices: DeviceSet, client: KubeClient | None

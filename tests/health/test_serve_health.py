@@ -232,7 +232,8 @@ def serving_cluster(
 
 def test_unhealthy_device_is_tainted_on_the_slice_and_untainted_when_healthy(backend: Backend) -> None:
     node = backend.make_node()
-    with serving_cluster(backend, node) as (serve, stream):
+    port = free_port()
+    with serving_cluster(backend, node, extra=["--metrics-address", f"127.0.0.1:{port}"]) as (serve, stream):
         assert all(t == [] for t in device_taints(backend, node).values())
         assert fake_event(serve, "--device", "gpu-4", "--xid", "48", driver=TEST_DRIVER).returncode == 0
         message = stream.wait("gpu-4", Health.UNHEALTHY)
@@ -258,6 +259,13 @@ def test_unhealthy_device_is_tainted_on_the_slice_and_untainted_when_healthy(bac
         assert events[0]["involvedObject"]["kind"] == "Node"
         assert events[0]["involvedObject"]["uid"] == backend.direct.node_uid(node)
         assert events[0]["source"] == {"component": TEST_DRIVER, "host": node}
+        writes = {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in scrape(port).splitlines()
+            if line.startswith("dradriver_resourceslice_writes_total{")
+        }
+        assert writes["create"] == 1
+        assert writes["update"] >= 2  # tainted, untainted
 
 
 def test_noexecute_is_opt_in(backend: Backend) -> None:
