@@ -112,8 +112,9 @@ class HealthMonitor:
     def _on_event(self, event: HealthEvent, now: float) -> list[Transition]:
         assessment = assess(event, self._config)
         devices = self._targets.devices_for(event.where)
-        if isinstance(event, XidEvent):
-            self._metrics.xid(event.xid, assessment.event_class.value)
+        xid = event.xid if isinstance(event, XidEvent) else None
+        if xid is not None:
+            self._metrics.xid(xid, assessment.event_class.value)
         where = {
             "gpu": event.where.gpu_uuid,
             "gpu_instance": event.where.gpu_instance,
@@ -128,7 +129,7 @@ class HealthMonitor:
             log.info(
                 "GPU event that leaves health unchanged",
                 event_class=assessment.event_class.value,
-                xid=getattr(event, "xid", None),
+                xid=xid,
                 devices=list(devices),
                 **where,
             )
