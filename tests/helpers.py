@@ -8,10 +8,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+import grpc
+
+from dradriver import kubeletclient
+from dradriver.health.board import Health
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -46,6 +52,7 @@ class ServeProcess:
         driver: str = DRIVER,
         *,
         claims_from_files: bool = True,
+        fake_gpus: str | None = "dgx-h100",
     ) -> None:
         self.root = root
         self.registry_dir = root / "plugins_registry"
@@ -62,8 +69,7 @@ class ServeProcess:
             str(self.cdi_dir),
             "--node-name",
             "node-1",
-            "--fake-gpus",
-            "dgx-h100",
+            *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *extra_args,
         ]
@@ -168,3 +174,35 @@ def opaque(
 
 def uid(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012d}"
+
+
+DeviceStates = dict[str, tuple[int, str]]
+
+
+class HealthStream:
+    """The kubelet's NodeWatchResources stream, read in a thread; `latest` is the last full list."""
+
+    def __init__(self, socket: Path) -> None:
+        self._client = kubeletclient.DRAClient(socket)
+        self.responses: list[DeviceStates] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for response in self._client.watch_health(timeout=300):
+                self.responses.append({d.device.device_name: (d.health, d.message) for d in response.devices})
+        except grpc.RpcError:
+            pass  # closed by the test
+
+    @property
+    def latest(self) -> DeviceStates:
+        return self.responses[-1] if self.responses else {}
+
+    def wait(self, device: str, health: Health, timeout: float = 15) -> str:
+        """Wait for `device` to reach `health` on the stream; returns its message."""
+        wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, f"{device} {health.name}")
+        return self.latest[device][1]
+
+    def close(self) -> None:
+        self._client.close()

@@ -24,7 +24,12 @@ from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 
 if TYPE_CHECKING:
+    from dradriver.devicemodel import DeviceSet
+    from dradriver.discovery import DeviceLibrary
+    from dradriver.health.config import HealthConfig
+    from dradriver.health.monitor import HealthMonitor
     from dradriver.kube import KubeClient
+    from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
     from dradriver.prepare.stale import StaleClaimCollector
@@ -56,6 +61,8 @@ class ServeConfig:
     driver_root_mount: Path
     partitionable: bool
     stale_claim_grace: float
+    #: None: the defaults (`--health-config` not given).
+    health: HealthConfig | None = None
 
 
 class DeferredDriver:
@@ -107,6 +114,8 @@ class Daemon:
         self._signal: str | None = None
         self._publisher: SliceController | None = None
         self._collector: StaleClaimCollector | None = None
+        self._health: HealthMonitor | None = None
+        self._node_events: NodeEventSender | None = None
 
     def run(self) -> int:
         # Before anything binds: a SIGTERM during start-up must still clean up.
@@ -137,6 +146,10 @@ class Daemon:
             # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
             # while a restart (upgrade, crash) re-adopts them with zero writes.
             self._publisher.stop()
+        if self._health is not None:
+            self._health.stop()
+        if self._node_events is not None:
+            self._node_events.close()
         self.server.stop(self.config.shutdown_grace)
         if probes is not None:
             probes.stop()
@@ -219,8 +232,63 @@ class Daemon:
                 devices=devices,
                 prepared_claims=lambda: len(driver.records()),
                 registered=lambda: self.registration.status.registered is True,
+                slice_writes=self._slice_writes,
             )
         )
+
+    def _slice_writes(self) -> dict[str, int]:
+        if self._publisher is None:
+            return {}
+        writes = self._publisher.status.writes
+        return {"create": writes.creates, "update": writes.updates, "delete": writes.deletes}
+
+    def _start_health(
+        self, library: DeviceLibrary, devices: DeviceSet, client: KubeClient | None
+    ) -> Callable[[], dict[str, dict[str, Any]]]:
+        """Start watching the devices' health; returns what gives the taints to publish."""
+        from dradriver.health import effects
+        from dradriver.health.config import HealthConfig
+        from dradriver.health.events import HealthMetrics, NoMetrics, SourceOptions
+        from dradriver.health.monitor import HealthMonitor, HealthSink
+        from dradriver.health.targets import HealthTargets
+
+        config = self.config.health or HealthConfig()
+        if not config.enabled:
+            log.warning("health monitoring is disabled (enabled: false in the health config)")
+            return dict
+        metrics: HealthMetrics = NoMetrics()
+        if self.config.metrics_address:
+            from dradriver.metrics import HealthCounters
+
+            metrics = HealthCounters()
+        targets = HealthTargets(devices.devices)
+        source = library.health_source(
+            targets, SourceOptions(self.config.state_dir, config.thresholds, metrics)
+        )
+        taints = effects.TaintSink(
+            self.config.driver_name,
+            config.taint_effect,
+            on_change=lambda: self._publisher.resync() if self._publisher is not None else None,
+        )
+        sinks: list[HealthSink] = [
+            effects.BoardSink(self.board, self.config.node_name),
+            effects.HealthFileSink(self.config.state_dir, self.board, source.name),
+        ]
+        if client is not None:
+            from dradriver.kube.events import NodeEventSender
+
+            self._node_events = NodeEventSender(
+                client, node_name=self.config.node_name, component=self.config.driver_name
+            )
+            sinks += [
+                taints,
+                effects.NodeEventSink(self._node_events, self.config.driver_name, config.taint_effect),
+            ]
+        self._health = HealthMonitor(
+            source=source, targets=targets, config=config, sinks=sinks, metrics=metrics
+        )
+        self._health.start()
+        return taints.taints
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signal.Signals(signum).name
@@ -239,6 +307,7 @@ class Daemon:
         """Discovery, the device model and the GPU driver, built once the sockets are up."""
         from dradriver.devicemodel import build_devices
         from dradriver.discovery import open_library
+        from dradriver.health.taints import with_taints
         from dradriver.slices import render_slices
 
         config = self.config
@@ -254,10 +323,13 @@ class Daemon:
             log.warning("device model", detail=warning)
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
         client = self._connect()
+        taints = self._start_health(library, devices, client)
         if client is not None:
             self._publish(
                 client,
-                lambda: render_slices(devices, node_name=config.node_name, driver_name=config.driver_name),
+                lambda: render_slices(
+                    with_taints(devices, taints()), node_name=config.node_name, driver_name=config.driver_name
+                ),
             )
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory

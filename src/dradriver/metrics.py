@@ -7,10 +7,10 @@ which `serve` must not pay before its sockets are up).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dradriver import __version__
@@ -39,12 +39,6 @@ CALL_FAILURES = Counter(
     "dradriver_dra_call_failures_total",
     "Whole DRA calls that failed (claim not fetchable, internal error)",
     ["method", "code"],
-    registry=REGISTRY,
-)
-SLICE_WRITES = Counter(
-    "dradriver_resourceslice_writes_total",
-    "ResourceSlice writes by operation",
-    ["operation"],
     registry=REGISTRY,
 )
 NVML_ERRORS = Counter("dradriver_nvml_errors_total", "NVML calls that failed", ["call"], registry=REGISTRY)
@@ -90,6 +84,16 @@ class CallMetrics:
             CLAIM_ERRORS.labels(method, error_reason(message)).inc()
 
 
+class HealthCounters:
+    """The health machinery's HealthMetrics: XID events by code and class, NVML errors by call."""
+
+    def xid(self, code: int, xid_class: str) -> None:
+        XID_EVENTS.labels(str(code), xid_class).inc()
+
+    def nvml_error(self, call: str) -> None:
+        NVML_ERRORS.labels(call).inc()
+
+
 class StateCollector(Collector):
     """Gauges read at scrape time from the daemon's own state, so they can never drift from it."""
 
@@ -99,12 +103,14 @@ class StateCollector(Collector):
         devices: Callable[[], Sequence[tuple[str, str]]],
         prepared_claims: Callable[[], int],
         registered: Callable[[], bool],
+        slice_writes: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._devices = devices
         self._prepared = prepared_claims
         self._registered = registered
+        self._slice_writes = slice_writes
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         by_type_health = GaugeMetricFamily(
             "dradriver_devices", "Published devices by type and health", labels=["type", "health"]
         )
@@ -122,3 +128,9 @@ class StateCollector(Collector):
             "1 when the kubelet accepted our registration",
             value=1 if self._registered() else 0,
         )
+        writes = CounterMetricFamily(
+            "dradriver_resourceslice_writes", "ResourceSlice writes by operation", labels=["operation"]
+        )
+        for operation, count in sorted(self._slice_writes().items()):
+            writes.add_metric([operation], count)
+        yield writes

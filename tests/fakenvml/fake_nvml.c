@@ -16,12 +16,33 @@
  *            SM CE DEC ENC JPEG OFA MEMORY_MB
  *   fail     FUNCTION GPU CODE        FUNCTION returns CODE for GPU (its position, or * for all)
  *
- * GPU is the position of the gpu line (the NVML index). Build:
+ * GPU is the position of the gpu line (the NVML index).
+ *
+ * Health events: the environment variable FAKE_NVML_EVENTS names a FIFO that nvmlEventSetCreate
+ * opens; nvmlEventSetWait_v2 blocks on it (poll, with the caller's timeout) and turns each line
+ * written to it into what real NVML would report. Commands (fields separated by spaces):
+ *
+ *   xid GPU CODE [GI CI]     an XID critical-error event (GI/CI default 0xFFFFFFFF: the whole GPU),
+ *                            delivered only if the GPU registered for XID events
+ *   lost GPU                 the GPU falls off the bus: the wait returns NVML_ERROR_GPU_IS_LOST and
+ *                            every later call on the GPU fails with it
+ *   found GPU                the GPU answers again (no event)
+ *   temp GPU CELSIUS         its temperature from now on (no event; default 40)
+ *   ecc GPU COUNT            its volatile uncorrected ECC error count (no event; default 0)
+ *   remap GPU PENDING FAIL   its row-remapping state (no event; default 0 0)
+ *
+ * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
+ * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -31,8 +52,17 @@ enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_UNKNOWN = 999,
 };
+
+#define EVENT_TYPE_SINGLE_BIT_ECC 0x1ULL
+#define EVENT_TYPE_DOUBLE_BIT_ECC 0x2ULL
+#define EVENT_TYPE_XID 0x8ULL
+#define WHOLE_GPU 0xFFFFFFFFu
+/* What a line on the events FIFO produced when it is not an event. */
+#define NO_EVENT (-1)
 
 #define MAX_GPUS 64
 #define MAX_PROFILES 256
@@ -40,7 +70,7 @@ enum {
 #define MAX_FAILS 64
 #define MAX_PLACEMENTS 16
 
-enum kind { KIND_GPU = 0x47505521, KIND_MIG, KIND_GI, KIND_CI };
+enum kind { KIND_GPU = 0x47505521, KIND_MIG, KIND_GI, KIND_CI, KIND_EVENT_SET };
 
 struct tag {
     int kind;
@@ -53,6 +83,10 @@ struct gpu {
     int cc_major, cc_minor, numa, mig_mode;
     unsigned long long memory;
     char uuid[96], name[96], bus_id[32];
+    /* Health state, changed through the events FIFO. */
+    int lost;
+    unsigned temperature, remap_pending, remap_failure;
+    unsigned long long ecc_uncorrected, registered_events;
 };
 
 struct profile {
@@ -78,8 +112,16 @@ struct fail {
     nvmlReturn_t code;
 };
 
+/* The one event set this fake supports, reading commands from the FIFO named by FAKE_NVML_EVENTS. */
+static struct event_set {
+    struct tag tag;
+    int open, fd, writer_fd;
+    size_t len;
+    char buf[4096];
+} event_set = {.fd = -1, .writer_fd = -1};
+
 static struct {
-    int initialized;
+    int initialized; /* nvmlInit reference count */
     char driver[80];
     int cuda;
     int ngpus, nprofiles, nmigs, nfails;
@@ -119,6 +161,12 @@ typedef struct {
     unsigned long long memorySizeMB;
     char name[96];
 } nvmlGpuInstanceProfileInfo_v2_t;
+
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
 
 static void copy_field(char *dst, size_t size, const char *src) {
     snprintf(dst, size, "%s", src ? src : "");
@@ -162,6 +210,7 @@ static nvmlReturn_t load_config(void) {
             copy_field(g->bus_id, sizeof g->bus_id, f[9]);
             g->numa = atoi(f[10]);
             g->mig_mode = atoi(f[11]);
+            g->temperature = 40;
         } else if (n == 16 && !strcmp(f[0], "profile") && state.nprofiles < MAX_PROFILES) {
             struct profile *p = &state.profiles[state.nprofiles++];
             unsigned *nums[] = {&p->index, &p->id, &p->slices, &p->instances, &p->sm, &p->ce,
@@ -235,7 +284,10 @@ static int gpu_of(void *handle) {
     do {                                                                   \
         if (!state.initialized)                                            \
             return NVML_ERROR_UNINITIALIZED;                               \
-        nvmlReturn_t forced_ = injected(name, (handle) ? gpu_of(handle) : -1); \
+        int gpu_ = (handle) ? gpu_of(handle) : -1;                         \
+        if (gpu_ >= 0 && state.gpus[gpu_].lost)                            \
+            return NVML_ERROR_GPU_IS_LOST;                                 \
+        nvmlReturn_t forced_ = injected(name, gpu_);                       \
         if (forced_ != NVML_SUCCESS)                                       \
             return forced_;                                                \
     } while (0)
@@ -247,8 +299,20 @@ static nvmlReturn_t put_string(char *out, unsigned length, const char *value) {
     return NVML_SUCCESS;
 }
 
+static void close_event_set(void) {
+    if (event_set.fd >= 0)
+        close(event_set.fd);
+    if (event_set.writer_fd >= 0)
+        close(event_set.writer_fd);
+    event_set = (struct event_set){.fd = -1, .writer_fd = -1};
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (state.initialized) {
+        state.initialized++;
+        return NVML_SUCCESS;
+    }
     nvmlReturn_t ret = load_config();
     if (ret != NVML_SUCCESS)
         return ret;
@@ -264,7 +328,8 @@ nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) {
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
-    state.initialized = 0;
+    if (--state.initialized == 0)
+        close_event_set();
     return NVML_SUCCESS;
 }
 
@@ -552,4 +617,188 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigne
         placements[i] = (nvmlPlacement_t){p->starts[i], p->placement_size};
     *count = p->nstarts;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < state.ngpus; i++)
+        if (!strcmp(state.gpus[i].uuid, uuid)) {
+            if (state.gpus[i].lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &state.gpus[i].tag;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned sensor, unsigned *temperature) {
+    ENTER("nvmlDeviceGetTemperature", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || sensor != 0 || !temperature)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *temperature = g->temperature;
+    return NVML_SUCCESS;
+}
+
+/* errorType 1 = uncorrected, counterType 0 = volatile: the only counter this fake keeps. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned error_type, unsigned counter_type,
+                                         unsigned long long *count) {
+    ENTER("nvmlDeviceGetTotalEccErrors", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = error_type == 1 && counter_type == 0 ? g->ecc_uncorrected : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned *corrected, unsigned *uncorrected, unsigned *pending,
+                                       unsigned *failure) {
+    ENTER("nvmlDeviceGetRemappedRows", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !corrected || !uncorrected || !pending || !failure)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *corrected = *uncorrected = 0;
+    *pending = g->remap_pending;
+    *failure = g->remap_failure;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) {
+    ENTER("nvmlDeviceGetSupportedEventTypes", device);
+    if (!as_gpu(device) || !types)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *types = EVENT_TYPE_SINGLE_BIT_ECC | EVENT_TYPE_DOUBLE_BIT_ECC | EVENT_TYPE_XID;
+    return NVML_SUCCESS;
+}
+
+static struct event_set *as_event_set(void *handle) {
+    struct tag *t = handle;
+    return t == &event_set.tag && event_set.open ? &event_set : NULL;
+}
+
+nvmlReturn_t nvmlEventSetCreate(void **set) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t forced = injected("nvmlEventSetCreate", -1);
+    if (forced != NVML_SUCCESS)
+        return forced;
+    if (!set || event_set.open)
+        return NVML_ERROR_INVALID_ARGUMENT; /* this fake has a single event set */
+    event_set = (struct event_set){.tag = {KIND_EVENT_SET, 0}, .open = 1, .fd = -1, .writer_fd = -1};
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    if (path) {
+        event_set.fd = open(path, O_RDONLY | O_NONBLOCK);
+        /* Our own writer keeps the FIFO from reporting end-of-file between the test's writes. */
+        event_set.writer_fd = event_set.fd >= 0 ? open(path, O_WRONLY | O_NONBLOCK) : -1;
+        if (event_set.fd < 0 || event_set.writer_fd < 0) {
+            fprintf(stderr, "fake NVML: cannot open events FIFO %s: %s\n", path, strerror(errno));
+            close_event_set();
+            return NVML_ERROR_UNKNOWN;
+        }
+    }
+    *set = &event_set.tag;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(void *set) {
+    if (!as_event_set(set))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    close_event_set();
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long types, void *set) {
+    ENTER("nvmlDeviceRegisterEvents", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !as_event_set(set))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    g->registered_events |= types;
+    return NVML_SUCCESS;
+}
+
+/* Take one complete line out of the event set's buffer; 0 when there is none yet. */
+static int next_line(char *line, size_t size) {
+    char *end = memchr(event_set.buf, '\n', event_set.len);
+    if (!end)
+        return 0;
+    size_t n = (size_t)(end - event_set.buf);
+    snprintf(line, size, "%.*s", (int)n, event_set.buf);
+    memmove(event_set.buf, end + 1, event_set.len - n - 1);
+    event_set.len -= n + 1;
+    return 1;
+}
+
+/* Apply one FIFO command: an event (NVML_SUCCESS with `data` filled), NVML_ERROR_GPU_IS_LOST,
+   or NO_EVENT for commands that only change state (and for lines it cannot use). */
+static nvmlReturn_t apply_command(const char *line, nvmlEventData_t *data) {
+    char verb[16] = "";
+    long long a[4] = {-1, -1, -1, -1};
+    int n = sscanf(line, "%15s %lld %lld %lld %lld", verb, &a[0], &a[1], &a[2], &a[3]);
+    if (n < 2 || a[0] < 0 || a[0] >= state.ngpus) {
+        fprintf(stderr, "fake NVML: bad events line: %s\n", line);
+        return NO_EVENT;
+    }
+    struct gpu *g = &state.gpus[a[0]];
+    if (!strcmp(verb, "xid") && (n == 3 || n == 5)) {
+        if (!(g->registered_events & EVENT_TYPE_XID) || g->lost)
+            return NO_EVENT;
+        *data = (nvmlEventData_t){&g->tag, EVENT_TYPE_XID, (unsigned long long)a[1],
+                                  n == 5 ? (unsigned)a[2] : WHOLE_GPU, n == 5 ? (unsigned)a[3] : WHOLE_GPU};
+        return NVML_SUCCESS;
+    }
+    if (!strcmp(verb, "lost") && n == 2) {
+        g->lost = 1;
+        return NVML_ERROR_GPU_IS_LOST;
+    }
+    if (!strcmp(verb, "found") && n == 2)
+        g->lost = 0;
+    else if (!strcmp(verb, "temp") && n == 3)
+        g->temperature = (unsigned)a[1];
+    else if (!strcmp(verb, "ecc") && n == 3)
+        g->ecc_uncorrected = (unsigned long long)a[1];
+    else if (!strcmp(verb, "remap") && n == 4) {
+        g->remap_pending = (unsigned)a[1];
+        g->remap_failure = (unsigned)a[2];
+    } else
+        fprintf(stderr, "fake NVML: bad events line: %s\n", line);
+    return NO_EVENT;
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!as_event_set(set) || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    long long deadline = now_ms() + timeout_ms;
+    for (;;) {
+        char line[256];
+        while (next_line(line, sizeof line)) {
+            nvmlReturn_t ret = apply_command(line, data);
+            if (ret != NO_EVENT)
+                return ret;
+        }
+        long long left = deadline - now_ms();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        struct pollfd p = {event_set.fd, POLLIN, 0};
+        int ready = poll(&p, event_set.fd >= 0 ? 1 : 0, (int)left);
+        if (ready < 0 && errno != EINTR)
+            return NVML_ERROR_UNKNOWN;
+        if (ready > 0) {
+            ssize_t got = read(event_set.fd, event_set.buf + event_set.len, sizeof event_set.buf - event_set.len);
+            if (got > 0)
+                event_set.len += (size_t)got;
+            else if (event_set.len == sizeof event_set.buf)
+                event_set.len = 0; /* a line longer than the buffer: drop it rather than spin */
+        }
+    }
 }

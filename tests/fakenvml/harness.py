@@ -6,6 +6,7 @@ test can check that the real NVML code path discovers exactly what the fake back
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ SONAME = "libnvidia-ml.so.1"
 IN_PROCESS_SONAME = "libdradriver-fake-nvml.so.1"
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 CONFIG_ENV = "FAKE_NVML_CONFIG"
+#: Names the FIFO the fake reads health-event commands from (see fake_nvml.c).
+EVENTS_ENV = "FAKE_NVML_EVENTS"
 
 # NVML return codes the tests inject.
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -176,3 +179,22 @@ def write_sys(inventory: NodeInventory, sys_root: Path) -> None:
         (links / gpu.pci_bus_id).symlink_to(
             Path("../../..") / "devices" / root / "0000:00:01.0" / gpu.pci_bus_id
         )
+
+
+class EventPipe:
+    """The FIFO the fake NVML reads health-event commands from ("xid 3 79", "lost 3", ...).
+
+    The test's end stays open (read-write, so opening never blocks) for the pipe's lifetime:
+    commands written before the fake opens its end wait in the pipe instead of being lost.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+    def send(self, *commands: str) -> None:
+        os.write(self._fd, "".join(f"{c}\n" for c in commands).encode())
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -113,6 +113,22 @@ def add_plugins_dir_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_state_dir_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--state-dir",
+        type=absolute_path,
+        help="the plugin's state directory: checkpoint, health.json, the fake-event log "
+        "(default <kubelet-plugins-dir>/<driver-name>)",
+    )
+
+
+def state_dir(args: argparse.Namespace) -> Path:
+    """--state-dir, else its default under the plugins directory (needs add_plugins_dir_flag too)."""
+    path: Path = args.state_dir or args.kubelet_plugins_dir / args.driver_name
+    return path
+
+
 def add_fake_gpus_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.cli._common import (
+    CLIError,
     absolute_path,
     add_command,
     add_driver_name_flag,
@@ -15,7 +16,9 @@ from dradriver.cli._common import (
     add_node_name_flag,
     add_partitionable_flag,
     add_plugins_dir_flag,
+    add_state_dir_flag,
     env_flag,
+    state_dir,
 )
 
 
@@ -45,12 +48,7 @@ def register(subparsers: Any) -> None:
         default=Path("/var/run/cdi"),
         help="where CDI specs are written",
     )
-    env_flag(
-        parser,
-        "--state-dir",
-        type=absolute_path,
-        help="where the checkpoint lives (default <kubelet-plugins-dir>/<driver-name>)",
-    )
+    add_state_dir_flag(parser)
     add_kubeconfig_flag(parser)
     add_fake_gpus_flag(parser)
     env_flag(
@@ -98,6 +96,14 @@ def register(subparsers: Any) -> None:
         metavar="[HOST]:PORT",
         help="serve /healthz and /readyz (and /metrics) here, e.g. 127.0.0.1:8080; off when unset",
     )
+    env_flag(
+        parser,
+        "--health-config",
+        type=absolute_path,
+        metavar="FILE",
+        help="YAML file overriding the GPU health policy (XID classes, quiet period, taint effect, "
+        "thresholds); see README 'GPU health'",
+    )
 
 
 def probe_address(value: str) -> str:
@@ -113,13 +119,22 @@ def probe_address(value: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
 
+    health = None
+    if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
+        from dradriver.health.config import HealthConfigError, load_health_config
+
+        try:
+            health = load_health_config(args.health_config)
+        except HealthConfigError as err:
+            raise CLIError(f"--health-config {err}") from None
+
     config = ServeConfig(
         driver_name=args.driver_name,
         node_name=args.node_name,
         registry_dir=args.kubelet_registry_dir,
         plugins_dir=args.kubelet_plugins_dir,
         cdi_dir=args.cdi_dir,
-        state_dir=args.state_dir or args.kubelet_plugins_dir / args.driver_name,
+        state_dir=state_dir(args),
         kubeconfig=args.kubeconfig,
         fake_gpus=args.fake_gpus,
         log_format=args.log_format,
@@ -131,5 +146,6 @@ def run(args: argparse.Namespace) -> int:
         driver_root_mount=args.driver_root_mount or args.driver_root,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
+        health=health,
     )
     return Daemon(config).run()

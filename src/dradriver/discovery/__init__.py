@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.discovery.model import (
@@ -21,6 +21,10 @@ from dradriver.discovery.model import (
     NodeInventory,
     SkippedDevice,
 )
+
+if TYPE_CHECKING:
+    from dradriver.health.events import HealthSource, SourceOptions
+    from dradriver.health.targets import HealthTargets
 
 __all__ = [
     "NVIDIA_CHAR_MAJOR",
@@ -39,9 +43,17 @@ __all__ = [
 
 
 class DeviceLibrary(Protocol):
-    """A source of GPU inventory; `close()` releases it (NVML shutdown)."""
+    """A source of GPU inventory and of health events; `close()` releases it (NVML shutdown)."""
 
     def discover(self) -> NodeInventory: ...
+
+    def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
+        """Watch the health of the GPUs under `targets`.
+
+        The source holds what it needs itself (its own NVML reference), so it may be created
+        after `close()` and outlives it.
+        """
+        ...
 
     def close(self) -> None: ...
 

@@ -9,6 +9,7 @@ every node using the profile see the same devices.
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from dradriver.discovery.model import (
     Gpu,
@@ -20,6 +21,10 @@ from dradriver.discovery.model import (
 )
 from dradriver.discovery.nvidia_caps import driver_layout_minor
 from dradriver.discovery.profile import FakeProfile, GpuGroup, MigProfileSpec
+
+if TYPE_CHECKING:
+    from dradriver.health.events import HealthSource, SourceOptions
+    from dradriver.health.targets import HealthTargets
 
 _UUID_NAMESPACE = uuid.UUID("6f1d3c1e-8f7a-4c53-9a55-2b1f0f0de7a1")
 
@@ -123,8 +128,8 @@ def inventory_from_profile(profile: FakeProfile, seed: str) -> NodeInventory:
 class FakeLibrary:
     """A `DeviceLibrary` serving a profile's GPUs.
 
-    The inventory is plain instance state (never module globals), so that health-event
-    simulation can later change what one instance reports without touching others.
+    The inventory is plain instance state (never module globals). Health events come from the
+    log `dradriver fake-event` writes into the state directory.
     """
 
     def __init__(self, profile: FakeProfile, name: str) -> None:
@@ -133,6 +138,14 @@ class FakeLibrary:
 
     def discover(self) -> NodeInventory:
         return self._inventory
+
+    def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
+        from dradriver.health.fake_source import FakeHealthSource
+        from dradriver.logs import get_logger
+
+        if options.thresholds.enabled:
+            get_logger(component="health").warning("fake GPUs have no sensors: thresholds are not checked")
+        return FakeHealthSource(options.state_dir, targets.locate)
 
     def close(self) -> None:
         """Nothing to release; present for the `DeviceLibrary` interface."""

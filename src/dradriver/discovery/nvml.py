@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.discovery.model import (
@@ -26,6 +26,10 @@ from dradriver.discovery.model import (
     SkippedDevice,
 )
 from dradriver.discovery.nvidia_caps import DriverNodes, read_driver_nodes
+
+if TYPE_CHECKING:
+    from dradriver.health.events import HealthSource, SourceOptions
+    from dradriver.health.targets import HealthTargets
 
 #: NVML_BRAND_* -> the name we publish (nvml.h's names without the prefix, as NVIDIA's driver does).
 BRAND_NAMES = {
@@ -156,6 +160,12 @@ class NvmlLibrary:
             self._nvml.nvmlLib = library
             # Function pointers are cached per name; they belong to the library loaded before.
             self._nvml._nvmlGetFunctionPointer_cache.clear()
+
+    def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
+        """NVML events for the published GPUs; the source holds its own NVML reference."""
+        from dradriver.health.nvml_source import NvmlHealthSource
+
+        return NvmlHealthSource(targets.gpu_uuids, thresholds=options.thresholds, metrics=options.metrics)
 
     def close(self) -> None:
         if self._open:

@@ -327,7 +327,10 @@ class KubeClient:
         return items
 
     def create_event(self, namespace: str, event: Json) -> Json:
-        return self.request("POST", f"/api/v1/namespaces/{_seg(namespace)}/events", body=event)
+        # generateName: a retry after a lost answer would create a second Event
+        return self.request(
+            "POST", f"/api/v1/namespaces/{_seg(namespace)}/events", body=event, idempotent=False
+        )
 
     # -- resource slices -----------------------------------------------------------------------
 

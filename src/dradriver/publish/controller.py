@@ -21,6 +21,7 @@ from typing import Any
 
 from dradriver.kube.client import KubeClient, WatchStream
 from dradriver.kube.errors import ConflictError, GoneError, KubeError, NotFoundError
+from dradriver.kube.events import EVENT_NAMESPACE, node_event
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
 from dradriver.publish.cache import SliceCache
@@ -39,8 +40,6 @@ Json = dict[str, Any]
 #: Watch events arrive in bursts (the kubelet deletes all slices at once): wait this long
 #: after the first one before syncing.
 DEFAULT_DEBOUNCE_S = 0.3
-#: Namespace for Events about the (cluster-scoped) Node.
-EVENT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ class SliceController:
         # Reconciler thread only:
         self._node_uid: str | None = None
         self._stored_forms: dict[int, tuple[str, Json]] = {}  # index -> (desired fingerprint, stored content)
-        self._reported: set[tuple[int, str]] = set()
+        self._reported: set[tuple[int, tuple[str, ...]]] = set()
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -389,10 +388,12 @@ class SliceController:
             return
         key = fingerprint(content(desired.get("spec") or {}))
         self._stored_forms[index] = (key, got)
-        if (index, key) in self._reported:
-            return
-        self._reported.add((index, key))
         gates = dropped_gates(wanted, got)
+        # Once per slice and set of gates: device taints come and go with GPU health, and each
+        # change would otherwise repeat the same report.
+        if (index, tuple(gates)) in self._reported:
+            return
+        self._reported.add((index, tuple(gates)))
         message = (
             f"ResourceSlice #{index}: the API server dropped some fields, probably because these feature "
             f"gates are disabled: {' '.join(gates) or 'unknown'}; publishing what it stores instead"
@@ -407,25 +408,14 @@ class SliceController:
             self._emit_event("DroppedFields", message)
 
     def _emit_event(self, reason: str, message: str) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{self.node_name}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": self._node_uid,
-            },
-            "reason": reason,
-            "message": message,
-            "type": "Warning",
-            "source": {"component": self.driver_name, "host": self.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        event = node_event(
+            node_name=self.node_name,
+            node_uid=self._node_uid,
+            component=self.driver_name,
+            reason=reason,
+            message=message,
+            event_type="Warning",
+        )
         try:
             self._client.create_event(EVENT_NAMESPACE, event)
         except KubeError as err:  # an Event is a courtesy; the log line above is the record

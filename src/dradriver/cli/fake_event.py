@@ -1,0 +1,87 @@
+"""`dradriver fake-event`: inject a GPU health event into a running `serve --fake-gpus`.
+
+It appends one line to `<state-dir>/fake-events.jsonl`, which the daemon follows; the device is
+checked against the daemon's own health report (`health.json`), so a typo or a daemon that is
+not on fake GPUs is an error here rather than an event nobody reads.
+
+    dradriver fake-event --state-dir D --device gpu-3 --xid 79    # a fatal XID
+    dradriver fake-event --state-dir D --device gpu-3 --lost      # the GPU falls off the bus
+    dradriver fake-event --state-dir D --device gpu-3 --restore   # ... and answers again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from dradriver.cli._common import (
+    CLIError,
+    add_command,
+    add_driver_name_flag,
+    add_plugins_dir_flag,
+    add_state_dir_flag,
+    state_dir,
+)
+from dradriver.health import HEALTH_FILE
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(
+        subparsers,
+        "fake-event",
+        help="inject a GPU health event (XID, GPU lost / restored) into a running serve --fake-gpus",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        run=run,
+    )
+    add_driver_name_flag(parser)
+    add_plugins_dir_flag(parser)
+    add_state_dir_flag(parser)
+    parser.add_argument("--device", required=True, help="the published device name, e.g. gpu-3")
+    kind = parser.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--xid", type=_xid, metavar="CODE", help="raise this XID on the device")
+    kind.add_argument("--lost", action="store_true", help="mark the device's GPU lost (fallen off the bus)")
+    kind.add_argument("--restore", action="store_true", help="make the device's GPU answer again")
+
+
+def _xid(value: str) -> int:
+    try:
+        code = int(value)
+    except ValueError:
+        code = -1
+    if code < 0:
+        raise argparse.ArgumentTypeError(f"invalid XID {value!r}: must be a non-negative integer")
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.health.fake_source import FakeEventRecord, append_fake_event
+    from dradriver.health.xid import describe
+
+    directory = state_dir(args)
+    report_path = directory / HEALTH_FILE
+    try:
+        report = json.loads(report_path.read_text())
+    except FileNotFoundError:
+        raise CLIError(
+            f"{report_path} not found: start 'dradriver serve --fake-gpus PROFILE' with this state "
+            "directory first"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise CLIError(f"{report_path}: cannot read the daemon's health report: {err}") from None
+    if report.get("source") != "fake":
+        raise CLIError(
+            f"the daemon using {directory} watches {report.get('source')!r} GPUs, not fake ones: "
+            "it would not read the event"
+        )
+    known = [str(d.get("device")) for d in report.get("devices", [])]
+    if args.device not in known:
+        shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+        raise CLIError(f"--device: no device {args.device!r} on this node (it has {shown})")
+    lost = True if args.lost else False if args.restore else None
+    record = FakeEventRecord(device=args.device, xid=args.xid, lost=lost, at=time.time())
+    path = append_fake_event(directory, record)
+    what = describe(args.xid) if args.xid is not None else "GPU lost" if args.lost else "GPU restored"
+    print(f"{what} on {args.device}: appended to {path}")
+    return 0

@@ -1,0 +1,108 @@
+"""What health sources report, and the interface every source (NVML, fake GPUs) implements.
+
+Sources speak hardware (GPU UUIDs, MIG instance ids), never published device names: which
+devices an event concerns is decided once, in `targets`, for every source alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from dradriver.health.config import Thresholds
+
+
+@dataclass(frozen=True)
+class HardwareRef:
+    """A GPU, a GPU instance in it, or one compute instance (a MIG device) in that.
+
+    The instance ids are NVML's; None means "the whole" (NVML reports 0xFFFFFFFF).
+    """
+
+    gpu_uuid: str
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    where: HardwareRef
+    xid: int
+    #: Unix seconds.
+    at: float
+
+
+@dataclass(frozen=True)
+class GpuLostEvent:
+    """The GPU stopped answering (fell off the bus, or marked lost on a fake node)."""
+
+    where: HardwareRef
+    detail: str
+    at: float
+
+
+ThresholdKind = Literal["temperature", "ecc"]
+
+
+@dataclass(frozen=True)
+class ThresholdEvent:
+    """A polled value crossed its configured limit."""
+
+    where: HardwareRef
+    kind: ThresholdKind
+    detail: str
+    at: float
+
+
+HealthEvent = XidEvent | GpuLostEvent | ThresholdEvent
+
+
+class HealthMetrics(Protocol):
+    """Counters the health machinery moves; must be cheap and never raise."""
+
+    def xid(self, code: int, xid_class: str) -> None: ...
+
+    def nvml_error(self, call: str) -> None: ...
+
+
+class NoMetrics:
+    """When metrics are not served nothing is counted."""
+
+    def xid(self, code: int, xid_class: str) -> None:
+        """Not counted."""
+
+    def nvml_error(self, call: str) -> None:
+        """Not counted."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a source may need besides the GPUs to watch."""
+
+    #: The daemon's state directory (the fake backend's event log lives there).
+    state_dir: Path
+    thresholds: Thresholds
+    metrics: HealthMetrics
+
+
+class HealthSource(Protocol):
+    """Reports what happens to the node's GPUs; used from one thread only."""
+
+    #: "nvml" or "fake", for logs and health.json.
+    name: str
+
+    def unmonitored(self) -> Mapping[str, str]:
+        """GPU UUID -> why its health cannot be watched (their devices are reported UNKNOWN)."""
+        ...
+
+    def next_events(self, timeout: float) -> list[HealthEvent]:
+        """Block up to `timeout` seconds for events; an empty list when none came."""
+        ...
+
+    def check(self, gpu_uuid: str) -> str | None:
+        """Re-check a GPU before it is trusted again: None if fine, else what is still wrong."""
+        ...
+
+    def close(self) -> None: ...

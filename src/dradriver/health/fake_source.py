@@ -1,0 +1,152 @@
+"""Health events on a fake-GPU node: an append-only log in the state directory.
+
+`dradriver fake-event` appends one JSON line per command to `<state-dir>/fake-events.jsonl`;
+the running `serve --fake-gpus` follows the file (a stat every 0.2 s while idle) and turns each
+line into the event NVML would report for that device:
+
+    {"device": "gpu-3", "xid": 79, "at": 1717243200.0}     an XID on the device
+    {"device": "gpu-3", "lost": true, "at": ...}           its GPU falls off the bus
+    {"device": "gpu-3", "lost": false, "at": ...}          its GPU answers again
+
+XIDs written while no `serve` ran are history and are skipped at start; whether a GPU is lost
+is state, replayed from the whole file, so a restarted `serve` still sees it lost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dradriver import logs
+from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, XidEvent
+
+FAKE_EVENTS_FILE = "fake-events.jsonl"
+#: How often an idle `serve` looks at the log: 5 stats a second cost nothing measurable.
+POLL_SECONDS = 0.2
+
+log = logs.get_logger(component="health")
+
+
+class FakeEventRecord(BaseModel):
+    """One line of the log: an XID on a device, or its GPU lost / found again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: Annotated[str, Field(min_length=1, max_length=63)]
+    xid: Annotated[int, Field(ge=0)] | None = None
+    lost: bool | None = None
+    at: float
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        if (self.xid is None) == (self.lost is None):
+            raise ValueError("exactly one of xid and lost must be set")
+        return self
+
+
+def append_fake_event(state_dir: Path, record: FakeEventRecord) -> Path:
+    """Append `record` to the log; one O_APPEND write, so concurrent writers never interleave."""
+    path = state_dir / FAKE_EVENTS_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (record.model_dump_json(exclude_none=True) + "\n").encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+class FakeHealthSource:
+    """Follows the fake-event log; `locate` names the hardware under a device (see targets)."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        locate: Callable[[str], HardwareRef | None],
+        *,
+        poll_seconds: float = POLL_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._path = state_dir / FAKE_EVENTS_FILE
+        self._locate = locate
+        self._poll = poll_seconds
+        self._sleep = sleep
+        self._offset = 0
+        self._lost: dict[str, str] = {}  # GPU UUID -> the device named when it was marked lost
+        # The last loss of each GPU still lost; the XIDs in the history are not replayed.
+        history = {e.where.gpu_uuid: e for e in self._read_new() if isinstance(e, GpuLostEvent)}
+        self._pending: list[HealthEvent] = [e for uuid, e in history.items() if uuid in self._lost]
+
+    def unmonitored(self) -> Mapping[str, str]:
+        return {}
+
+    def next_events(self, timeout: float) -> list[HealthEvent]:
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self._read_new()
+            left = deadline - time.monotonic()
+            if events or left <= 0:
+                return events
+            self._sleep(min(self._poll, left))
+
+    def check(self, gpu_uuid: str) -> str | None:
+        device = self._lost.get(gpu_uuid)
+        if device is None:
+            return None
+        return f"GPU marked lost; dradriver fake-event --device {device} --restore brings it back"
+
+    def close(self) -> None:
+        """Nothing held open between polls."""
+
+    def _read_new(self) -> list[HealthEvent]:
+        try:
+            size = self._path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self._offset:  # truncated or replaced: start over
+            self._offset = 0
+        if size == self._offset:
+            return []
+        with self._path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read(size - self._offset)
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        self._offset += len(complete)
+        events = []
+        for line in complete.splitlines():
+            event = self._event(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _event(self, line: bytes) -> HealthEvent | None:
+        try:
+            record = FakeEventRecord.model_validate_json(line)
+        except ValidationError as err:
+            log.warning("ignoring a bad line in the fake-event log", path=str(self._path), error=str(err))
+            return None
+        where = self._locate(record.device)
+        if where is None:
+            log.warning(
+                "fake event for a device with no hardware under it (unknown, or a MIG placement not created)",
+                device=record.device,
+            )
+            return None
+        if record.lost is None:
+            assert record.xid is not None
+            return XidEvent(where, record.xid, record.at)
+        gpu = HardwareRef(where.gpu_uuid)
+        if not record.lost:
+            self._lost.pop(gpu.gpu_uuid, None)
+            return None
+        self._lost[gpu.gpu_uuid] = record.device
+        return GpuLostEvent(gpu, "marked lost with dradriver fake-event", record.at)

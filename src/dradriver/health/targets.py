@@ -1,0 +1,82 @@
+"""Which published devices an event on some hardware concerns (pure).
+
+An event on a whole GPU concerns every device published on it (the GPU itself, its MIG
+devices, its MIG placements); an event NVML attributes to one GPU instance or one compute
+instance concerns only the MIG devices there, so a fault inside one MIG slice leaves its
+neighbours in service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dradriver.devicemodel import PossibleMig, PublishedDevice
+from dradriver.discovery.model import Gpu, MigDevice
+from dradriver.health.events import HardwareRef
+
+
+@dataclass(frozen=True)
+class _Placed:
+    name: str
+    #: Where the device sits; instance ids are None for a GPU and for a MIG placement not created yet.
+    where: HardwareRef
+    #: A MIG placement without a MIG device: no instance exists that an event could name.
+    uncreated: bool = False
+
+
+def _placed(device: PublishedDevice) -> _Placed:
+    hardware = device.hardware
+    if isinstance(hardware, Gpu):
+        return _Placed(device.name, HardwareRef(hardware.uuid))
+    if isinstance(hardware, MigDevice):
+        return _Placed(device.name, _mig_ref(hardware))
+    if isinstance(hardware, PossibleMig) and hardware.existing is not None:
+        return _Placed(device.name, _mig_ref(hardware.existing))
+    return _Placed(device.name, HardwareRef(hardware.parent.uuid), uncreated=True)
+
+
+def _mig_ref(mig: MigDevice) -> HardwareRef:
+    return HardwareRef(mig.parent_uuid, mig.gi_id, mig.ci_id)
+
+
+class HealthTargets:
+    """The node's published devices, indexed by the hardware under them."""
+
+    def __init__(self, devices: Iterable[PublishedDevice]) -> None:
+        self._devices = tuple(_placed(d) for d in devices)
+        self._by_name = {d.name: d for d in self._devices}
+        self.gpu_uuids = tuple(dict.fromkeys(d.where.gpu_uuid for d in self._devices))
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self._devices)
+
+    def devices_for(self, where: HardwareRef) -> tuple[str, ...]:
+        """The devices an event at `where` concerns, in publishing order (empty if none)."""
+        return tuple(d.name for d in self._devices if _concerns(where, d))
+
+    def devices_on(self, gpu_uuid: str) -> tuple[str, ...]:
+        return self.devices_for(HardwareRef(gpu_uuid))
+
+    def gpu_of(self, device_name: str) -> str:
+        """The UUID of the physical GPU a published device lives on."""
+        return self._by_name[device_name].where.gpu_uuid
+
+    def locate(self, device_name: str) -> HardwareRef | None:
+        """Where a published device sits, as a source would name it in an event.
+
+        None for an unknown name and for a MIG placement whose MIG device does not exist.
+        """
+        placed = self._by_name.get(device_name)
+        return None if placed is None or placed.uncreated else placed.where
+
+
+def _concerns(event: HardwareRef, device: _Placed) -> bool:
+    if event.gpu_uuid != device.where.gpu_uuid:
+        return False
+    if event.gpu_instance is None:
+        return True
+    if device.where.gpu_instance != event.gpu_instance:
+        return False
+    return event.compute_instance is None or device.where.compute_instance == event.compute_instance

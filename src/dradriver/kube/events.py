@@ -1,0 +1,102 @@
+"""Kubernetes Events about this node's Node object: what `kubectl describe node` shows.
+
+Events of a cluster-scoped object go to the `default` namespace, as the kubelet's do. The
+involved object carries the Node's UID, which `kubectl describe node` matches on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from dradriver.kube.errors import KubeError
+from dradriver.logs import get_logger
+
+if TYPE_CHECKING:
+    from dradriver.kube.client import KubeClient
+
+Json = dict[str, Any]
+EventType = Literal["Normal", "Warning"]
+
+#: Namespace for Events about the (cluster-scoped) Node.
+EVENT_NAMESPACE = "default"
+#: The API server keeps Event messages of any length, but kubectl and the events.k8s.io view cut
+#: at 1024 characters; longer ones are cut here, visibly.
+MAX_MESSAGE = 1024
+
+
+def node_event(
+    *, node_name: str, node_uid: str | None, component: str, reason: str, message: str, event_type: EventType
+) -> Json:
+    """A core/v1 Event about Node `node_name`, reported by `component` from that node."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    involved: Json = {"apiVersion": "v1", "kind": "Node", "name": node_name}
+    if node_uid:
+        involved["uid"] = node_uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{node_name}.", "namespace": EVENT_NAMESPACE},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message,
+        "type": event_type,
+        "source": {"component": component, "host": node_name},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class NodeEventSender:
+    """Sends Node Events from a thread of its own, so a slow API server never holds up the caller.
+
+    Events are a courtesy next to the log: when the queue is full or the API server refuses one,
+    it is logged and dropped.
+    """
+
+    def __init__(self, client: KubeClient, *, node_name: str, component: str, capacity: int = 100) -> None:
+        self._client = client
+        self._node = node_name
+        self._component = component
+        self._uid: str | None = None
+        self._queue: queue.Queue[tuple[str, str, EventType] | None] = queue.Queue(capacity)
+        self._log = get_logger(component="events", node=node_name)
+        self._thread = threading.Thread(target=self._run, name="node-events", daemon=True)
+        self._thread.start()
+
+    def send(self, reason: str, message: str, event_type: EventType) -> None:
+        try:
+            self._queue.put_nowait((reason, message, event_type))
+        except queue.Full:
+            self._log.warning("too many Events queued; dropping one", reason=reason, message=message)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (within `timeout`), then stop."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            reason, message, event_type = item
+            try:
+                if self._uid is None:
+                    self._uid = self._client.node_uid(self._node)
+                event = node_event(
+                    node_name=self._node,
+                    node_uid=self._uid,
+                    component=self._component,
+                    reason=reason,
+                    message=message,
+                    event_type=event_type,
+                )
+                self._client.create_event(EVENT_NAMESPACE, event)
+            except KubeError as err:
+                self._log.warning("could not create a Node Event", reason=reason, error=str(err))
