@@ -28,5 +28,6 @@ def test_demo_runs_the_node_flow_end_to_end() -> None:
     assert "MPS cannot be applied: the fake GPU backend has no NVIDIA MPS control daemon" in out
     assert '"NVIDIA_VISIBLE_DEVICES=void"' in out
     assert "TimeSlicing(Long)" in out  # dradriver status shows the sharing applied
+    assert "health stream: gpu-7 UNHEALTHY: XID 79 (GPU has fallen off the bus)" in out
     assert "errors: none; CDI specs left: none" in out
     assert "exit code 0; sockets left behind: none" in out

@@ -149,7 +149,8 @@ def run_flow(
 
     with kubeletclient.DRAClient(registration.endpoint, registration.service) as client:
         step("Kubelet: subscribe to the health stream (v1alpha1.DRAResourceHealth)")
-        first = next(iter(client.watch_health(timeout=10)))
+        stream = iter(client.watch_health(timeout=60))
+        first = next(stream)
         names = {1: "HEALTHY", 2: "UNHEALTHY"}
         console.print(
             ", ".join(f"{d.device.device_name}={names.get(d.health, 'UNKNOWN')}" for d in first.devices)
@@ -183,6 +184,19 @@ def run_flow(
             check=False,
             env={**os.environ, "COLUMNS": "150"},
         )
+
+        step("A GPU fails: `dradriver fake-event --device gpu-7 --xid 79` (GPU has fallen off the bus)")
+        subprocess.run(
+            [sys.executable, "-m", "dradriver", "fake-event", "--kubelet-plugins-dir", str(plugins),
+             "--device", "gpu-7", "--xid", "79"],
+            check=True,
+        )  # fmt: skip
+        for update in stream:
+            broken = [d for d in update.devices if d.health == 2]
+            if broken:
+                for device in broken:
+                    console.print(f"health stream: {device.device.device_name} UNHEALTHY: {device.message}")
+                break
 
         step("Kubelet: NodeUnprepareResources for the same claims")
         unprepared = client.unprepare([ref for _, ref in allocated])
