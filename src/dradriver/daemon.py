@@ -114,6 +114,7 @@ class Daemon:
         self._signal: str | None = None
         self._publisher: SliceController | None = None
         self._collector: StaleClaimCollector | None = None
+        self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health: HealthMonitor | None = None
         self._node_events: NodeEventSender | None = None
 
@@ -323,14 +324,19 @@ class Daemon:
             log.warning("device model", detail=warning)
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
         client = self._connect()
-        taints = self._start_health(library, devices, client)
-        if client is not None:
-            self._publish(
-                client,
-                lambda: render_slices(
-                    with_taints(devices, taints()), node_name=config.node_name, driver_name=config.driver_name
-                ),
+
+        def desired() -> list[dict[str, Any]]:
+            return render_slices(
+                with_taints(devices, self._taints()),
+                node_name=config.node_name,
+                driver_name=config.driver_name,
             )
+
+        # Every device starts healthy, so publishing need not wait for the health monitor: the
+        # taints are read at each sync, and a change of health triggers a resync.
+        if client is not None:
+            self._publish(client, desired)
+        self._taints = self._start_health(library, devices, client)
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
