@@ -82,6 +82,10 @@ class DeferredDriver:
         self._failure = reason
         self._ready.set()
 
+    @property
+    def initialized(self) -> bool:
+        return self._driver is not None
+
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         return self._get().prepare(claims)
 
@@ -161,13 +165,15 @@ class Daemon:
         return 0
 
     def readiness_problem(self) -> str | None:
-        """Ready once the kubelet has accepted our registration and, with a cluster, our
-        ResourceSlices have been published."""
+        """Ready once the kubelet has accepted our registration, the driver is built and, with a
+        cluster, our ResourceSlices have been published."""
         status = self.registration.status
         if status.registered is None:
             return "not registered with the kubelet yet"
         if not status.registered:
             return f"the kubelet rejected the registration: {status.error}"
+        if not self.driver.initialized:
+            return "discovering devices and loading the driver"
         if self._publisher is not None and not self._publisher.status.published:
             error = self._publisher.status.last_error
             return "ResourceSlices not published yet" + (f": {error}" if error else "")
@@ -199,7 +205,16 @@ class Daemon:
                 "cannot be fetched from the API server (run in a pod, or pass --kubeconfig)"
             )
             return None
-        client.check_resource_v1()
+        from dradriver.kube import KubeError, UnsupportedServerError
+
+        try:
+            client.check_resource_v1()
+        except UnsupportedServerError:
+            raise  # wrong Kubernetes version: no point in running
+        except KubeError as err:
+            # Unreachable right now: publishing retries with backoff, prepare calls fail until then.
+            log.warning("the API server cannot be reached yet; retrying in the background", error=str(err))
+            return client
         log.info("connected to the API server", host=client.host)
         return client
 

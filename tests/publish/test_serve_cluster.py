@@ -10,6 +10,7 @@ import signal
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -140,5 +141,34 @@ def test_serve_unprepares_claims_deleted_from_the_api_server(backend: Backend) -
             backend.direct.request("DELETE", f"{CLAIMS}/short-lived")
             wait_for(lambda: not spec.exists(), 15, f"the stale claim to be unprepared (log: {serve.log()})")
             assert "ResourceClaim is gone from the API server: unpreparing it" in serve.log()
+        finally:
+            serve.kill()
+
+
+def test_serve_keeps_running_while_the_api_server_is_unreachable(tmp_path: Path) -> None:
+    from tests.publish.kubefake import FakeApiServer
+
+    fake = FakeApiServer().start()
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    fake.stop()  # the kubeconfig now points at a port nobody listens on
+    port = free_port()
+    with short_tmpdir() as root:
+        serve = ServeProcess(
+            root,
+            ["--kubeconfig", str(kubeconfig), "--metrics-address", f"127.0.0.1:{port}"],
+            claims_from_files=False,
+        ).start()
+        try:
+            kubeletclient.register(serve.registration_socket)
+            wait_for(lambda: "cannot be reached yet" in serve.log(), 60, f"the warning (log: {serve.log()})")
+            assert serve.proc is not None
+            assert serve.proc.poll() is None  # still serving: no crash loop over a transient outage
+            wait_for(
+                lambda: readyz(port)[1].startswith("ResourceSlices not published yet"), 30, "readiness reason"
+            )
+            assert readyz(port)[0] == 503
+            with kubeletclient.DRAClient(serve.dra_socket) as client, pytest.raises(grpc.RpcError) as caught:
+                client.prepare([ClaimRef("default", "c", uid(5))])
+            assert "get resource claims: retrieve claim default/c" in str(caught.value.details())
         finally:
             serve.kill()
