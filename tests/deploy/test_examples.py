@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dradriver.cel import CELCompileError, compile_selector
 from dradriver.cli import main
@@ -33,6 +34,7 @@ from tests.deploy.manifests import (
     example_table,
     load_documents,
     pod_specs,
+    render,
     request_selectors,
 )
 
@@ -247,3 +249,13 @@ def test_examples_table_matches_dry_run_and_validate(
     code = main(["dry-run", "--claim", path, "--fake-gpus", row.profile, "-o", "json"])
     report = capsys.readouterr().out
     assert code == {"satisfiable": 0, "unsatisfiable": 1}[row.expected], report
+
+
+def test_validate_accepts_every_device_class_and_the_rendered_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dradriver validate` (the API server's rules, our CEL, our opaque config) on everything shipped."""
+    assert main(["validate", *map(str, deviceclass_files())]) == 0, capsys.readouterr()
+    rendered = tmp_path / "deploy.yaml"
+    rendered.write_text(yaml.safe_dump_all(render("overlays/fake")))
+    assert main(["validate", str(rendered)]) == 0, capsys.readouterr()
