@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -206,3 +209,27 @@ class HealthStream:
 
     def close(self) -> None:
         self._client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of GET http://127.0.0.1:<port><path>; status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return int(resp.status), str(resp.read().decode())
+    except urllib.error.HTTPError as err:
+        return err.code, str(err.read().decode())
+    except urllib.error.URLError as err:
+        return 0, str(err)
+
+
+def scrape(port: int) -> str:
+    """The /metrics page, checked to be in the Prometheus text format."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return str(resp.read().decode())

@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from dradriver.health.board import Health
-from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for
+from tests.helpers import DRIVER, HealthStream, ServeProcess, free_port, scrape, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
-from tests.publish.test_serve_cluster import free_port
 
 #: Short enough for a test, long enough that "still unhealthy inside the quiet period" is observable.
 QUIET = "quietPeriodSeconds: 2\nrecheckIntervalSeconds: 0.5\n"
@@ -50,11 +48,6 @@ def status(serve: ServeProcess, *args: str) -> subprocess.CompletedProcess[str]:
         check=True,
         env={**serve.env, "COLUMNS": "200"},
     )
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return str(resp.read().decode())
 
 
 @contextmanager

@@ -8,8 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -19,7 +17,17 @@ from dradriver import kubeletclient
 from dradriver.kubeletapi.pluginregistration import api_pb2 as reg_pb
 from dradriver.kubeletapi.pluginregistration import api_pb2_grpc as reg_grpc
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import ServeProcess, allocated_claim, running_serve, short_tmpdir, uid, wait_for
+from tests.helpers import (
+    ServeProcess,
+    allocated_claim,
+    free_port,
+    http_get,
+    running_serve,
+    scrape,
+    short_tmpdir,
+    uid,
+    wait_for,
+)
 
 
 def claim(i: int) -> ClaimRef:
@@ -37,12 +45,6 @@ def write_claims(serve: ServeProcess, numbers: range) -> list[ClaimRef]:
     ]
     (serve.claims_dir / "claims.yaml").write_text(yaml.safe_dump_all(claims))
     return [claim(i) for i in numbers]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_get_info_matches_the_go_helper() -> None:
@@ -189,23 +191,16 @@ def test_a_regular_file_in_place_of_a_socket_is_not_removed() -> None:
 def test_registration_outcome_drives_readiness() -> None:
     port = free_port()
     with running_serve(["--metrics-address", f"127.0.0.1:{port}"]) as serve:
-
-        def probe(path: str) -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-                    return resp.status, resp.read().decode()
-            except urllib.error.HTTPError as err:
-                return err.code, err.read().decode()
-            except urllib.error.URLError as err:
-                return 0, str(err)
-
-        wait_for(lambda: probe("/healthz")[0] == 200, 10, "liveness")
-        assert probe("/readyz") == (503, "not registered with the kubelet yet\n")
+        wait_for(lambda: http_get(port, "/healthz")[0] == 200, 10, "liveness")
+        assert http_get(port, "/readyz") == (503, "not registered with the kubelet yet\n")
         kubeletclient.register(serve.registration_socket, accept=False)
-        assert probe("/readyz") == (503, "the kubelet rejected the registration: rejected by test kubelet\n")
+        assert http_get(port, "/readyz") == (
+            503,
+            "the kubelet rejected the registration: rejected by test kubelet\n",
+        )
         wait_for(lambda: "kubelet rejected the registration" in serve.log(), 5, "rejection log line")
         kubeletclient.register(serve.registration_socket)
-        assert probe("/readyz") == (200, "ok\n")
+        assert http_get(port, "/readyz") == (200, "ok\n")
 
 
 def test_env_vars_set_flags() -> None:
@@ -275,12 +270,6 @@ def test_healthcheck_probes_the_dra_socket() -> None:
             serve.proc.send_signal(signal.SIGCONT)
         assert hung.returncode == 1
         assert "DEADLINE_EXCEEDED" in hung.stdout
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return str(resp.read().decode())
 
 
 def test_metrics_follow_calls_devices_and_registration() -> None:

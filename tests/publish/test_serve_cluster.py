@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +15,10 @@ import pytest
 
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import ServeProcess, allocated_claim, short_tmpdir, uid, wait_for
+from tests.helpers import ServeProcess, allocated_claim, free_port, http_get, short_tmpdir, uid, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except urllib.error.URLError as err:
-        return 0, str(err)
 
 
 def create_allocated_claim(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
@@ -78,9 +59,9 @@ def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backen
             (owner,) = published["metadata"]["ownerReferences"]
             assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", node, True)
 
-            assert readyz(port) == (503, "not registered with the kubelet yet\n")
+            assert http_get(port, "/readyz") == (503, "not registered with the kubelet yet\n")
             kubeletclient.register(serve.registration_socket)
-            wait_for(lambda: readyz(port)[0] == 200, 10, "readiness")
+            wait_for(lambda: http_get(port, "/readyz")[0] == 200, 10, "readiness")
 
             claim = allocated_claim(
                 "from-api", uid(1), [{"request": "gpu", "device": "gpu-1"}], pool=node, driver=TEST_DRIVER
@@ -164,9 +145,11 @@ def test_serve_keeps_running_while_the_api_server_is_unreachable(tmp_path: Path)
             assert serve.proc is not None
             assert serve.proc.poll() is None  # still serving: no crash loop over a transient outage
             wait_for(
-                lambda: readyz(port)[1].startswith("ResourceSlices not published yet"), 30, "readiness reason"
+                lambda: http_get(port, "/readyz")[1].startswith("ResourceSlices not published yet"),
+                30,
+                "readiness reason",
             )
-            assert readyz(port)[0] == 503
+            assert http_get(port, "/readyz")[0] == 503
             with kubeletclient.DRAClient(serve.dra_socket) as client, pytest.raises(grpc.RpcError) as caught:
                 client.prepare([ClaimRef("default", "c", uid(5))])
             assert "get resource claims: retrieve claim default/c" in str(caught.value.details())

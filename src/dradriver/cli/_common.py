@@ -138,11 +138,6 @@ def add_fake_gpus_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def fail(message: str) -> NoReturn:
-    """Abort the current command with a one-line error."""
-    raise CLIError(message)
-
-
 def print_error(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
