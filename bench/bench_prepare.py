@@ -25,6 +25,7 @@ import yaml
 from bench.common import summary
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
+from tests.helpers import write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"
 GPUS = 128
@@ -54,24 +55,7 @@ def ref(i: int) -> ClaimRef:
 
 
 def start_serve(root: Path, kubeconfig: Path | None = None) -> subprocess.Popen[bytes]:
-    profile = root / "profile.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "driverVersion": "570.124.06",
-                "cudaDriverVersion": "12.8",
-                "gpus": [
-                    {
-                        "productName": "NVIDIA H100 80GB HBM3",
-                        "count": GPUS,
-                        "architecture": "Hopper",
-                        "computeCapability": "9.0",
-                        "memoryMiB": 81559,
-                    }
-                ],
-            }
-        )
-    )
+    profile = write_gpu_profile(root / "profile.yaml", GPUS)
     args = [
         sys.executable, "-m", "dradriver", "serve", "--fake-gpus", str(profile), "--node-name", "bench",
         "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import yaml
 
 from dradriver import kubeletclient
 from dradriver.health.board import Health
@@ -233,3 +234,19 @@ def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return str(resp.read().decode())
+
+
+def write_gpu_profile(path: Path, count: int, product: str = "NVIDIA H100 80GB HBM3") -> Path:
+    """A fake GPU profile file of `count` identical GPUs (H100 by default, or a Tesla T4)."""
+    hopper = product.startswith("NVIDIA H100")
+    gpu = {
+        "productName": product,
+        "count": count,
+        "architecture": "Hopper" if hopper else "Turing",
+        "computeCapability": "9.0" if hopper else "7.5",
+        "memoryMiB": 81559 if hopper else 15360,
+    }
+    path.write_text(
+        yaml.safe_dump({"driverVersion": "570.124.06", "cudaDriverVersion": "12.8", "gpus": [gpu]})
+    )
+    return path

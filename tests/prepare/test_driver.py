@@ -21,7 +21,7 @@ from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.sharing import FakeSharing
-from tests.helpers import DRIVER, allocated_claim, opaque, uid
+from tests.helpers import DRIVER, allocated_claim, opaque, uid, write_gpu_profile
 
 TIME_SLICING_LONG: dict[str, Any] = {
     "apiVersion": "gpu.dradriver.dev/v1alpha1",
@@ -330,24 +330,7 @@ def test_mig_devices_get_their_caps_nodes(tmp_path: Path) -> None:
 
 
 def test_many_claims_prepared_concurrently_each_exactly_once(tmp_path: Path) -> None:
-    profile = tmp_path / "big.yaml"
-    profile.write_text(
-        yaml.safe_dump(
-            {
-                "driverVersion": "570.124.06",
-                "cudaDriverVersion": "12.8",
-                "gpus": [
-                    {
-                        "productName": "NVIDIA H100 80GB HBM3",
-                        "count": 64,
-                        "architecture": "Hopper",
-                        "computeCapability": "9.0",
-                        "memoryMiB": 81559,
-                    }
-                ],
-            }
-        )
-    )
+    profile = write_gpu_profile(tmp_path / "big.yaml", 64)
     node = Node(tmp_path, str(profile))
     driver = node.driver()
     refs = [node.add(one_gpu(100 + i, f"gpu-{i}")) for i in range(50)]

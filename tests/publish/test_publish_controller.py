@@ -15,7 +15,7 @@ import pytest
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices
 from dradriver.slices import build_node_slices
-from tests.helpers import wait_for
+from tests.helpers import wait_for, write_gpu_profile
 from tests.publish.apiservers import TEST_DRIVER, Backend
 from tests.publish.fakeslices import desired_slices, fake_devices
 from tests.publish.kubefake import FakeApiServer
@@ -98,19 +98,6 @@ def test_first_publish(backend: Backend, start: Callable[..., SliceController]) 
     assert (status.writes.creates, status.writes.updates, status.writes.deletes) == (1, 0, 0)
 
 
-PROFILE_300 = """\
-description: 300 T4 GPUs, to make the renderer split the pool.
-driverVersion: 570.124.06
-cudaDriverVersion: "12.8"
-gpus:
-  - productName: Tesla T4
-    count: 300
-    architecture: Turing
-    computeCapability: "7.5"
-    memoryMiB: 15360
-"""
-
-
 def rendered(profile: str, node: str, partitionable: bool = False) -> Callable[[], list[Json]]:
     """The real renderer's slices for a fake GPU profile (name or file)."""
     slices = build_node_slices(profile, node_name=node, driver_name=TEST_DRIVER, partitionable=partitionable)
@@ -121,8 +108,7 @@ def test_300_device_profile_is_published_as_three_slices(
     backend: Backend, start: Callable[..., SliceController], tmp_path: Path
 ) -> None:
     node = backend.make_node()
-    profile = tmp_path / "300-gpus.yaml"
-    profile.write_text(PROFILE_300)
+    profile = write_gpu_profile(tmp_path / "300-gpus.yaml", 300, product="Tesla T4")
     desired = rendered(str(profile), node)
     controller = start(backend.client(), node, desired)
     assert controller.wait_published(10)
