@@ -29,7 +29,7 @@ from dradriver.health.board import Health
 from dradriver.health.fake_source import FakeEventRecord, append_fake_event
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, build_library, config_text
 from tests.helpers import DRIVER, ServeProcess, short_tmpdir, wait_for
-from tests.publish.apiservers import TEST_DRIVER, Backend, make_backend
+from tests.publish.apiservers import TEST_DRIVER, Backend, fake_backend
 
 FAST_RECOVERY = "quietPeriodSeconds: 0.3\nrecheckIntervalSeconds: 0.1\n"
 
@@ -137,9 +137,7 @@ def stream_latency_nvml(runs: int) -> list[float]:
 def taint_latency(runs: int, kubeconfig: str | None) -> list[float]:
     samples = []
     with TemporaryDirectory() as tmp, short_tmpdir() as root:
-        backend = (
-            Backend("cluster", Path(kubeconfig), Path(tmp)) if kubeconfig else make_backend("fake", Path(tmp))
-        )
+        backend = Backend("cluster", Path(kubeconfig), Path(tmp)) if kubeconfig else fake_backend(Path(tmp))
         node = backend.make_node()
         extra = ["--kubeconfig", str(backend.kubeconfig), "--node-name", node]
         env = {"DRADRIVER_DRIVER_NAME": TEST_DRIVER}

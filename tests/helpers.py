@@ -147,7 +147,8 @@ def allocated_claim(
     pool: str = "node-1",
     driver: str = DRIVER,
 ) -> dict[str, object]:
-    """A resource.k8s.io/v1 ResourceClaim as the scheduler leaves it: allocated, results filled in.
+    """A resource.k8s.io/v1 ResourceClaim as the scheduler leaves it: allocated, results filled
+    in, reserved for the pod it was allocated for.
 
     Each result needs at least `request` and `device`; driver and pool default to ours.
     """
@@ -155,16 +156,37 @@ def allocated_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": []}},
+        "spec": {"devices": {"requests": _requests_for(results)}},
         "status": {
             "allocation": {
                 "devices": {
                     "results": [{"driver": driver, "pool": pool} | dict(r) for r in results],
                     "config": list(config),
                 }
-            }
+            },
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{uid}"}],
         },
     }
+
+
+def _requests_for(results: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """The spec requests the results name (the API server checks that they exist)."""
+    requests: dict[str, dict[str, object]] = {}
+    for result in results:
+        base, _, sub = str(result["request"]).partition("/")
+        request = requests.setdefault(base, {"name": base})
+        if sub:
+            alternatives = request.setdefault("firstAvailable", [])
+            assert isinstance(alternatives, list)
+            if all(a["name"] != sub for a in alternatives):
+                alternatives.append({"name": sub, "deviceClassName": DRIVER})
+        else:
+            exactly = request.setdefault("exactly", {"deviceClassName": DRIVER, "count": 0})
+            assert isinstance(exactly, dict)
+            exactly["count"] += 1
+            if result.get("adminAccess"):
+                exactly["adminAccess"] = True
+    return list(requests.values())
 
 
 def opaque(

@@ -327,7 +327,7 @@ class Daemon:
         from dradriver.slices import render_slices
 
         config = self.config
-        library = open_library(config.fake_gpus)
+        library = open_library(config.fake_gpus, driver_root=config.driver_root_mount)
         try:
             inventory = library.discover()
         finally:

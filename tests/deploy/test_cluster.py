@@ -1,6 +1,7 @@
 """Against a real API server: it accepts everything we ship, and the admission policy holds.
 
-Runs when KUBECONFIG or DRADRIVER_TEST_KUBECONFIG names a cluster (1.34 or newer). Everything
+Runs on the real cluster of the e2e harness (`real_cluster`: DRADRIVER_E2E_BIN or
+DRADRIVER_E2E_KUBECONFIG, Kubernetes 1.34 or newer). Everything
 we ship is applied with a server-side dry run, which runs the API server's full validation and
 admission (CEL compilation of the policy and the selectors, name formats, the admin-access
 namespace label, priority classes) without storing anything. Namespaces the dry run needs are
@@ -11,7 +12,6 @@ which is skipped when dradriver is already installed on that cluster.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import uuid
@@ -31,6 +31,7 @@ from tests.deploy.manifests import (
     load_documents,
     render,
 )
+from tests.e2e.realcluster import RealCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -108,11 +109,8 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    kubeconfig = os.environ.get("DRADRIVER_TEST_KUBECONFIG") or os.environ.get("KUBECONFIG")
-    if not kubeconfig:
-        pytest.skip("needs a Kubernetes API server: set KUBECONFIG or DRADRIVER_TEST_KUBECONFIG")
-    found = Cluster(kubeconfig)
+def cluster(real_cluster: RealCluster) -> Iterator[Cluster]:
+    found = Cluster(str(real_cluster.kubeconfig))
     version = json.loads(found.run("version", "-o", "json").stdout)["serverVersion"]
     minor = int("".join(ch for ch in version["minor"] if ch.isdigit()))
     if (int(version["major"]), minor) < (1, MINIMUM_MINOR):

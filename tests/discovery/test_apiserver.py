@@ -1,13 +1,12 @@
 """Round trip through a real API server: what we render is accepted and stored unchanged.
 
-Runs when KUBECONFIG or DRADRIVER_TEST_KUBECONFIG names a cluster (DRADRIVER_TEST_KUBECONFIG
-wins); otherwise skipped. Slices go into a pool of a made-up node and are deleted afterwards.
+Runs on the real cluster of the e2e harness (`real_cluster`); otherwise skipped. Slices go into
+a pool of a made-up node and are deleted afterwards.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,9 +15,9 @@ import pytest
 
 from dradriver.discovery import builtin_profile_names
 from dradriver.slices import Finding, build_node_slices, stored_differences
+from tests.e2e.realcluster import RealCluster
 
 DRIVER = "gpu.dradriver.dev"
-KUBECONFIG_ENVS = ("DRADRIVER_TEST_KUBECONFIG", "KUBECONFIG")
 
 
 def test_stored_differences_names_dropped_fields_and_their_gate() -> None:
@@ -50,13 +49,10 @@ def test_stored_differences_names_dropped_fields_and_their_gate() -> None:
 
 
 @pytest.fixture(scope="module")
-def resource_api() -> Iterator[Any]:
-    path = next((os.environ[name] for name in KUBECONFIG_ENVS if os.environ.get(name)), None)
-    if path is None:
-        pytest.skip("needs a Kubernetes API server: set KUBECONFIG or DRADRIVER_TEST_KUBECONFIG")
+def resource_api(real_cluster: RealCluster) -> Iterator[Any]:
     from kubernetes import client, config
 
-    api_client = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+    api_client = config.new_client_from_config(config_file=str(real_cluster.kubeconfig))  # type: ignore[no-untyped-call]
     yield client.CustomObjectsApi(api_client)
     api_client.close()
 

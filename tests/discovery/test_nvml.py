@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -201,3 +202,35 @@ def test_cli_without_nvml_fails_with_one_clear_line(tmp_path: Path) -> None:
     assert len(lines) == 1
     assert "NVML library libnvidia-ml.so.1 not found" in lines[0]
     assert "--fake-gpus" in lines[0]
+
+
+def test_cli_loads_nvml_from_the_driver_root(fake_nvml_library: Path, tmp_path: Path) -> None:
+    """As in a container: no NVML on the loader path, the host driver's under --driver-root-mount,
+    reached through an absolute symlink that must resolve inside the root, not on this machine."""
+    root = tmp_path / "driver-root"
+    lib64 = root / "usr/lib64"
+    lib64.mkdir(parents=True)
+    shutil.copy(fake_nvml_library, lib64 / "libnvidia-ml.so.570.124.06")
+    (lib64 / "libnvidia-ml.so.1").symlink_to("/usr/lib64/libnvidia-ml.so.570.124.06")
+    config = tmp_path / "nvml.conf"
+    config.write_text(config_text(open_library("t4x4").discover()))
+    env = {CONFIG_ENV: str(config), "LD_LIBRARY_PATH": str(tmp_path / "empty")}
+
+    found = _cli(
+        "discover",
+        "-o",
+        "json",
+        "--driver-root",
+        "/run/nvidia/driver",
+        "--driver-root-mount",
+        str(root),
+        env=env,
+    )
+    assert found.returncode == 0, found.stderr
+    assert [d["name"] for d in json.loads(found.stdout)["devices"]] == [f"gpu-{i}" for i in range(4)]
+
+    missing = _cli("discover", "--driver-root", str(tmp_path / "elsewhere"), env=env)
+    if ctypes.util.find_library("nvidia-ml") is None:
+        assert missing.returncode == 2
+        assert f"not found under the driver root {tmp_path / 'elsewhere'}" in missing.stderr
+        assert len(missing.stderr.strip().splitlines()) == 1

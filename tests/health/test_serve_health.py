@@ -196,11 +196,13 @@ def test_health_monitoring_can_be_switched_off() -> None:
 
 
 def node_events(backend: Backend, node: str) -> list[dict[str, Any]]:
+    """The Node's Events from our plugin (a real cluster's controllers report on it too)."""
     query = [("fieldSelector", f"involvedObject.name={node}")]
     items: list[dict[str, Any]] = backend.direct.request(
         "GET", "/api/v1/namespaces/default/events", query=query
     )["items"]
-    return sorted(items, key=lambda e: str(e.get("firstTimestamp", "")))
+    ours = [e for e in items if (e.get("source") or {}).get("component") == TEST_DRIVER]
+    return sorted(ours, key=lambda e: str(e.get("firstTimestamp", "")))
 
 
 def device_taints(backend: Backend, node: str) -> dict[str, list[dict[str, Any]]]:

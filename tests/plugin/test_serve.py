@@ -252,13 +252,17 @@ def healthcheck(serve: ServeProcess, *extra: str) -> subprocess.CompletedProcess
     )
 
 
-def test_healthcheck_probes_the_dra_socket() -> None:
-    with running_serve() as serve:
-        healthy = healthcheck(serve)
-        assert (healthy.returncode, healthy.stdout) == (
-            0,
-            f"healthy: {serve.dra_socket} answered NodeUnprepareResources\n",
-        )
+def test_healthcheck_probes_the_dra_socket_without_claim_work() -> None:
+    port = free_port()
+    with running_serve(["--metrics-address", f"127.0.0.1:{port}"]) as serve:
+        wait_for(lambda: "dradriver_devices{" in http_get(port, "/metrics")[1], 10, "the driver's metrics")
+        for _ in range(3):
+            healthy = healthcheck(serve)
+            assert (healthy.returncode, healthy.stdout) == (0, f"healthy: {serve.dra_socket} is serving\n")
+        # A probe is no DRA call: nothing is counted as claim work and serve logs nothing for it.
+        assert "dradriver_dra_call_duration_seconds_count" not in scrape(port)
+        assert "NodeUnprepareResources" not in serve.log()
+        assert "NodePrepareResources" not in serve.log()
         wrong_driver = healthcheck(serve, "--driver-name", "other.example.com")
         assert wrong_driver.returncode == 1
         assert "does not exist" in wrong_driver.stdout

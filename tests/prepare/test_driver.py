@@ -192,6 +192,44 @@ def test_a_device_is_never_prepared_for_two_claims(node: Node, driver: GpuDriver
     assert driver.prepare([second])[second.uid].error == ""
 
 
+class AuthoritativeClaims(DirectoryClaimSource):
+    """The claim files stand in for the API server: a missing claim really was deleted."""
+
+    authoritative = True
+
+
+def test_a_holder_that_no_longer_uses_the_device_does_not_block_the_next_claim(node: Node) -> None:
+    """A pod force-deleted: the scheduler gives its GPU to the next claim before the kubelet
+    unprepares the old one. The old claim is unprepared at once instead of failing the new one."""
+    driver = node.driver(claims=AuthoritativeClaims(node.claims_dir))
+    old, new = node.add(one_gpu(5, "gpu-2")), node.add(one_gpu(6, "gpu-2"))
+    assert driver.prepare([old])[old.uid].error == ""
+    assert "is already prepared for claim default/claim-5" in driver.prepare([new])[new.uid].error
+
+    released = one_gpu(5, "gpu-2")
+    released["status"]["reservedFor"] = []  # type: ignore[index]
+    node.add(released)
+    assert driver.prepare([new])[new.uid].error == ""
+    assert {r.uid for r in driver.records()} == {new.uid}
+    assert node.cdi.read(old.uid) is None
+    assert driver.unprepare([old]) == {old.uid: ""}  # the kubelet's late unprepare finds nothing to do
+
+    # Deleted from the API server: the same.
+    later = node.add(one_gpu(7, "gpu-2"))
+    (node.claims_dir / "default.claim-6.yaml").unlink()
+    assert driver.prepare([later])[later.uid].error == ""
+    assert node.cdi.read(new.uid) is None
+    driver.close()
+
+
+def test_without_an_authority_a_holder_is_never_released(node: Node, driver: GpuDriver) -> None:
+    old, new = node.add(one_gpu(5, "gpu-2")), node.add(one_gpu(6, "gpu-2"))
+    assert driver.prepare([old])[old.uid].error == ""
+    (node.claims_dir / "default.claim-5.yaml").unlink()
+    assert "is already prepared for claim default/claim-5" in driver.prepare([new])[new.uid].error
+    assert node.cdi.read(old.uid) is not None
+
+
 def test_subrequest_references_are_kept_for_the_grpc_layer(node: Node, driver: GpuDriver) -> None:
     ref = node.add(allocated_claim("fa", uid(8), [{"request": "gpu/h100", "device": "gpu-4"}]))
     (device,) = driver.prepare([ref])[ref.uid].devices

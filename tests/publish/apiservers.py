@@ -1,14 +1,14 @@
-"""API servers to publish to: the loopback fake, or a real one named by the environment.
+"""API servers to publish to: the loopback fake, or the real cluster of the e2e harness.
 
-A real API server is used when DRADRIVER_TEST_KUBECONFIG or KUBECONFIG names one (and
-DRADRIVER_TEST_KUBECONFIG_GATES_OFF for one with DRA gates off). Each test gets Nodes of its
-own, and their slices and the Nodes are removed afterwards.
+The real API server is the `real_cluster` fixture's (tests/e2e/realcluster.py: started from
+DRADRIVER_E2E_BIN or named by DRADRIVER_E2E_KUBECONFIG), and `gates_off_kubeconfig` one with
+the slice-stripping DRA gates off. Each test gets Nodes of its own, and their slices and the
+Nodes are removed afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +25,6 @@ from tests.publish.tcpproxy import TcpProxy
 
 TEST_DRIVER = "gpu.test.dradriver.dev"
 GATES_OFF = frozenset({"DRADeviceTaints", "DRAPartitionableDevices"})
-
-
-def cluster_kubeconfig(gates_off: bool = False) -> str | None:
-    if gates_off:
-        return os.environ.get("DRADRIVER_TEST_KUBECONFIG_GATES_OFF") or None
-    return os.environ.get("DRADRIVER_TEST_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
 
 
 @dataclass
@@ -99,14 +93,17 @@ class Backend:
             self.fake.stop()
 
 
-def make_backend(kind: str, tmp_path: Path, gates_off: bool = False) -> Backend:
-    if kind == "fake":
-        fake = FakeApiServer(gates_off=GATES_OFF if gates_off else frozenset()).start()
-        return Backend("fake", fake.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path, fake=fake)
-    kubeconfig = cluster_kubeconfig(gates_off)
-    if kubeconfig is None:
-        env = (
-            "DRADRIVER_TEST_KUBECONFIG_GATES_OFF" if gates_off else "DRADRIVER_TEST_KUBECONFIG or KUBECONFIG"
-        )
-        pytest.skip(f"needs a real Kubernetes API server (>= 1.34): set {env}")
-    return Backend("cluster", Path(kubeconfig), tmp_path)
+def fake_backend(tmp_path: Path, gates_off: bool = False) -> Backend:
+    fake = FakeApiServer(gates_off=GATES_OFF if gates_off else frozenset()).start()
+    return Backend("fake", fake.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path, fake=fake)
+
+
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path, gates_off: bool = False) -> Backend:
+    """The fake API server for param "fake", else the real cluster's (or its gates-off twin)."""
+    if request.param == "fake":
+        return fake_backend(tmp_path, gates_off)
+    if gates_off:
+        kubeconfig: Path = request.getfixturevalue("gates_off_kubeconfig")
+    else:
+        kubeconfig = request.getfixturevalue("real_cluster").kubeconfig
+    return Backend("cluster", kubeconfig, tmp_path)

@@ -1,5 +1,5 @@
 """Fixtures for the publishing tests: `backend` runs a test against the loopback fake API
-server (always) and against a real one when the environment names it (skipped otherwise)."""
+server (always) and against the real cluster when there is one (skipped otherwise)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.publish.kubefake import FakeApiServer
 
 @pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.cluster)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = make_backend(request.param, tmp_path)
+    b = make_backend(request, tmp_path)
     yield b
     b.cleanup()
 
@@ -22,7 +22,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 @pytest.fixture(params=["fake", pytest.param("cluster", marks=pytest.mark.cluster)])
 def gates_off_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """An API server with DRADeviceTaints and DRAPartitionableDevices off."""
-    b = make_backend(request.param, tmp_path, gates_off=True)
+    b = make_backend(request, tmp_path, gates_off=True)
     yield b
     b.cleanup()
 

@@ -138,6 +138,29 @@ def add_fake_gpus_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_driver_root_flags(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--driver-root",
+        type=absolute_path,
+        default=Path("/"),
+        help="the host driver's root on the host (/run/nvidia/driver with the GPU operator)",
+    )
+    env_flag(
+        parser,
+        "--driver-root-mount",
+        type=absolute_path,
+        help="where --driver-root is mounted inside this container (default: the same path); "
+        "NVML is loaded from there",
+    )
+
+
+def driver_root_mount(args: argparse.Namespace) -> Path:
+    """Where this process sees the driver root (needs add_driver_root_flags)."""
+    path: Path = args.driver_root_mount or args.driver_root
+    return path
+
+
 def print_error(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 

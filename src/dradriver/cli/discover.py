@@ -7,7 +7,15 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.cli._common import CLIError, add_command, add_fake_gpus_flag, add_partitionable_flag, env_flag
+from dradriver.cli._common import (
+    CLIError,
+    add_command,
+    add_driver_root_flags,
+    add_fake_gpus_flag,
+    add_partitionable_flag,
+    driver_root_mount,
+    env_flag,
+)
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet, Hardware
@@ -25,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         run=run,
     )
     add_fake_gpus_flag(parser)
+    add_driver_root_flags(parser)
     add_partitionable_flag(parser)
     env_flag(
         parser, "-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format"
@@ -136,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.discovery import DiscoveryError, open_library
 
     try:
-        library = open_library(args.fake_gpus)
+        library = open_library(args.fake_gpus, driver_root=driver_root_mount(args))
         try:
             inventory = library.discover()
         finally:

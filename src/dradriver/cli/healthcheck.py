@@ -1,7 +1,9 @@
-"""`dradriver healthcheck`: an exec probe that makes a real gRPC call on the plugin's DRA socket.
+"""`dradriver healthcheck`: an exec probe that asks the plugin's DRA socket over gRPC.
 
-It sends NodeUnprepareResources with no claims, which a healthy plugin answers at once and which
-changes nothing, so a liveness probe tests exactly what the kubelet depends on.
+It calls the standard `grpc.health.v1.Health/Check` on the DRA socket: the answer comes from the
+same gRPC server, threads and socket the kubelet uses, and is SERVING only while serve keeps
+both of its sockets up. It prepares and unprepares nothing and serve logs nothing for it, so a
+probe every few seconds costs no claim work and no log line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ def register(subparsers: Any) -> None:
     parser = add_command(
         subparsers,
         "healthcheck",
-        help="probe a running `dradriver serve` with a real gRPC call on its DRA socket (exit 0 if healthy)",
+        help="probe a running `dradriver serve`: gRPC health check on its DRA socket (exit 0 if healthy)",
         run=run,
     )
     add_driver_name_flag(parser)
@@ -33,21 +35,23 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import grpc
-
-    from dradriver.kubeletclient import DRAClient
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     socket = args.kubelet_plugins_dir / args.driver_name / "dra.sock"
     if not socket.exists():
         print(f"unhealthy: {socket} does not exist")
         return 1
     try:
-        with DRAClient(socket) as client:
-            response = client.unprepare([], timeout=args.timeout)
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            stub: Any = health_pb2_grpc.HealthStub(channel)  # the stubs package omits the methods
+            answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=args.timeout)
     except grpc.RpcError as err:
-        print(f"unhealthy: NodeUnprepareResources on {socket}: {err.code().name}: {err.details()}")
+        print(f"unhealthy: health check on {socket}: {err.code().name}: {err.details()}")
         return 1
-    if response.claims:
-        print(f"unhealthy: NodeUnprepareResources on {socket} answered claims nobody asked for")
+    if answer.status != health_pb2.HealthCheckResponse.SERVING:
+        print(
+            f"unhealthy: {socket} answers {health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)}"
+        )
         return 1
-    print(f"healthy: {socket} answered NodeUnprepareResources")
+    print(f"healthy: {socket} is serving")
     return 0

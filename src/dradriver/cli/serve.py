@@ -11,12 +11,14 @@ from dradriver.cli._common import (
     absolute_path,
     add_command,
     add_driver_name_flag,
+    add_driver_root_flags,
     add_fake_gpus_flag,
     add_kubeconfig_flag,
     add_node_name_flag,
     add_partitionable_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
+    driver_root_mount,
     env_flag,
     state_dir,
 )
@@ -59,19 +61,7 @@ def register(subparsers: Any) -> None:
         help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
         "(node-only set-ups, the demo and tests)",
     )
-    env_flag(
-        parser,
-        "--driver-root",
-        type=absolute_path,
-        default=Path("/"),
-        help="the NVIDIA driver's root on the host (/run/nvidia/driver with the GPU operator)",
-    )
-    env_flag(
-        parser,
-        "--driver-root-mount",
-        type=absolute_path,
-        help="where --driver-root is mounted inside this container (default: the same path)",
-    )
+    add_driver_root_flags(parser)
     add_partitionable_flag(parser)
     env_flag(
         parser,
@@ -143,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        driver_root_mount=args.driver_root_mount or args.driver_root,
+        driver_root_mount=driver_root_mount(args),
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         health=health,

@@ -9,11 +9,13 @@ from dradriver.cli._common import (
     CLIError,
     add_command,
     add_driver_name_flag,
+    add_driver_root_flags,
     add_fake_gpus_flag,
     add_kubeconfig_flag,
     add_node_name_flag,
     add_partitionable_flag,
     cluster_client,
+    driver_root_mount,
     env_flag,
 )
 
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         run=run,
     )
     add_fake_gpus_flag(parser)
+    add_driver_root_flags(parser)
     add_node_name_flag(parser)
     add_driver_name_flag(parser)
     add_partitionable_flag(parser)
@@ -55,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             node_name=args.node_name,
             driver_name=args.driver_name,
             partitionable=args.partitionable,
+            driver_root=driver_root_mount(args),
         )
     except DiscoveryError as err:
         raise CLIError(str(err)) from None

@@ -71,20 +71,29 @@ def _looks_like_path(value: str) -> bool:
 def open_library(
     fake_gpus: str | None,
     *,
+    driver_root: Path | None = None,
     nvml_library: str | None = None,
     proc_root: Path = Path("/proc"),
     sys_root: Path = Path("/sys"),
 ) -> DeviceLibrary:
     """The fake backend for a profile name or file, else NVML.
 
-    `nvml_library` loads libnvidia-ml from an explicit path instead of the loader's search path;
-    `proc_root`/`sys_root` let tests (and containers with host mounts) point at other trees.
-    Raises DiscoveryError with a one-line reason when neither can be opened.
+    NVML is the host driver's libnvidia-ml.so.1 under `driver_root` (where this process sees the
+    driver root: a container has no NVML of its own), else whatever the loader finds;
+    `nvml_library` names the file outright. `proc_root`/`sys_root` let tests (and containers with
+    host mounts) point at other trees. Raises DiscoveryError with a one-line reason when neither
+    can be opened.
     """
     if fake_gpus is None:
+        from dradriver.discovery.driverroot import nvml_library as find_nvml
         from dradriver.discovery.nvml import NvmlLibrary
 
-        return NvmlLibrary(library_path=nvml_library, proc_root=proc_root, sys_root=sys_root)
+        if nvml_library is None and driver_root is not None:
+            found = find_nvml(driver_root)
+            nvml_library = str(found) if found is not None else None
+        return NvmlLibrary(
+            library_path=nvml_library, proc_root=proc_root, sys_root=sys_root, searched_root=driver_root
+        )
 
     from dradriver.discovery.fake import FakeLibrary
     from dradriver.discovery.profile import load_builtin_profile, load_profile_file

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dradriver.discovery.driverroot import LIBRARY_DIRS, NVML_LIBRARY
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.discovery.model import (
     Gpu,
@@ -112,11 +113,16 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def _init_error(nvml: Any, err: Exception) -> DiscoveryError:
+def _init_error(nvml: Any, err: Exception, searched_root: Path | None) -> DiscoveryError:
     hint = "use --fake-gpus PROFILE to run without GPUs"
     if isinstance(err, nvml.NVMLError_LibraryNotFound):
+        where = (
+            f" under the driver root {searched_root} ({', '.join(LIBRARY_DIRS)}) nor on the loader path"
+            if searched_root is not None
+            else ""
+        )
         return DiscoveryError(
-            f"NVML library libnvidia-ml.so.1 not found: is the NVIDIA driver installed? ({hint})"
+            f"NVML library {NVML_LIBRARY} not found{where}: is the NVIDIA driver installed? ({hint})"
         )
     if isinstance(err, nvml.NVMLError_DriverNotLoaded):
         return DiscoveryError(f"the NVIDIA kernel driver is not loaded ({hint})")
@@ -136,6 +142,7 @@ class NvmlLibrary:
         library_path: str | None = None,
         proc_root: Path = Path("/proc"),
         sys_root: Path = Path("/sys"),
+        searched_root: Path | None = None,
     ) -> None:
         import pynvml
 
@@ -147,7 +154,7 @@ class NvmlLibrary:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:
-            raise _init_error(pynvml, err) from None
+            raise _init_error(pynvml, err, searched_root) from None
         self._open = True
 
     def _use_library(self, path: str) -> None:

@@ -12,12 +12,14 @@ import fcntl
 import os
 import stat
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
 from dradriver.health.board import HealthBoard
@@ -134,6 +136,24 @@ class _SocketServer:
             self.path.unlink(missing_ok=True)
 
 
+class _Liveness(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 on the DRA socket, for the probes: it answers from the same server threads
+    as the kubelet's calls, but prepares, unprepares and logs nothing."""
+
+    def __init__(self, problem: Callable[[], str | None]) -> None:
+        self._problem = problem
+
+    def Check(  # noqa: N802 - the gRPC method name
+        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+            if self._problem()
+            else health_pb2.HealthCheckResponse.SERVING
+        )
+        return health_pb2.HealthCheckResponse(status=status)
+
+
 def _remove_stale_socket(path: Path) -> None:
     try:
         st = os.lstat(path)
@@ -213,6 +233,7 @@ class PluginServer:
     def _serve_dra(self) -> _SocketServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="dra"))
         add_dra_services(server, self._service, self._board)
+        health_pb2_grpc.add_HealthServicer_to_server(_Liveness(self.liveness_problem), server)
         return _SocketServer(self.paths.dra_socket, server)
 
     def _serve_registration(self) -> _SocketServer:

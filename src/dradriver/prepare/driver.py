@@ -31,13 +31,16 @@ from dradriver.prepare.checkpoint import (
     ClaimState,
     DeviceRecord,
 )
-from dradriver.prepare.claims import ClaimSource, ClaimSourceError, ClaimsUnavailableError
+from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError, ClaimsUnavailableError
 from dradriver.prepare.edits import EditsError, device_edits
 from dradriver.prepare.plan import ClaimPlan, Hardware, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.sharing import SharingControl, SharingError
+from dradriver.prepare.stale import released_reason
 
 #: Claims of one call are fetched with this many requests in flight.
 FETCH_CONCURRENCY = 8
+#: How long freeing a stale holder waits for a call already working on that claim.
+HOLDER_LOCK_SECONDS = 10.0
 
 log = logs.get_logger(component="prepare")
 
@@ -263,6 +266,7 @@ class GpuDriver:
             except (PlanError, EditsError) as err:
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 return PrepareResult(error=str(err))
+            self._release_stale_holders(plan)
             started = self._start(plan)
             if isinstance(started, str):
                 return PrepareResult(error=started)
@@ -321,6 +325,54 @@ class GpuDriver:
             self._store.save(self._state)
         return record
 
+    def _release_stale_holders(self, plan: ClaimPlan) -> None:
+        """Unprepare claims that hold a device of `plan` but whose ResourceClaim says they cannot
+        be using it any more (deleted, deallocated, reserved for no pod).
+
+        After a pod holding a GPU is force-deleted, the scheduler may give that GPU to a new pod
+        before the kubelet has unprepared the old claim; refusing the new claim would leave its
+        pod waiting for the kubelet's next resync (a minute or more). The API server is the
+        authority here; without one (files, node-only mode) nothing is released.
+        """
+        if not self.claims.authoritative:
+            return
+        with self._state_lock:
+            holders = {
+                h.uid: h
+                for d in plan.devices
+                if (h := self._conflict(plan.claim.uid, d)) is not None
+                and h.state is ClaimState.PREPARE_COMPLETED
+                and h.name
+            }
+        for holder in holders.values():
+            try:
+                claim: Mapping[str, Any] | None = self.claims.get(holder.namespace, holder.name)
+            except ClaimNotFoundError:
+                claim = None
+            except ClaimSourceError as err:
+                log.warning("cannot check the claim holding a device", holder=holder.uid, error=str(err))
+                continue
+            reason = released_reason(holder, claim)
+            if reason is None:
+                continue
+            ref = ClaimRef(holder.namespace, holder.name, holder.uid)
+            with self._claim_lock(holder.uid, timeout=HOLDER_LOCK_SECONDS) as locked:
+                current = self._state.claims.get(holder.uid)
+                if not locked or current is None:
+                    continue  # being unprepared right now, or gone already
+                try:
+                    self._undo(current)
+                except SharingError as err:
+                    log.warning("cannot release a stale claim's sharing", holder=str(ref), error=str(err))
+                    continue
+            log.info(
+                "unprepared a claim that no longer uses its devices, for the claim they were allocated to",
+                claim=str(ref),
+                uid=holder.uid,
+                reason=reason,
+                for_claim=str(plan.claim),
+            )
+
     def _conflict(self, uid: str, device: PlannedDevice) -> ClaimRecord | None:
         if device.admin_access:
             return None
@@ -370,14 +422,18 @@ class GpuDriver:
             self._store.save(self._state)
 
     @contextmanager
-    def _claim_lock(self, uid: str) -> Iterator[None]:
+    def _claim_lock(self, uid: str, timeout: float = -1) -> Iterator[bool]:
+        """Serialize work on one claim; yields whether the lock was taken (always, without timeout)."""
         with self._locks_guard:
             entry = self._claim_locks.setdefault(uid, [threading.Lock(), 0])
             entry[1] += 1
+        lock: threading.Lock = entry[0]
+        locked = lock.acquire(timeout=timeout)
         try:
-            with entry[0]:
-                yield
+            yield locked
         finally:
+            if locked:
+                lock.release()
             with self._locks_guard:
                 entry[1] -= 1
                 if entry[1] == 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dradriver.discovery.driverroot import BINARY_DIRS, LIBRARY_DIRS
 from dradriver.prepare.cdi import Mount
 
 CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
@@ -32,16 +33,7 @@ COMPUTE_LIBRARIES = (
     "libnvidia-cfg",
     "libnvidia-opencl",
 )
-LIBRARY_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "usr/lib",
-)
 BINARIES = ("nvidia-smi", "nvidia-debugdump")
-BINARY_DIRS = ("usr/bin", "bin", "usr/local/bin")
 
 
 def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str) -> list[Mount]:

@@ -1,4 +1,4 @@
-"""Unprepare claims whose ResourceClaim is gone from the API server.
+"""Claims prepared here that no longer need their devices, and the collector of deleted ones.
 
 The kubelet unprepares a claim when its last pod on the node goes, but not always: a force-deleted
 pod, a lost kubelet checkpoint or a node that was down while the claim was deleted leave claims
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from dradriver import logs
 from dradriver.plugin.driver import ClaimRef
@@ -25,6 +25,33 @@ DEFAULT_GRACE_SECONDS = 300.0
 MAX_INTERVAL_SECONDS = 60.0
 
 log = logs.get_logger(component="stale-claims")
+
+
+def gone_reason(record: ClaimRecord, claim: Mapping[str, Any] | None) -> str | None:
+    """Why `record`'s ResourceClaim no longer exists (`claim` None: the API server said NotFound)."""
+    if claim is None:
+        return "its ResourceClaim is gone"
+    if (claim.get("metadata") or {}).get("uid") != record.uid:
+        return "its ResourceClaim was deleted and created again with another UID"
+    return None
+
+
+def released_reason(record: ClaimRecord, claim: Mapping[str, Any] | None) -> str | None:
+    """Why `record`'s claim cannot be using its devices any more, or None if it may still be.
+
+    Asked when the scheduler has given one of those devices to another claim: it only does that
+    once this claim is deallocated, which follows its last pod going (reservedFor emptied). The
+    kubelet unprepares such a claim a moment later; it must not block the next claim meanwhile.
+    """
+    if (gone := gone_reason(record, claim)) is not None:
+        return gone
+    assert claim is not None
+    status = claim.get("status") or {}
+    if not status.get("allocation"):
+        return "its ResourceClaim is no longer allocated"
+    if not status.get("reservedFor"):
+        return "its ResourceClaim is reserved for no pod any more"
+    return None
 
 
 class PreparedClaims(Protocol):
@@ -85,13 +112,13 @@ class StaleClaimCollector:
 
     def _gone(self, record: ClaimRecord) -> bool | None:
         try:
-            claim = self._source.get(record.namespace, record.name)
+            claim: Mapping[str, Any] | None = self._source.get(record.namespace, record.name)
         except ClaimNotFoundError:
-            return True
+            claim = None
         except ClaimSourceError as err:
             log.debug("cannot check claim", claim=f"{record.namespace}/{record.name}", error=str(err))
             return None
-        return (claim.get("metadata") or {}).get("uid") != record.uid
+        return gone_reason(record, claim) is not None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="stale-claims", daemon=True)

@@ -7,6 +7,7 @@ shared by `dradriver slices`, the CEL dry-run's --fake-gpus and `serve`; it rais
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dradriver.slices.compare import dropped_gates, stored_differences
@@ -36,7 +37,12 @@ class InvalidSlicesError(Exception):
 
 
 def build_node_slices(
-    fake_gpus: str | None, *, node_name: str, driver_name: str, partitionable: bool = False
+    fake_gpus: str | None,
+    *,
+    node_name: str,
+    driver_name: str,
+    partitionable: bool = False,
+    driver_root: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Discover the node's GPUs and return the validated slices `serve` would publish.
 
@@ -47,7 +53,7 @@ def build_node_slices(
     from dradriver.discovery import open_library
     from dradriver.logs import get_logger
 
-    library = open_library(fake_gpus)
+    library = open_library(fake_gpus, driver_root=driver_root)
     try:
         inventory = library.discover()
     finally:
