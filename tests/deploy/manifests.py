@@ -137,6 +137,8 @@ class ExampleRow:
     file: str
     profile: str
     expected: str
+    #: What its pods do on a fake-GPU cluster: Running, Succeeded, Pending or "prepare fails".
+    pod: str
     shows: str
 
 
@@ -175,8 +177,8 @@ def unquote(cell: str) -> str:
 
 
 def example_table() -> list[ExampleRow]:
-    rows = markdown_table(EXAMPLES / "README.md", ["file", "profile", "expected", "shows"])
-    return [ExampleRow(unquote(f), unquote(p), unquote(e), s) for f, p, e, s in rows]
+    rows = markdown_table(EXAMPLES / "README.md", ["file", "profile", "expected", "pod", "shows"])
+    return [ExampleRow(unquote(f), unquote(p), unquote(e), pod, s) for f, p, e, pod, s in rows]
 
 
 def class_table() -> list[ClassRow]:

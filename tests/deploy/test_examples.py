@@ -206,6 +206,23 @@ def test_example_names_do_not_collide() -> None:
     assert [key for key, count in keys.items() if count > 1] == []
 
 
+#: What the pods of an example can do on a fake-GPU cluster, given the dry-run outcome.
+POD_OUTCOMES = {"satisfiable": {"Running", "Succeeded", "prepare fails"}, "unsatisfiable": {"Pending"}}
+
+
+def test_example_containers_exit_promptly_on_sigterm() -> None:
+    """A shell as PID 1 ignores SIGTERM: each long-running example container must trap it, or
+    every `kubectl delete` waits out the whole grace period."""
+    for path, documents in examples():
+        for doc in documents:
+            for spec in pod_specs(doc):
+                for container in spec["containers"]:
+                    script = " ".join(container.get("command", []) + container.get("args", []))
+                    if "sleep" in script:
+                        assert 'trap "exit 0" TERM' in script, f"{path.name}: {container['name']}"
+                        assert script.rstrip().endswith("& wait"), f"{path.name}: {container['name']}"
+
+
 def test_examples_table_covers_every_example() -> None:
     rows = example_table()
     files = {p.name for p in example_files()}
@@ -213,6 +230,7 @@ def test_examples_table_covers_every_example() -> None:
         assert row.file in files, f"README row names missing file {row.file}"
         assert row.profile in FAKE_PROFILES, f"{row.file}: unknown profile {row.profile}"
         assert row.expected in OUTCOMES, f"{row.file}: expected outcome {row.expected!r}"
+        assert row.pod in POD_OUTCOMES[row.expected], f"{row.file}@{row.profile}: pod outcome {row.pod!r}"
         assert row.shows, f"{row.file}: empty 'shows' cell"
     assert files == {row.file for row in rows}, (
         f"examples missing from the README: {files - {r.file for r in rows}}"

@@ -21,8 +21,8 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 
 def base_image() -> str:
     text = DOCKERFILE.read_text()
-    [version] = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", text, flags=re.MULTILINE)
-    return f"python:{version}-slim"
+    [tag] = re.findall(r"^ARG DEBIAN=(\S+)$", text, flags=re.MULTILINE)
+    return f"debian:{tag}"
 
 
 def container_tool() -> str:

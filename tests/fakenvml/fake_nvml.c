@@ -3,7 +3,9 @@
  *
  * It exports the NVML entry points dradriver's discovery calls, with the C signatures and
  * struct layouts of nvml.h, and serves GPUs described by a tab-separated text file named by the
- * environment variable FAKE_NVML_CONFIG. The file is (re)read by every nvmlInitWithFlags, so one
+ * environment variable FAKE_NVML_CONFIG, else `fake-nvml.conf` next to the library itself (so that
+ * a process whose environment the test does not control, e.g. serve in a DaemonSet pod, loads a
+ * fake driver root laid out with it). The file is (re)read by every nvmlInitWithFlags, so one
  * process can go through several configurations. Line formats (fields separated by one TAB):
  *
  *   driver   VERSION
@@ -35,6 +37,8 @@
  * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -183,9 +187,22 @@ static int split_tabs(char *line, char **fields, int max) {
 
 static unsigned u(const char *text) { return (unsigned)strtoul(text, NULL, 10); }
 
-static nvmlReturn_t load_config(void) {
+/* FAKE_NVML_CONFIG, else fake-nvml.conf in the directory this library was loaded from. */
+static FILE *open_config(void) {
+    static char beside[4096];
     const char *path = getenv("FAKE_NVML_CONFIG");
-    FILE *file = path ? fopen(path, "r") : NULL;
+    Dl_info self;
+    if (!path && dladdr((void *)open_config, &self) && self.dli_fname) {
+        const char *slash = strrchr(self.dli_fname, '/');
+        int dir = slash ? (int)(slash - self.dli_fname) : 1;
+        snprintf(beside, sizeof beside, "%.*s/fake-nvml.conf", dir, slash ? self.dli_fname : ".");
+        path = beside;
+    }
+    return path ? fopen(path, "r") : NULL;
+}
+
+static nvmlReturn_t load_config(void) {
+    FILE *file = open_config();
     char line[1024], *f[24];
     memset(&state, 0, sizeof state);
     if (!file)

@@ -1,0 +1,147 @@
+"""The plugin as operators run it: a kustomization from deploy/ applied to the real cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver import DEFAULT_DRIVER_NAME
+from tests.e2e.realcluster import RealCluster
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "dradriver"
+DAEMONSET = "dradriver-kubelet-plugin"
+#: The node label that admits the GPU DaemonSets (base, gpu-operator) to a node.
+GPU_NODE_LABEL = "gpu.dradriver.dev/present"
+DRIVER = DEFAULT_DRIVER_NAME
+CDI_DIR = "/var/run/cdi"
+STATE_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
+
+
+def wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll until `condition()` is truthy and return it; the failure names what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Deployment:
+    """dradriver installed from one kustomization (`overlays/fake`, `base`, `gpu-operator`)."""
+
+    cluster: RealCluster
+    kustomization: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def install(self) -> None:
+        if self.kustomization != "overlays/fake":
+            self.cluster.kubectl(
+                "label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite"
+            )
+        self.cluster.kubectl("apply", "-k", str(REPO / "deploy" / self.kustomization))
+        self.cluster.kubectl("apply", "-f", str(REPO / "deviceclasses"))
+        if self.env:
+            self.set_env(**self.env)
+        self.wait_ready()
+        self.cluster.log_sources["plugin"] = self.logs
+
+    def set_env(self, **env: str) -> None:
+        """Change the plugin's environment (a rollout) and wait for the new pod to be ready."""
+        self.env.update(env)
+        pairs = [f"{k}={v}" for k, v in env.items()]
+        self.cluster.kubectl("-n", NAMESPACE, "set", "env", f"daemonset/{DAEMONSET}", "-c", "plugin", *pairs)
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Rolled out, the new pod Ready (registered, slices published) and the old one gone."""
+        self.cluster.kubectl(
+            "-n", NAMESPACE, "rollout", "status", f"daemonset/{DAEMONSET}", "--timeout=180s", timeout=200
+        )
+        wait(lambda: len(self.pods()) == 1, 60, "exactly one plugin pod on the node")
+
+    def pods(self) -> list[dict[str, Any]]:
+        items = self.cluster.get_json(
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=dradriver",
+            "--field-selector",
+            f"spec.nodeName={self.cluster.node_name}",
+        )["items"]
+        assert isinstance(items, list)
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def pod(self) -> str:
+        (pod,) = self.pods()
+        return str(pod["metadata"]["name"])
+
+    def exec(self, *command: str, check: bool = True) -> str:
+        done = self.cluster.kubectl(
+            "-n", NAMESPACE, "exec", self.pod(), "-c", "plugin", "--", *command, check=check
+        )
+        return done.stdout
+
+    def status(self) -> dict[str, Any]:
+        """`dradriver status -o json` inside the plugin pod: the checkpoint as the node has it."""
+        result: dict[str, Any] = json.loads(self.exec("dradriver", "status", "-o", "json"))
+        return result
+
+    def cdi_files(self) -> list[str]:
+        listing = self.exec("ls", "-1", CDI_DIR)
+        return sorted(name for name in listing.split() if name.startswith(f"k8s.{DRIVER}-claim_"))
+
+    def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
+        spec: dict[str, Any] = json.loads(self.exec("cat", f"{CDI_DIR}/k8s.{DRIVER}-claim_{claim_uid}.json"))
+        return spec
+
+    def logs(self) -> str:
+        pods = self.pods()
+        if not pods:
+            return "(no plugin pod)"
+        done = self.cluster.kubectl(
+            "-n", NAMESPACE, "logs", pods[0]["metadata"]["name"], "-c", "plugin", "--tail=60", check=False
+        )
+        return done.stdout + done.stderr
+
+    def all_logs(self) -> str:
+        done = self.cluster.kubectl("-n", NAMESPACE, "logs", self.pod(), "-c", "plugin", check=False)
+        return done.stdout
+
+    def slices(self) -> list[dict[str, Any]]:
+        items = self.cluster.get_json(
+            "resourceslices",
+            "--field-selector",
+            f"spec.driver={DRIVER},spec.nodeName={self.cluster.node_name}",
+        )["items"]
+        assert isinstance(items, list)
+        return sorted(items, key=lambda s: str(s["metadata"]["name"]))
+
+    def devices(self) -> list[str]:
+        return sorted(d["name"] for s in self.slices() for d in s["spec"].get("devices", []))
+
+    def uninstall(self) -> None:
+        self.cluster.log_sources.pop("plugin", None)
+        self.cluster.kubectl(
+            "delete",
+            "-k",
+            str(REPO / "deploy" / self.kustomization),
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+            timeout=150,
+        )
+        self.cluster.kubectl("delete", "-f", str(REPO / "deviceclasses"), "--ignore-not-found")
+        self.cluster.kubectl(
+            "delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", "--ignore-not-found"
+        )
+        if self.kustomization != "overlays/fake":
+            self.cluster.kubectl("label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}-")

@@ -1,0 +1,132 @@
+"""Every example of examples/claims/ on the profile its README row names, with the `fake` DaemonSet.
+
+Each row's pods reach the phase the README predicts; inside every running container are exactly
+the device nodes, and the env and mounts, that its claims' CDI specs promise; after deletion the
+claims are unprepared, their CDI specs gone and the checkpoint empty.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dradriver.slices import stored_differences
+from tests.deploy.manifests import EXAMPLES, ExampleRow, example_table
+from tests.e2e.plugin import Deployment, wait
+from tests.e2e.realcluster import RealCluster
+from tests.e2e.workloads import (
+    check_container,
+    check_log,
+    events_for,
+    load,
+    pods_of,
+    promised,
+    unschedulable,
+    wait_pods,
+    wait_unprepared,
+)
+
+pytestmark = pytest.mark.cluster
+
+#: The fake overlay's own profile first, so that most rows need no rollout.
+PROFILE_ORDER = ["dgx-h100", "t4x4", "dgx-a100-mig", "mixed"]
+ROWS = sorted(example_table(), key=lambda r: PROFILE_ORDER.index(r.profile))
+
+
+def use_profile(deployment: Deployment, profile: str) -> None:
+    if deployment.env.get("DRADRIVER_FAKE_GPUS", "dgx-h100") != profile:
+        deployment.set_env(DRADRIVER_FAKE_GPUS=profile)
+
+
+def expected_slices(profile: str, node: str) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dradriver",
+            "slices",
+            "--fake-gpus",
+            profile,
+            "--node-name",
+            node,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    slices: list[dict[str, object]] = json.loads(done.stdout)
+    return slices
+
+
+def test_registers_and_publishes_what_dradriver_slices_renders(
+    real_cluster: RealCluster, fake_deployment: Deployment
+) -> None:
+    use_profile(fake_deployment, "dgx-h100")
+    published = fake_deployment.slices()
+    rendered = expected_slices("dgx-h100", real_cluster.node_name)
+    assert len(published) == len(rendered)
+    for stored, sent in zip(published, rendered, strict=True):
+        assert stored["metadata"]["name"].startswith(sent["metadata"]["generateName"])  # type: ignore[index]
+        assert stored_differences(sent, stored) == []
+    assert "registered with the kubelet" in fake_deployment.all_logs()
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.file}@{r.profile}")
+def test_example_runs_as_the_readme_says(
+    real_cluster: RealCluster, fake_deployment: Deployment, row: ExampleRow
+) -> None:
+    use_profile(fake_deployment, row.profile)
+    path = EXAMPLES / row.file
+    documents = load(path)
+    real_cluster.kubectl("apply", "-f", str(path))
+    try:
+        if row.pod == "Pending":
+            pods = wait_pods(real_cluster, documents, unschedulable, 60, f"{row.file}: pods unschedulable")
+            for pod in pods:
+                message = next(
+                    c["message"] for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"
+                )
+                assert "cannot allocate all claims" in message, message
+        elif row.pod == "prepare fails":
+            pods = wait_pods(
+                real_cluster,
+                documents,
+                lambda p: any(
+                    e["reason"] == "FailedPrepareDynamicResources" for e in events_for(real_cluster, p)
+                ),
+                90,
+                f"{row.file}: the prepare failure event",
+            )
+            for pod in pods:
+                messages = [
+                    e["message"]
+                    for e in events_for(real_cluster, pod)
+                    if e["reason"] == "FailedPrepareDynamicResources"
+                ]
+                assert any("cannot be applied" in m for m in messages), messages
+        else:
+            pods = wait_pods(
+                real_cluster,
+                documents,
+                lambda p: p["status"].get("phase") == row.pod,
+                120,
+                f"{row.file}: {row.pod}",
+            )
+            for pod in pods:
+                for promise in promised(real_cluster, fake_deployment, pod):
+                    if row.pod == "Running":
+                        check_container(real_cluster, promise)
+                    else:
+                        check_log(real_cluster, promise)
+            assert '"api": "v1"' in fake_deployment.all_logs(), "the kubelet did not use DRAPlugin v1"
+    finally:
+        real_cluster.kubectl(
+            "delete", "-f", str(path), "--ignore-not-found", "--wait=true", "--timeout=90s", timeout=120
+        )
+    wait(lambda: not pods_of(real_cluster, documents), 60, f"{row.file}: pods gone")
+    wait_unprepared(fake_deployment)
