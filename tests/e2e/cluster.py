@@ -227,6 +227,16 @@ class _HostState:
     chains: set[tuple[str, str, str]]
     netns: set[str]
     ip_forward: str
+    root_shared: bool
+
+
+def _root_is_shared() -> bool:
+    """Whether `/` is a shared mount (the optional fields of its mountinfo line name a peer group)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return any(f.startswith("shared:") for f in fields[6 : fields.index("-")])
+    return False
 
 
 class LocalCluster:
@@ -272,7 +282,12 @@ class LocalCluster:
             chains=_iptables_chains(),
             netns=_netns(),
             ip_forward=Path("/proc/sys/net/ipv4/ip_forward").read_text(),
+            root_shared=_root_is_shared(),
         )
+        if not self._host.root_shared:
+            # As on any systemd host: HostToContainer and Bidirectional volume propagation (the
+            # GPU DaemonSets' driver root) need the host path on a shared mount.
+            subprocess.run(["mount", "--make-rshared", "/"], check=True, capture_output=True)
         try:
             self.control_plane.start()
             self._network_rules()
@@ -718,6 +733,8 @@ state = "{self.work_dir / "containerd/state"}"
             _delete_jumps_to(tool, table, chain)
             subprocess.run([tool, "-w", "-t", table, "-X", chain], capture_output=True, check=False)
         Path("/proc/sys/net/ipv4/ip_forward").write_text(self._host.ip_forward)
+        if not self._host.root_shared:
+            subprocess.run(["mount", "--make-rprivate", "/"], check=False, capture_output=True)
 
     def component_logs(self) -> dict[str, Path]:
         return {path.stem: path for path in sorted(self.logs.glob("*.log"))}

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
+from tests.deploy.manifests import kubectl
 from tests.e2e.realcluster import RealCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +35,18 @@ def wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> An
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+SEEN_DIR = "/tmp/cdi-seen"
+
+
+@dataclass
+class CdiRecorder:
+    deployment: Deployment
+
+    def specs(self) -> list[dict[str, Any]]:
+        names = self.deployment.exec("sh", "-c", f"ls {SEEN_DIR} 2>/dev/null || true").split()
+        return [json.loads(self.deployment.exec("cat", f"{SEEN_DIR}/{name}")) for name in names]
 
 
 @dataclass
@@ -102,6 +118,43 @@ class Deployment:
     def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
         spec: dict[str, Any] = json.loads(self.exec("cat", f"{CDI_DIR}/k8s.{DRIVER}-claim_{claim_uid}.json"))
         return spec
+
+    @contextlib.contextmanager
+    def recording_cdi(self) -> Iterator[CdiRecorder]:
+        """Keep a copy of every claim CDI spec that appears while the block runs: a short-lived
+        pod's spec is removed again when its claim is unprepared, before a test can look."""
+        pod = self.pod()
+        pattern = f"{CDI_DIR}/k8s.{DRIVER}-claim_*.json"
+        # Ends on a stop file, and by itself after five minutes at the latest.
+        script = (
+            f"mkdir -p {SEEN_DIR}; i=0; while [ ! -e {SEEN_DIR}/.stop ] && [ $i -lt 6000 ]; do "
+            f'for f in {pattern}; do [ -e "$f" ] && cp "$f" {SEEN_DIR}/; done; sleep 0.05; i=$((i+1)); done'
+        )
+        watcher = subprocess.Popen(
+            [
+                kubectl(),
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "-n",
+                NAMESPACE,
+                "exec",
+                pod,
+                "-c",
+                "plugin",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            yield CdiRecorder(self)
+        finally:
+            self.exec("touch", f"{SEEN_DIR}/.stop", check=False)
+            watcher.wait(30)
+            self.exec("rm", "-rf", SEEN_DIR, check=False)
 
     def logs(self) -> str:
         pods = self.pods()

@@ -31,6 +31,10 @@ NODE_ENV = "DRADRIVER_E2E_NODE"
 GATES_OFF_ENV = "DRADRIVER_E2E_KUBECONFIG_GATES_OFF"
 #: Where the local cluster keeps its state and logs (default: a new directory under /var/tmp).
 WORK_ENV = "DRADRIVER_E2E_WORKDIR"
+#: Feature gates of every component of the local cluster. ResourceHealthStatus (alpha in 1.36)
+#: puts device health into the pod status (KEP-4680), which the health scenario checks.
+GATES_ENV = "DRADRIVER_E2E_FEATURE_GATES"
+DEFAULT_GATES = "ResourceHealthStatus=true"
 SKIP_REASON = (
     f"needs a real Kubernetes cluster: set {BIN_ENV} (a directory with the Kubernetes 1.36 binaries; "
     f"`make e2e` unpacks ../shared/k8s) or {KUBECONFIG_ENV}"
@@ -150,7 +154,7 @@ def real_cluster_session() -> Iterator[RealCluster]:
         pytest.skip(SKIP_REASON)
     if missing := missing_binaries(Path(bin_dir)):
         pytest.fail(f"{BIN_ENV}={bin_dir} lacks {', '.join(missing)}")
-    local = LocalCluster(Path(bin_dir), _work_dir())
+    local = LocalCluster(Path(bin_dir), _work_dir(), feature_gates=os.environ.get(GATES_ENV, DEFAULT_GATES))
     local.start()
     try:
         yield RealCluster(local.kubeconfig, local.node_name, local)

@@ -24,6 +24,7 @@ from tests.e2e.workloads import (
     load,
     pods_of,
     promised,
+    promised_by_specs,
     unschedulable,
     wait_pods,
     wait_unprepared,
@@ -83,7 +84,8 @@ def test_example_runs_as_the_readme_says(
     use_profile(fake_deployment, row.profile)
     path = EXAMPLES / row.file
     documents = load(path)
-    real_cluster.kubectl("apply", "-f", str(path))
+    if row.pod != "Succeeded":
+        real_cluster.kubectl("apply", "-f", str(path))
     try:
         if row.pod == "Pending":
             pods = wait_pods(real_cluster, documents, unschedulable, 60, f"{row.file}: pods unschedulable")
@@ -109,20 +111,33 @@ def test_example_runs_as_the_readme_says(
                     if e["reason"] == "FailedPrepareDynamicResources"
                 ]
                 assert any("cannot be applied" in m for m in messages), messages
-        else:
+        elif row.pod == "Running":
             pods = wait_pods(
                 real_cluster,
                 documents,
-                lambda p: p["status"].get("phase") == row.pod,
+                lambda p: p["status"].get("phase") == "Running",
                 120,
-                f"{row.file}: {row.pod}",
+                f"{row.file}: Running",
             )
             for pod in pods:
                 for promise in promised(real_cluster, fake_deployment, pod):
-                    if row.pod == "Running":
-                        check_container(real_cluster, promise)
-                    else:
-                        check_log(real_cluster, promise)
+                    check_container(real_cluster, promise)
+        else:  # a Job whose pod finishes: its claim and spec are gone by the time it is checked
+            with fake_deployment.recording_cdi() as recorder:
+                real_cluster.kubectl("apply", "-f", str(path))
+                pods = wait_pods(
+                    real_cluster,
+                    documents,
+                    lambda p: p["status"].get("phase") == row.pod,
+                    120,
+                    f"{row.file}: {row.pod}",
+                )
+                specs = recorder.specs()
+            assert len(specs) == 1, specs
+            for pod in pods:
+                for promise in promised_by_specs(pod, specs):
+                    check_log(real_cluster, promise)
+        if row.pod in {"Running", "Succeeded"}:
             assert '"api": "v1"' in fake_deployment.all_logs(), "the kubelet did not use DRAPlugin v1"
     finally:
         real_cluster.kubectl(

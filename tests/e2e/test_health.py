@@ -101,14 +101,27 @@ def with_health_config(cluster: RealCluster, deployment: Deployment) -> None:
     deployment.wait_ready()
 
 
-def device_health(pod: dict[str, Any]) -> dict[str, str]:
-    """resourceID -> health from the pod's status (containerStatuses[].allocatedResourcesStatus)."""
-    health = {}
+def device_health(pod: dict[str, Any]) -> str | None:
+    """gpu-3's health in the pod's status (containerStatuses[].allocatedResourcesStatus). The
+    kubelet names a DRA device by its first CDI device ID (`<kind>=<claim uid>-gpu-3`), else
+    `<driver>/<pool>/gpu-3`."""
     for status in pod["status"].get("containerStatuses", []):
         for entry in status.get("allocatedResourcesStatus") or []:
             for resource in entry.get("resources") or []:
-                health[resource["resourceID"]] = resource.get("health", "")
-    return health
+                if resource["resourceID"].endswith((f"-{DEVICE}", f"/{DEVICE}")):
+                    return str(resource.get("health", ""))
+    return None
+
+
+def require_health_in_pod_status(cluster: RealCluster) -> None:
+    metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
+    if 'kubernetes_feature_enabled{name="ResourceHealthStatus"' not in metrics or any(
+        line.startswith('kubernetes_feature_enabled{name="ResourceHealthStatus"') and line.endswith(" 0")
+        for line in metrics.splitlines()
+    ):
+        pytest.skip(
+            "the cluster's kubelet has ResourceHealthStatus (alpha in 1.36) off: no health in pod status"
+        )
 
 
 def taints(deployment: Deployment) -> list[dict[str, Any]]:
@@ -124,21 +137,20 @@ def taints(deployment: Deployment) -> list[dict[str, Any]]:
 def test_xid_reaches_the_pod_taints_the_device_and_recovers(
     real_cluster: RealCluster, fake_deployment: Deployment
 ) -> None:
+    require_health_in_pod_status(real_cluster)
     with_health_config(real_cluster, fake_deployment)
-    node = real_cluster.node_name
-    resource = f"{DRIVER}/{node}/{DEVICE}"
     first = pinned_pod("pinned-a")
     real_cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(first))
     wait_pods(real_cluster, first, lambda p: p["status"].get("phase") == "Running", 120, "pinned-a Running")
     wait(
-        lambda: device_health(pods_of(real_cluster, first)[0]).get(resource) == "Healthy",
+        lambda: device_health(pods_of(real_cluster, first)[0]) == "Healthy",
         60,
         "Healthy in the pod status",
     )
 
     fake_deployment.exec("dradriver", "fake-event", "--device", DEVICE, "--xid", "79")
     wait(
-        lambda: device_health(pods_of(real_cluster, first)[0]).get(resource) == "Unhealthy",
+        lambda: device_health(pods_of(real_cluster, first)[0]) == "Unhealthy",
         60,
         "Unhealthy in the pod status",
     )
@@ -157,6 +169,6 @@ def test_xid_reaches_the_pod_taints_the_device_and_recovers(
     (pod,) = wait_pods(
         real_cluster, second, lambda p: p["status"].get("phase") == "Running", 120, "pinned-b Running"
     )
-    assert device_health(pod).get(resource) in {"Healthy", None}
+    assert device_health(pod) in {"Healthy", None}
     real_cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=yaml.safe_dump_all(second))
     wait_unprepared(fake_deployment)

@@ -117,9 +117,7 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
             )
     result = []
     for container, refs in references.items():
-        nodes: dict[str, tuple[int, int]] = {}
-        env_values: dict[str, set[str]] = {}
-        mounts: list[str] = []
+        edits: list[Json] = []
         for claim_name, request in refs:
             claim = cluster.get_json("resourceclaim", "-n", namespace, claim_name)
             uid = claim["metadata"]["uid"]  # type: ignore[index]
@@ -132,24 +130,44 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
             if not ours:
                 continue
             spec = deployment.cdi_spec(uid)
-            edits = [spec.get("containerEdits", {})]
+            edits.append(spec.get("containerEdits", {}))
             for allocated in ours:
                 edits += [
                     d["containerEdits"]
                     for d in spec["devices"]
                     if d["name"].startswith(f"{uid}-{allocated['device']}")
                 ]
-            for edit in edits:
-                for node in edit.get("deviceNodes", []):
-                    nodes[node["path"]] = (node["major"], node["minor"])
-                for entry in edit.get("env", []):
-                    key, _, value = entry.partition("=")
-                    env_values.setdefault(key, set()).add(value)
-                mounts += [m["containerPath"] for m in edit.get("mounts", [])]
-        # A variable that several edits set to different values has no single promised value.
-        env = {k: next(iter(v)) for k, v in env_values.items() if len(v) == 1}
-        result.append(ContainerDevices(pod["metadata"]["name"], namespace, container, nodes, env, mounts))
+        result.append(_merged(pod, container, edits))
     return result
+
+
+def promised_by_specs(pod: Json, specs: list[Json]) -> list[ContainerDevices]:
+    """For a pod whose claims are gone (a finished Job's): every device of the CDI specs recorded
+    while it ran goes to each container that uses a claim."""
+    edits = [spec.get("containerEdits", {}) for spec in specs]
+    edits += [d["containerEdits"] for spec in specs for d in spec["devices"]]
+    return [
+        _merged(pod, c["name"], edits)
+        for c in pod["spec"]["containers"]
+        if (c.get("resources") or {}).get("claims")
+    ]
+
+
+def _merged(pod: Json, container: str, edits: list[Json]) -> ContainerDevices:
+    nodes: dict[str, tuple[int, int]] = {}
+    env_values: dict[str, set[str]] = {}
+    mounts: list[str] = []
+    for edit in edits:
+        for node in edit.get("deviceNodes", []):
+            nodes[node["path"]] = (node["major"], node["minor"])
+        for entry in edit.get("env", []):
+            key, _, value = entry.partition("=")
+            env_values.setdefault(key, set()).add(value)
+        mounts += [m["containerPath"] for m in edit.get("mounts", [])]
+    # A variable that several edits set to different values has no single promised value.
+    env = {k: next(iter(v)) for k, v in env_values.items() if len(v) == 1}
+    meta = pod["metadata"]
+    return ContainerDevices(meta["name"], meta["namespace"], container, nodes, env, mounts)
 
 
 _STAT = re.compile(r"^(?P<path>\S+) (?P<kind>.+) (?P<major>[0-9a-f]+):(?P<minor>[0-9a-f]+)$")

@@ -1,0 +1,177 @@
+"""Issue 11 figures on a real single-node Kubernetes 1.36 with the `fake` DaemonSet.
+
+Run: .venv/bin/python -m bench.bench_e2e --bin /var/tmp/dradriver-k8s-bin \\
+         --image build/image/dradriver-0.1.0.oci.tar [--rounds 15]
+
+Starts the cluster (tests/e2e/cluster.py), imports the image, installs `deploy/overlays/fake`,
+then alternates a pod without a claim and the same pod with a one-GPU claim (same image, same
+command), timing create -> Running from the client (the pod is polled every 5 ms). Afterwards it
+reads the kubelet's own histogram of NodePrepareResources (`dra_grpc_operations_duration_seconds`
+from the node's /metrics) and the plugin's per-call durations from its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import summary
+from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.kube import KubeClient, NotFoundError
+from tests.e2e.cluster import LocalCluster
+from tests.e2e.plugin import Deployment
+from tests.e2e.realcluster import RealCluster
+from tests.e2e.workloads import wait_unprepared
+
+PODS = "/api/v1/namespaces/default/pods"
+TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
+
+
+def pod(name: str, claim: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "app",
+                "image": "busybox:1.37",
+                "command": ["sh", "-c", 'trap "exit 0" TERM; sleep 3600 & wait'],
+            }
+        ],
+    }
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "bench-gpu"}]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def create_to_running(client: KubeClient, name: str, claim: bool) -> float:
+    started = time.perf_counter()
+    client.request("POST", PODS, body=pod(name, claim))
+    while True:
+        status = client.request("GET", f"{PODS}/{name}").get("status", {})
+        if status.get("phase") == "Running":
+            return time.perf_counter() - started
+        time.sleep(0.005)
+
+
+def delete(client: KubeClient, name: str) -> None:
+    client.request("DELETE", f"{PODS}/{name}")
+    while True:
+        try:
+            client.request("GET", f"{PODS}/{name}")
+        except NotFoundError:
+            return
+        time.sleep(0.05)
+
+
+def histogram_quantile(text: str, metric: str, labels: dict[str, str], q: float) -> tuple[float, int]:
+    """Prometheus-style quantile (linear within the bucket) of a histogram on the node's /metrics."""
+    buckets = []
+    for line in text.splitlines():
+        if not line.startswith(f"{metric}_bucket{{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            bound = float("inf") if found["le"] == "+Inf" else float(found["le"])
+            buckets.append((bound, float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1]
+    rank = q * total
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound, int(total)
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
+                count - previous_count
+            ), int(total)
+        previous_bound, previous_count = bound, count
+    return previous_bound, int(total)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
+    parser.add_argument("--image", type=Path, required=True, help="image archive from `make image`")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+
+    local = LocalCluster(args.bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
+    local.start()
+    try:
+        cluster = RealCluster(local.kubeconfig, local.node_name, local)
+        local.import_image(args.image)
+        deployment = Deployment(cluster, "overlays/fake")
+        deployment.install()
+        client = cluster.client()
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "bench-gpu"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEFAULT_DRIVER_NAME}}]
+                    }
+                }
+            },
+        }
+        client.request("POST", TEMPLATES, body=template)
+        plain: list[float] = []
+        claimed: list[float] = []
+        for i in range(args.rounds + 1):  # the first round warms the image and the connections
+            for with_claim, samples in ((False, plain), (True, claimed)):
+                name = f"bench-{'claim' if with_claim else 'plain'}-{i}"
+                seconds = create_to_running(client, name, with_claim)
+                delete(client, name)
+                if with_claim:
+                    wait_unprepared(deployment)
+                if i:
+                    samples.append(seconds)
+        metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{local.node_name}/proxy/metrics").stdout
+        p50, count = histogram_quantile(
+            metrics,
+            "dra_grpc_operations_duration_seconds",
+            {
+                "driver_name": DEFAULT_DRIVER_NAME,
+                "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            },
+            0.5,
+        )
+        p99, _ = histogram_quantile(
+            metrics,
+            "dra_grpc_operations_duration_seconds",
+            {
+                "driver_name": DEFAULT_DRIVER_NAME,
+                "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            },
+            0.99,
+        )
+        served = [
+            float(record["ms"])
+            for line in deployment.all_logs().splitlines()
+            if line.startswith("{") and (record := json.loads(line)).get("event") == "NodePrepareResources"
+        ][1:]
+        print(summary("pod create -> Running, no claim", plain))
+        print(summary("pod create -> Running, one-GPU claim", claimed))
+        added = statistics.median(claimed) - statistics.median(plain)
+        print(f"the claim adds (difference of medians): {added * 1e3:.0f} ms")
+        print(
+            f"kubelet dra_grpc_operations_duration_seconds, NodePrepareResources: n={count} "
+            f"p50={p50 * 1e3:.2f}ms p99={p99 * 1e3:.2f}ms (interpolated within buckets)"
+        )
+        print(summary("plugin-side NodePrepareResources (its log)", [ms / 1e3 for ms in served]))
+        deployment.uninstall()
+    finally:
+        local.stop()
+
+
+if __name__ == "__main__":
+    main()
