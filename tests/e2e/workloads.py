@@ -234,8 +234,14 @@ def load(path: Path) -> list[Json]:
 
 def wait_unprepared(deployment: Deployment, timeout: float = 60) -> None:
     """The node holds nothing any more: empty checkpoint, no claim CDI spec."""
-    wait(lambda: deployment.status()["claims"] == [], timeout, "the checkpoint to hold no claim")
-    assert deployment.cdi_files() == []
+
+    def state() -> tuple[list[Json], list[str]]:
+        return deployment.status()["claims"], deployment.cdi_files()
+
+    try:
+        wait(lambda: state() == ([], []), timeout, "an empty checkpoint and no claim CDI spec")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; checkpoint claims, CDI specs: {state()}") from None
 
 
 def wait_pods(
