@@ -17,6 +17,7 @@ no registry) is handled here; each such setting says why.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -25,11 +26,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -239,8 +242,12 @@ def _root_is_shared() -> bool:
     return False
 
 
+#: One local cluster per machine (it owns /var/lib/kubelet): a second one waits for this lock.
+MACHINE_LOCK = Path("/var/tmp/dradriver-e2e-cluster.lock")
+
+
 class LocalCluster:
-    """The whole single-node cluster. Not re-entrant: one per machine (it owns /var/lib/kubelet)."""
+    """The whole single-node cluster. One per machine: `start` waits until no other runs."""
 
     def __init__(
         self,
@@ -263,6 +270,7 @@ class LocalCluster:
         self.kubelet: Component | None = None
         self._components: list[Component] = []
         self._host: _HostState | None = None
+        self._lock: IO[str] | None = None
         self.kubeconfig = self.control_plane.admin_kubeconfig
         self.logs = self.control_plane.logs
 
@@ -273,22 +281,29 @@ class LocalCluster:
             raise ClusterError("the local cluster runs as root (kubelet, containerd, iptables, mounts)")
         if missing := missing_binaries(self.bin_dir):
             raise ClusterError(f"missing in {self.bin_dir}: {', '.join(missing)}")
-        if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()):
-            raise ClusterError(f"{KUBELET_ROOT} is not empty: another kubelet owns this machine")
         for tool in ("runc", "iptables", "ip", "curl", "mount"):
             if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
                 raise ClusterError(f"{tool} is not installed")
+        self._lock = MACHINE_LOCK.open("a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another local cluster to finish (lock {MACHINE_LOCK})", file=sys.stderr)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+        if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()):
+            self._release_lock()  # and touch nothing: it belongs to someone else
+            raise ClusterError(f"{KUBELET_ROOT} is not empty: another kubelet owns this machine")
         self._host = _HostState(
             chains=_iptables_chains(),
             netns=_netns(),
             ip_forward=Path("/proc/sys/net/ipv4/ip_forward").read_text(),
             root_shared=_root_is_shared(),
         )
-        if not self._host.root_shared:
-            # As on any systemd host: HostToContainer and Bidirectional volume propagation (the
-            # GPU DaemonSets' driver root) need the host path on a shared mount.
-            subprocess.run(["mount", "--make-rshared", "/"], check=True, capture_output=True)
         try:
+            if not self._host.root_shared:
+                # As on any systemd host: HostToContainer and Bidirectional volume propagation
+                # (the GPU DaemonSets' driver root) need the host path on a shared mount.
+                subprocess.run(["mount", "--make-rshared", "/"], check=True, capture_output=True)
             self.control_plane.start()
             self._network_rules()
             self._start_containerd()
@@ -641,7 +656,10 @@ state = "{self.work_dir / "containerd/state"}"
     # --- stop -------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Remove everything the cluster added to the host; safe to call more than once."""
+        """Remove everything the cluster added to the host; safe to call more than once, and a
+        no-op for a cluster that never got as far as owning the machine."""
+        if self._host is None:
+            return
         self.stop_kubelet()
         self._kill_containers()
         for component in reversed(self._components):
@@ -662,6 +680,13 @@ state = "{self.work_dir / "containerd/state"}"
         for directory in CDI_DIRS:
             for spec in Path(directory).glob("k8s.*-claim_*"):
                 spec.unlink(missing_ok=True)
+        self._host = None
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
     def _kill_containers(self) -> None:
         if not self.containerd_socket.exists():
