@@ -1,12 +1,14 @@
 """Issue 8 figures: XID -> UNHEALTHY on the health stream, XID -> taint on the API server, idle cost.
 
-    python -m bench.bench_health [--runs 30] [--idle-seconds 60] [--idle-repeats 2] [--kubeconfig PATH]
+    python -m bench.bench_health [--runs 30] [--idle-seconds 60] [--idle-repeats 2]
+                                 [--k8s-bin DIR | --kubeconfig PATH]
 
 Everything runs a real `dradriver serve` subprocess on fake GPUs (the fake-event log) and on the
 C fake libnvidia-ml (events through pynvml's nvmlEventSetWait; needs `cc`). Latencies are timed
 from appending the event (the fake log, or the fake NVML's FIFO) to the moment the stream
-message arrives in this process / the taint is seen in the API server. Without --kubeconfig the
-API server is the loopback fake from tests/publish, not kube-apiserver.
+message arrives in this process / the taint is seen in the API server: a real kube-apiserver
+started from --k8s-bin, or the one --kubeconfig names; without either the loopback fake from
+tests/publish, whose figures are not the product's.
 Idle cost: serve's own CPU time (utime + stime from /proc) over a window with nothing happening,
 health monitoring on (defaults) against `enabled: false`.
 """
@@ -14,6 +16,7 @@ health monitoring on (defaults) against `enabled: false`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import threading
@@ -23,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from bench.common import summary
+from bench.common import real_api_server, summary
 from dradriver import kubeletclient
 from dradriver.health.board import Health
 from dradriver.health.fake_source import FakeEventRecord, append_fake_event
@@ -210,7 +213,15 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--idle-repeats", type=int, default=2)
     parser.add_argument("--kubeconfig", help="a real API server for the taint figure (default: the fake)")
+    parser.add_argument("--k8s-bin", type=Path, help="start a real kube-apiserver from these binaries")
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        if args.k8s_bin is not None:
+            args.kubeconfig = str(stack.enter_context(real_api_server(args.k8s_bin)))
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
 
     print(
         summary("XID -> UNHEALTHY on the stream, fake GPUs (fake-event log)", stream_latency_fake(args.runs))

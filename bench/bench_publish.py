@@ -1,15 +1,18 @@
 """Publishing figures: first publish, recovery after an external delete, steady-state traffic.
 
-    python -m bench.bench_publish [--kubeconfig PATH] [--runs 30] [--steady-seconds 600]
+    python -m bench.bench_publish (--k8s-bin DIR | --kubeconfig PATH) [--runs 30] [--steady-seconds 600]
 
-Without --kubeconfig it runs against the loopback fake API server from tests/publish (the only
-server this machine has); with one, against that server (Nodes it creates are removed again).
+Against a real kube-apiserver: one started from the Kubernetes binaries in --k8s-bin (with its
+etcd; `../shared/k8s/unpack.sh DIR`), or the one --kubeconfig names (Nodes it creates are removed
+again). Without either, against the test suite's loopback fake API server — a fake's figures are
+not the product's.
 All connections go through a loopback TCP forwarder that counts them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import summary
+from bench.common import real_api_server, summary
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices, plan_pool
@@ -169,10 +172,18 @@ def cold_client_load(kubeconfig: Path, runs: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", type=Path)
+    parser.add_argument("--k8s-bin", type=Path, help="start a real kube-apiserver from these binaries")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--steady-seconds", type=float, default=600)
     args = parser.parse_args()
     logs.configure("console", 0, stream=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        if args.k8s_bin is not None:
+            args.kubeconfig = stack.enter_context(real_api_server(args.k8s_bin))
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     with TemporaryDirectory() as tmp:
         fake = None
         kubeconfig = args.kubeconfig

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -19,3 +22,18 @@ def summary(name: str, samples_s: Sequence[float], unit: str = "ms") -> str:
         f"{name}: n={len(samples_s)} median={statistics.median(samples_s) * scale:.3f}{unit} "
         f"p99={percentile(samples_s, 99) * scale:.3f}{unit} min={min(samples_s) * scale:.3f}{unit}"
     )
+
+
+@contextlib.contextmanager
+def real_api_server(k8s_bin: Path) -> Iterator[Path]:
+    """A real kube-apiserver (with its etcd) from a directory of Kubernetes binaries, for as long
+    as the block runs; yields its admin kubeconfig. No kubelet: the benchmarks drive the plugin."""
+    from tests.e2e.cluster import ControlPlane, node_ip
+
+    with tempfile.TemporaryDirectory(prefix="dradriver-bench-", dir="/var/tmp") as work:
+        control_plane = ControlPlane(k8s_bin, Path(work), node_ip())
+        try:
+            control_plane.start()
+            yield control_plane.admin_kubeconfig
+        finally:
+            control_plane.stop()
