@@ -33,7 +33,16 @@ PODS = "/api/v1/namespaces/default/pods"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
 
 
-def pod(name: str, claim: bool) -> dict[str, Any]:
+def template(name: str, exactly: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def pod(name: str, claim: str | None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 5,
@@ -46,12 +55,12 @@ def pod(name: str, claim: bool) -> dict[str, Any]:
         ],
     }
     if claim:
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "bench-gpu"}]
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": claim}]
         spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def create_to_running(client: KubeClient, name: str, claim: bool) -> float:
+def create_to_running(client: KubeClient, name: str, claim: str | None) -> float:
     started = time.perf_counter()
     client.request("POST", PODS, body=pod(name, claim))
     while True:
@@ -61,8 +70,9 @@ def create_to_running(client: KubeClient, name: str, claim: bool) -> float:
         time.sleep(0.005)
 
 
-def delete(client: KubeClient, name: str) -> None:
-    client.request("DELETE", f"{PODS}/{name}")
+def delete(client: KubeClient, name: str, force: bool = False) -> None:
+    query = [("gracePeriodSeconds", "0")] if force else None
+    client.request("DELETE", f"{PODS}/{name}", query=query)
     while True:
         try:
             client.request("GET", f"{PODS}/{name}")
@@ -111,30 +121,30 @@ def main() -> None:
         deployment = Deployment(cluster, "overlays/fake")
         deployment.install()
         client = cluster.client()
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "bench-gpu"},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEFAULT_DRIVER_NAME}}]
-                    }
-                }
-            },
-        }
-        client.request("POST", TEMPLATES, body=template)
+        client.request(
+            "POST", TEMPLATES, body=template("bench-gpu", {"deviceClassName": DEFAULT_DRIVER_NAME})
+        )
+        every = {"deviceClassName": DEFAULT_DRIVER_NAME, "allocationMode": "All"}
+        client.request("POST", TEMPLATES, body=template("bench-all-gpus", every))
         plain: list[float] = []
         claimed: list[float] = []
         for i in range(args.rounds + 1):  # the first round warms the image and the connections
             for with_claim, samples in ((False, plain), (True, claimed)):
                 name = f"bench-{'claim' if with_claim else 'plain'}-{i}"
-                seconds = create_to_running(client, name, with_claim)
+                seconds = create_to_running(client, name, "bench-gpu" if with_claim else None)
                 delete(client, name)
                 if with_claim:
                     wait_unprepared(deployment)
                 if i:
                     samples.append(seconds)
+        # A pod holding every GPU force-deleted, and the next pod for them created at once.
+        takeover: list[float] = []
+        create_to_running(client, "bench-holder-0", "bench-all-gpus")
+        for i in range(1, args.rounds // 3 + 1):
+            delete(client, f"bench-holder-{i - 1}", force=True)
+            takeover.append(create_to_running(client, f"bench-holder-{i}", "bench-all-gpus"))
+        delete(client, f"bench-holder-{args.rounds // 3}")
+        wait_unprepared(deployment)
         metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{local.node_name}/proxy/metrics").stdout
         p50, count = histogram_quantile(
             metrics,
@@ -168,6 +178,7 @@ def main() -> None:
             f"p50={p50 * 1e3:.2f}ms p99={p99 * 1e3:.2f}ms (interpolated within buckets)"
         )
         print(summary("plugin-side NodePrepareResources (its log)", [ms / 1e3 for ms in served]))
+        print(summary("force-deleted holder of all GPUs -> next pod for them Running", takeover))
         deployment.uninstall()
     finally:
         local.stop()
