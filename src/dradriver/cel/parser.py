@@ -227,6 +227,30 @@ def parse(expression: str) -> ast.Expr:
         ) from None
 
 
+def lex(expression: str) -> list[Token]:
+    """The expression's tokens (`type`, `start_pos`, `end_pos`), without whitespace and comments,
+    for tools that edit an expression in place; raises CELCompileError on an unknown character."""
+    from lark.exceptions import LarkError, UnexpectedInput
+
+    parser = _lark_parser()
+    try:
+        with _parser_lock:
+            return list(parser.lex(expression))
+    except UnexpectedInput as err:
+        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
+        raise CELCompileError(format_issue(expression, _syntax_message(err), pos), expression=expression) from None
+    except LarkError as err:
+        raise CELCompileError(format_issue(expression, _syntax_message(err), (1, 1)), expression=expression) from None
+
+
+def literal_value(token: Token) -> Any:
+    """The value of a literal token from `lex` (a string literal's text, unescaped)."""
+    try:
+        return _decode_literal(token)
+    except CELSyntaxError as issue:
+        raise CELCompileError(issue.message) from None
+
+
 def _balanced(
     function: str, operands: list[ast.Expr], positions: list[tuple[int, int]], lo: int, hi: int
 ) -> ast.Expr:
