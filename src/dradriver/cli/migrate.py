@@ -153,6 +153,8 @@ def _comment(change: Any) -> str:
     before, after = _short(change.before), _short(change.after)
     if change.after is None and before is not None:
         edit = f"{before} removed"
+    elif change.before is None and after is not None:
+        edit = f"{after} added"
     elif before is not None and after is not None:
         edit = f"{before} -> {after}"
     else:

@@ -246,6 +246,8 @@ def _migrate_one(obj: Mapping[str, Any], ctx: _Context) -> Migration:
             spec = new.get("spec")
             if isinstance(spec, Mapping) and spec.get("driver") == nvidia.DRIVER:
                 out.problem("spec.driver", "ResourceSlices are published by the driver itself, not migrated")
+        if kind in ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate") and version != "v1":
+            _to_v1(new, version, out)
     elif group == nvidia.CLASSIC_PARAMETERS_GROUP:
         out.problem(
             "apiVersion",
@@ -290,6 +292,41 @@ def _leftovers(value: Any, where: str, out: Migration, ctx: _Context) -> None:
         or value.startswith(("gpu.nvidia.com/", "resource.nvidia.com/"))
     ):
         out.problem(where, f"{value!r} names NVIDIA's driver in a field migrate does not translate")
+
+
+#: The fields of a v1beta1 request that v1 moved into `exactly`.
+_EXACT_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+)
+
+
+def _to_v1(obj: dict[str, Any], version: str, out: Migration) -> None:
+    """resource.k8s.io/v1beta1 and v1beta2 objects as v1, the API every supported Kubernetes serves."""
+    obj["apiVersion"] = f"{RESOURCE_GROUP}/v1"
+    out.change(
+        "apiVersion", f"{RESOURCE_GROUP}/{version}", obj["apiVersion"], "the GA API (Kubernetes 1.34+)"
+    )
+    if version != "v1beta1" or obj.get("kind") == "DeviceClass":
+        return  # v1beta2 and DeviceClasses have v1's shape
+    spec: Any = obj.get("spec")
+    prefix = "spec"
+    if obj.get("kind") == "ResourceClaimTemplate":
+        spec = spec.get("spec") if isinstance(spec, dict) else None
+        prefix = "spec.spec"
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    for i, request in enumerate(requests or []):
+        if not isinstance(request, dict) or "firstAvailable" in request:
+            continue
+        exact = {key: request.pop(key) for key in _EXACT_FIELDS if key in request}
+        request["exactly"] = exact
+        out.change(f"{prefix}.devices.requests[{i}]", list(exact), "exactly", "where v1 keeps them")
 
 
 # -- DeviceClass ---------------------------------------------------------------------------------
@@ -847,6 +884,8 @@ def _selectors_for(
                 out.problem(where, translated)
             elif translated.expression is not None:
                 found.append(translated.expression)
+            elif Change(where, req.key, None, translated.note) not in out.changes:
+                out.change(where, req.key, None, translated.note)
         return found
 
     selectors = [e for req, where in selection.required for e in expressions([req], where)]
