@@ -258,7 +258,7 @@ def _migrate_one(obj: Mapping[str, Any], ctx: _Context) -> Migration:
         out.problem("kind", "ComputeDomains (multi-node NVLink/IMEX) have no equivalent in dradriver")
     elif kind in POD_SPEC_PATHS:
         out.outputs.extend(_workload(new, out, ctx))
-    if not out.replaced_by:
+    if not out.replaced_by and not out.problems:
         _leftovers(new, "", out, ctx)
     if out.problems or out.replaced_by:
         out.outputs = []
