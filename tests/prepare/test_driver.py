@@ -264,6 +264,23 @@ def test_mps_runs_the_stand_in_daemon_per_claim_and_cleans_up(node: Node, driver
         os.kill(state["pid"], 0)
 
 
+def test_a_claim_with_two_mps_settings_fails_and_leaves_no_daemon(node: Node, driver: GpuDriver) -> None:
+    def mps(percentage: int, request: str) -> dict[str, Any]:
+        parameters = {
+            **TIME_SLICING_LONG,
+            "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": percentage}},
+        }
+        return opaque(parameters, requests=[request])
+
+    results = [{"request": "a", "device": "gpu-1"}, {"request": "b", "device": "gpu-2"}]
+    ref = node.add(allocated_claim("two", uid(18), results, config=[mps(30, "a"), mps(60, "b")]))
+    assert (
+        "a claim can use one MPS setting; its requests ask for different ones"
+        in driver.prepare([ref])[ref.uid].error
+    )
+    assert not (node.root / "state" / "mps" / ref.uid).exists()
+
+
 def test_mps_settings_the_daemon_refuses_fail_the_claim_and_stop_it(node: Node, driver: GpuDriver) -> None:
     mps = {
         **TIME_SLICING_LONG,

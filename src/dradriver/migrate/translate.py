@@ -28,7 +28,7 @@ from dradriver.migrate import gfd, nvidia
 from dradriver.migrate.selectors import rewrite, rewrite_qualified
 from dradriver.names import dns_label_error, dns_subdomain_error
 from dradriver.prepare import config as our_config
-from dradriver.workloads import POD_SPEC_PATHS
+from dradriver.workloads import POD_SPEC_PATHS, pod_spec
 
 RESOURCE_GROUP = "resource.k8s.io"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -642,13 +642,10 @@ class _GpuRequest:
 
 def _workload(obj: dict[str, Any], out: Migration, ctx: _Context) -> list[dict[str, Any]]:
     """Rewrite a workload in place; returns the ResourceClaimTemplates it now needs."""
-    path = POD_SPEC_PATHS[str(obj.get("kind"))]
-    spec: Any = obj
-    for key in path:
-        spec = spec.get(key) if isinstance(spec, dict) else None
+    spec = pod_spec(obj)
     if not isinstance(spec, dict):
         return []
-    where = ".".join(path)
+    where = ".".join(POD_SPEC_PATHS[str(obj.get("kind"))])
     _flatten_claim_sources(spec, where, out)
     requests = _device_plugin_resources(spec, where, out, ctx)
     selection = _gfd_requirements(spec, where, out)

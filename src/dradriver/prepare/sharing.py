@@ -101,6 +101,7 @@ class MpsDaemons:
         self._host_state_dir = (host_state_dir or state_dir) / "mps"
         self._foreground = foreground
         self._children: dict[str, subprocess.Popen[str]] = {}
+        self._running: set[str] = set()
         self._lock = threading.Lock()
 
     def _env(self, claim_uid: str, uuids: Sequence[str]) -> dict[str, str]:
@@ -113,8 +114,10 @@ class MpsDaemons:
 
     def start(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         uuids = [d.uuid for d in devices]
-        if (self._state_dir / claim_uid).exists():
-            raise SharingError("a claim can use one MPS setting only: its requests ask for different ones")
+        with self._lock:
+            if claim_uid in self._running:
+                raise SharingError("a claim can use one MPS setting; its requests ask for different ones")
+            self._running.add(claim_uid)
         env = self._env(claim_uid, uuids)
         for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
@@ -173,6 +176,7 @@ class MpsDaemons:
         root = self._state_dir / claim_uid
         with self._lock:
             child = self._children.pop(claim_uid, None)
+            self._running.discard(claim_uid)
         if root.exists():
             try:
                 run_tool(self._control, env=self._env(claim_uid, []), stdin="quit\n")
