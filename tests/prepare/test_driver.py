@@ -272,7 +272,10 @@ def test_a_claim_with_two_mps_settings_fails_and_leaves_no_daemon(node: Node, dr
         }
         return opaque(parameters, requests=[request])
 
-    results = [{"request": "a", "device": "gpu-1"}, {"request": "b", "device": "gpu-2"}]
+    results: list[dict[str, object]] = [
+        {"request": "a", "device": "gpu-1"},
+        {"request": "b", "device": "gpu-2"},
+    ]
     ref = node.add(allocated_claim("two", uid(18), results, config=[mps(30, "a"), mps(60, "b")]))
     assert (
         "a claim can use one MPS setting; its requests ask for different ones"
