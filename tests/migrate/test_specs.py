@@ -1,5 +1,6 @@
-"""NVIDIA's GPU and MIG specs and device-plugin workloads, through `dradriver migrate`, then
-`validate` and `dry-run` on the fake profile each is meant for (tests/migrate/cases.yaml).
+"""NVIDIA's GPU and MIG specs and device-plugin workloads, through `dradriver migrate`, then the
+API's OpenAPI schemas, `validate` and `dry-run` on the fake profile each is meant for
+(tests/migrate/cases.yaml).
 
 Everything runs through the real CLI entry point. Running the migrated specs on a cluster is the
 e2e harness's part; README.md here says what it takes.
@@ -15,6 +16,8 @@ import yaml
 
 from dradriver.cli import main
 from dradriver.discovery import builtin_profile_names
+from tests.deploy.manifests import KUBERNETES_VERSIONS
+from tests.deploy.test_schemas import validate as validate_schema
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
@@ -84,6 +87,9 @@ def test_spec_migrates_and_gives_the_expected_verdict(
     assert code == 0, err
     manifest = [line for line in out.splitlines() if not line.startswith("#")]
     assert not [line for line in manifest if "gpu.nvidia.com" in line or "resource.nvidia.com" in line]
+    for document in yaml.safe_load_all(out):
+        for version in KUBERNETES_VERSIONS:  # every object, workloads too, is valid for the API server
+            validate_schema(document, version, row["spec"])
     migrated = tmp_path / "migrated.yaml"
     migrated.write_text(out)
     assert main(["validate", str(migrated)]) == 0, capsys.readouterr()
