@@ -25,7 +25,7 @@ def test_demo_runs_the_node_flow_end_to_end() -> None:
         "single-gpu-demo (single-gpu.yaml): gpu-0 for requests ['gpu'] -> k8s.gpu.dradriver.dev/claim=" in out
     )
     assert "two-gpus-demo (two-gpus.yaml): gpu-2" in out
-    assert "MPS cannot be applied: the fake GPU backend has no NVIDIA MPS control daemon" in out
+    assert "mps-demo (mps.yaml): gpu-4 for requests ['gpu']" in out  # the stand-in MPS daemon
     assert '"NVIDIA_VISIBLE_DEVICES=void"' in out
     assert "TimeSlicing(Long)" in out  # dradriver status shows the sharing applied
     assert "health stream: gpu-7 UNHEALTHY: XID 79 (GPU has fallen off the bus)" in out

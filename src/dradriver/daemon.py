@@ -361,7 +361,7 @@ class Daemon:
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 
         sharing: SharingControl = (
-            FakeSharing()
+            FakeSharing(config.state_dir)
             if config.fake_gpus
             else NvidiaSharing(config.driver_root_mount / "usr/bin", config.state_dir)
         )

@@ -18,6 +18,26 @@ from tests.deploy.manifests import DEPLOY, REPO
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 
+#: The fake backend's MPS inside the image, as the `fake` overlay runs it (root, no capabilities,
+#: read-only root filesystem, the state directory a writable mount): a stand-in control daemon
+#: per claim starts, takes its settings and is gone after release.
+MPS_CHECK = """
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from dradriver.prepare.config import parse
+from dradriver.prepare.sharing import FakeSharing
+sharing = FakeSharing(Path("/state"))
+config = parse({"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}})
+sharing.apply("uid-1", config.sharing, [SimpleNamespace(name="gpu-0", uuid="GPU-0")])
+state = json.loads(Path("/state/mps/uid-1/pipe/dradriver-mps-standin.json").read_text())
+assert state["defaultActiveThreadPercentage"] == 25, state
+sharing.release("uid-1", "MPS", ["GPU-0"])
+assert not Path("/state/mps/uid-1").exists()
+print("MPS stand-in ok")
+"""
+
 
 def base_image() -> str:
     text = DOCKERFILE.read_text()
@@ -63,5 +83,13 @@ def test_image_builds_and_runs_dradriver() -> None:
             [tool, "run", "--rm", tag, "serve", "--help"], capture_output=True, text=True, check=False
         )
         assert "--kubelet-plugins-dir" in serve_help.stdout
+        mps = subprocess.run(
+            [tool, "run", "--rm", "--read-only", "--user", "0", "--cap-drop", "ALL", "--tmpfs", "/state",
+             "--entrypoint", "python", tag, "-c", MPS_CHECK],
+            capture_output=True,
+            text=True,
+            check=False,
+        )  # fmt: skip
+        assert "MPS stand-in ok" in mps.stdout, mps.stderr
     finally:
         subprocess.run([tool, "rmi", "-f", tag], capture_output=True, check=False)

@@ -13,8 +13,9 @@ from dradriver.devicemodel import (
     gpu_device_name,
     mig_device_name,
 )
+from dradriver.devicemodel import attributes as published
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
-from dradriver.discovery import Gpu, MigDevice, NodeInventory, open_library
+from dradriver.discovery import Gpu, MigDevice, NodeInventory, builtin_profile_names, open_library
 from dradriver.names import dns_label_error
 from dradriver.quantity import parse_quantity
 
@@ -247,3 +248,31 @@ def test_odd_hardware_values_never_make_invalid_devices() -> None:
 def test_invalid_driver_name_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"invalid driver name 'GPU\.Example\.com'"):
         build_devices(_inventory("t4x4"), driver_name="GPU.Example.com")
+
+
+def test_the_published_attribute_table_is_what_the_device_model_writes() -> None:
+    """devicemodel.attributes (what tools without devices rely on) equals what build_devices
+    publishes over every built-in profile, both modes, plus a MIG GPU with an addressing mode."""
+    gh200 = replace(_inventory("dgx-h100-mig").gpus[0], addressing_mode="ATS")
+    inventories = [_inventory(p) for p in builtin_profile_names()]
+    inventories.append(NodeInventory("580.65.06", "13.0", (gh200,)))
+    seen: dict[tuple[str, str], set[str]] = {}
+    capacities: dict[str, set[str]] = {}
+    for inventory in inventories:
+        for partitionable in (False, True):
+            for device in build_devices(inventory, driver_name=DRIVER, partitionable=partitionable).devices:
+                attributes = device.json["attributes"]
+                kind = attributes["type"]["string"]
+                for name, value in attributes.items():
+                    (value_type,) = value
+                    seen.setdefault((name, value_type), set()).add(kind)
+                for name in device.json.get("capacity", {}):
+                    capacities.setdefault(name, set()).add(kind)
+                missing = [
+                    a.name
+                    for a in published.ATTRIBUTES
+                    if a.always and kind in a.devices and a.name not in attributes
+                ]
+                assert missing == [], f"{device.name} lacks {missing}"
+    assert seen == {(a.name, a.type): set(a.devices) for a in published.ATTRIBUTES}
+    assert capacities == {name: set(kinds) for name, kinds in published.CAPACITIES.items()}

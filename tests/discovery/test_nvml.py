@@ -41,6 +41,31 @@ def test_nvml_discovers_what_the_equivalent_fake_profile_reports(
     assert fake_node(expected).discover() == expected
 
 
+def test_addressing_mode_and_module_id_where_nvml_reports_them(
+    fake_node: FakeNodeFactory, tmp_path: Path
+) -> None:
+    """A coherent platform (GH200-like: ATS) with module ids; a GPU without them publishes neither."""
+    profile = {
+        "driverVersion": "580.65.06",
+        "cudaDriverVersion": "13.0",
+        "gpus": [
+            {"productName": "NVIDIA GH200 480GB", "count": 2, "architecture": "Hopper",
+             "computeCapability": "9.0", "memoryMiB": 97871, "addressingMode": "ATS", "moduleIds": [1, 2]},
+            {"productName": "Tesla T4", "architecture": "Turing", "computeCapability": "7.5",
+             "memoryMiB": 15360},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "gh200.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    expected = open_library(str(path)).discover()
+    got = fake_node(expected).discover()
+    assert got == expected
+    assert [(g.addressing_mode, g.module_id) for g in got.gpus] == [("ATS", 1), ("ATS", 2), (None, None)]
+    attributes = [d.json["attributes"] for d in build_devices(got, driver_name=DRIVER).devices]
+    assert [a.get("addressingMode") for a in attributes] == [{"string": "ATS"}] * 2 + [None]
+    assert [a.get("gpuModuleID") for a in attributes] == [{"int": 1}, {"int": 2}, None]
+
+
 def test_numa_comes_from_sysfs_when_nvml_does_not_report_it(fake_node: FakeNodeFactory) -> None:
     expected = open_library("dgx-h100").discover()
     node = fake_node(expected)

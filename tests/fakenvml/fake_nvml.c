@@ -11,7 +11,9 @@
  *   driver   VERSION
  *   cuda     INT                      e.g. 12080 for CUDA 12.8
  *   gpu      MINOR UUID NAME BRAND ARCH CC_MAJOR CC_MINOR MEMORY_BYTES BUS_ID NUMA MIG_MODE
- *            NUMA -1: not reported; MIG_MODE -1: not MIG-capable, 0: disabled, 1: enabled
+ *            ADDRESSING_MODE MODULE_ID
+ *            NUMA -1: not reported; MIG_MODE -1: not MIG-capable, 0: disabled, 1: enabled;
+ *            ADDRESSING_MODE -1: not supported, else NVML_DEVICE_ADDRESSING_MODE_*; MODULE_ID 0: none
  *   profile  GPU INDEX ID SLICES INSTANCES SM CE DEC ENC JPEG OFA MEMORY_MB NAME PLACEMENT_SIZE STARTS
  *            STARTS is a comma-separated list of placement starts
  *   mig      GPU UUID GI CI GI_PROFILE_ID GI_START GI_SIZE CI_START CI_SIZE GI_SLICES CI_SLICES
@@ -84,7 +86,8 @@ struct tag {
 struct gpu {
     struct tag tag;
     unsigned minor, brand, arch;
-    int cc_major, cc_minor, numa, mig_mode;
+    int cc_major, cc_minor, numa, mig_mode, addressing_mode;
+    unsigned module_id;
     unsigned long long memory;
     char uuid[96], name[96], bus_id[32];
     /* Health state, changed through the events FIFO. */
@@ -213,7 +216,7 @@ static nvmlReturn_t load_config(void) {
             copy_field(state.driver, sizeof state.driver, f[1]);
         } else if (n == 2 && !strcmp(f[0], "cuda")) {
             state.cuda = atoi(f[1]);
-        } else if (n == 12 && !strcmp(f[0], "gpu") && state.ngpus < MAX_GPUS) {
+        } else if (n == 14 && !strcmp(f[0], "gpu") && state.ngpus < MAX_GPUS) {
             struct gpu *g = &state.gpus[state.ngpus];
             g->tag = (struct tag){KIND_GPU, state.ngpus++};
             g->minor = u(f[1]);
@@ -227,6 +230,8 @@ static nvmlReturn_t load_config(void) {
             copy_field(g->bus_id, sizeof g->bus_id, f[9]);
             g->numa = atoi(f[10]);
             g->mig_mode = atoi(f[11]);
+            g->addressing_mode = atoi(f[12]);
+            g->module_id = u(f[13]);
             g->temperature = 40;
         } else if (n == 16 && !strcmp(f[0], "profile") && state.nprofiles < MAX_PROFILES) {
             struct profile *p = &state.profiles[state.nprofiles++];
@@ -478,6 +483,31 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(void *device, unsigned *node) {
     if (g->numa < 0)
         return NVML_ERROR_NOT_SUPPORTED;
     *node = (unsigned)g->numa;
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceAddressingMode_t: a versioned struct whose second field is the mode. */
+typedef struct {
+    unsigned version, value;
+} nvmlDeviceAddressingMode_t;
+
+nvmlReturn_t nvmlDeviceGetAddressingMode(void *device, nvmlDeviceAddressingMode_t *mode) {
+    ENTER("nvmlDeviceGetAddressingMode", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->addressing_mode < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    mode->value = (unsigned)g->addressing_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetModuleId(void *device, unsigned *module_id) {
+    ENTER("nvmlDeviceGetModuleId", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !module_id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *module_id = g->module_id;
     return NVML_SUCCESS;
 }
 

@@ -19,7 +19,7 @@ from dradriver.discovery.nvidia_caps import (
     driver_layout_minor,
     gi_access_name,
 )
-from dradriver.discovery.nvml import ARCHITECTURE_NAMES, BRAND_NAMES
+from dradriver.discovery.nvml import ADDRESSING_MODES, ARCHITECTURE_NAMES, BRAND_NAMES
 
 SONAME = "libnvidia-ml.so.1"
 #: For loading by path inside the test process: a soname of its own, so that a later
@@ -37,6 +37,7 @@ NVML_ERROR_UNKNOWN = 999
 
 _BRANDS = {name: number for number, name in BRAND_NAMES.items()}
 _ARCHITECTURES = {name: number for number, name in ARCHITECTURE_NAMES.items()}
+_ADDRESSING_MODES = {name: number for number, name in ADDRESSING_MODES.items()}
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def config_text(
             f"0000{gpu.pci_bus_id.upper()}",
             numa,
             mig_mode,
+            -1 if gpu.addressing_mode is None else _ADDRESSING_MODES[gpu.addressing_mode],
+            gpu.module_id or 0,
         ]
         lines.append("\t".join(map(str, fields)))
         for index, profile in enumerate(gpu.mig_profiles):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class Node:
         self.claims_dir.mkdir(exist_ok=True)
         self.cdi = CdiDirectory(self.root / "cdi", DRIVER)
         self.store = CheckpointStore(self.root / "state")
-        self.sharing = FakeSharing()
+        self.sharing = FakeSharing(self.root / "state")
         library = open_library(self.profile)
         self.inventory = library.discover()
         self.devices = build_devices(self.inventory, driver_name=DRIVER)
@@ -258,6 +259,83 @@ def test_time_slicing_is_applied_shown_in_the_spec_and_undone(node: Node, driver
     assert node.sharing.timeslices == {}
 
 
+def test_mps_runs_the_stand_in_daemon_per_claim_and_cleans_up(node: Node, driver: GpuDriver) -> None:
+    """The fake backend's MPS: a real control daemon process per claim (the stand-in), its settings
+    sent through the control pipe, the pipe directory mounted into the container, all gone after."""
+    mps = {
+        **TIME_SLICING_LONG,
+        "sharing": {
+            "strategy": "MPS",
+            "mps": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+        },
+    }
+    ref = node.add(
+        allocated_claim(
+            "mps",
+            uid(15),
+            [{"request": "gpu", "device": "gpu-1"}, {"request": "gpu", "device": "gpu-2"}],
+            config=[opaque(mps)],
+        )
+    )
+    assert driver.prepare([ref])[ref.uid].error == ""
+    pipe = node.root / "state" / "mps" / ref.uid / "pipe"
+    edits = node.spec(ref)["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]  # type: ignore[index]
+    assert {"hostPath": str(pipe), "containerPath": "/tmp/nvidia-mps"}.items() <= (
+        edits["mounts"][0].items()  # type: ignore[index]
+    )
+    uuids = [g.uuid for g in node.inventory.gpus if g.minor in (1, 2)]
+    state = json.loads((pipe / "dradriver-mps-standin.json").read_text())
+    assert state["devices"] == uuids  # the daemon sees the claim's GPUs only
+    assert state["defaultActiveThreadPercentage"] == 50
+    assert state["defaultDevicePinnedMemLimit"] == dict.fromkeys(uuids, "10240M")
+    assert (pipe / "control").is_socket()
+    os.kill(state["pid"], 0)  # running
+    other = node.add(
+        allocated_claim("mps-2", uid(16), [{"request": "gpu", "device": "gpu-3"}], config=[opaque(mps)])
+    )
+    assert driver.prepare([other])[other.uid].error == ""  # one daemon per claim
+    assert driver.unprepare([ref, other]) == {ref.uid: "", other.uid: ""}
+    assert not (node.root / "state" / "mps" / ref.uid).exists()
+    assert not (node.root / "state" / "mps" / other.uid).exists()
+    with pytest.raises(ProcessLookupError):  # quit, and reaped by the driver
+        os.kill(state["pid"], 0)
+
+
+def test_a_claim_with_two_mps_settings_fails_and_leaves_no_daemon(node: Node, driver: GpuDriver) -> None:
+    def mps(percentage: int, request: str) -> dict[str, Any]:
+        parameters = {
+            **TIME_SLICING_LONG,
+            "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": percentage}},
+        }
+        return opaque(parameters, requests=[request])
+
+    results: list[dict[str, object]] = [
+        {"request": "a", "device": "gpu-1"},
+        {"request": "b", "device": "gpu-2"},
+    ]
+    ref = node.add(allocated_claim("two", uid(18), results, config=[mps(30, "a"), mps(60, "b")]))
+    assert (
+        "a claim can use one MPS setting; its requests ask for different ones"
+        in driver.prepare([ref])[ref.uid].error
+    )
+    assert not (node.root / "state" / "mps" / ref.uid).exists()
+
+
+def test_mps_settings_the_daemon_refuses_fail_the_claim_and_stop_it(node: Node, driver: GpuDriver) -> None:
+    mps = {
+        **TIME_SLICING_LONG,
+        "sharing": {"strategy": "MPS", "mps": {"defaultPinnedDeviceMemoryLimit": "1Ki"}},
+    }
+    ref = node.add(
+        allocated_claim("mps", uid(17), [{"request": "gpu", "device": "gpu-1"}], config=[opaque(mps)])
+    )
+    error = driver.prepare([ref])[ref.uid].error
+    assert "pinned memory limit '0M' is not <N>M or <N>G" in error
+    assert not (node.root / "state" / "mps" / ref.uid).exists()
+    assert not node.cdi.file_for(ref.uid).exists()
+
+
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
@@ -281,8 +359,11 @@ def test_time_slicing_is_applied_shown_in_the_spec_and_undone(node: Node, driver
             "timeSlicing settings given with strategy MPS",
         ),
         (
-            {"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
-            "MPS cannot be applied: the fake GPU backend has no NVIDIA MPS control daemon",
+            {
+                **TIME_SLICING_LONG,
+                "sharing": {"strategy": "MPS", "mps": {"perDevicePinnedMemoryLimit": {"gpu-6": "-1Gi"}}},
+            },
+            "perDevicePinnedMemoryLimit.gpu-6: Value error, must be",
         ),
     ],
 )

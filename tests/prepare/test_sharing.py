@@ -1,16 +1,20 @@
 """NvidiaSharing drives the host driver's real tools; here they are stand-in executables that
-record how they were called (argv, environment, stdin), run as real subprocesses."""
+record how they were called (argv, environment, stdin), run as real subprocesses. The fake
+backend's MPS control daemon (`dradriver.prepare.mps_standin`) runs as the real process it is."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.prepare.config import parse
-from dradriver.prepare.sharing import NvidiaSharing, SharingError
+from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, NvidiaSharing, SharingError
 
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]
 RECORDER = """#!/usr/bin/env python3
@@ -120,3 +124,65 @@ def test_a_failing_tool_is_a_clear_error(
     missing = NvidiaSharing(tmp_path / "nowhere", tmp_path / "state")
     with pytest.raises(SharingError, match="No such file"):
         missing.apply("u", sharing({"strategy": "TimeSlicing"}), [Device("gpu-0", UUIDS[0])])
+
+
+def standin(pipe: Path, commands: str) -> subprocess.CompletedProcess[str]:
+    """The stand-in's client mode, as `nvidia-cuda-mps-control` without arguments."""
+    return subprocess.run(
+        [*MPS_STANDIN],
+        input=commands,
+        env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_the_stand_in_daemon_answers_like_the_mps_control_tool(tmp_path: Path) -> None:
+    daemons = MpsDaemons(MPS_STANDIN, tmp_path / "state", foreground=True)
+    config = sharing({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
+    daemons.start("uid-1", config, [Device("gpu-0", UUIDS[0])])
+    pipe = tmp_path / "state" / "mps" / "uid-1" / "pipe"
+    answer = standin(
+        pipe, f"get_default_active_thread_percentage\nget_default_device_pinned_mem_limit {UUIDS[0]}\n"
+    )
+    assert (answer.returncode, answer.stdout.splitlines()) == (0, ["30", "none"])
+    refused = standin(pipe, f"set_default_device_pinned_mem_limit {UUIDS[1]} 10M\nstart_server -uid 0\n")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"error: device {UUIDS[1]} is not visible to this daemon",
+        "error: unknown command 'start_server -uid 0'",
+    ]
+    log = (tmp_path / "state" / "mps" / "uid-1" / "log" / "control.log").read_text()
+    assert "set_default_active_thread_percentage 30 -> ok" in log
+    daemons.stop("uid-1")
+    gone = standin(pipe, "get_default_active_thread_percentage\n")
+    assert gone.returncode == 1
+    assert "cannot reach the MPS control daemon" in gone.stderr
+
+
+def test_a_stand_in_that_does_not_come_up_is_a_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken-mps-control"
+    broken.write_text("#!/bin/sh\necho 'MPS control daemon: no GPUs' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    daemons = MpsDaemons([str(broken)], tmp_path / "state", foreground=True)
+    with pytest.raises(SharingError, match=r"did not start \(exit 3\): MPS control daemon: no GPUs"):
+        daemons.start("uid-1", sharing({"strategy": "MPS"}), [Device("gpu-0", UUIDS[0])])
+
+
+def test_sigterm_stops_the_stand_in_and_removes_its_socket(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    daemon = subprocess.Popen(
+        [*MPS_STANDIN, "-f"],
+        env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert daemon.stdout is not None
+    assert daemon.stdout.readline() == "ready\n"
+    assert (pipe / "control").is_socket()
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(30) == 0
+    assert sorted(p.name for p in pipe.iterdir()) == []

@@ -12,30 +12,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dradriver.devicemodel import attributes as published
 from dradriver.names import semver_error
 
-# Attributes and capacities dradriver publishes (issue 3), by bare name.
-VERSION_ATTRIBUTES = frozenset({"cudaComputeCapability", "driverVersion", "cudaDriverVersion"})
-PUBLISHED_ATTRIBUTES = frozenset(
-    {
-        "type",
-        "uuid",
-        "productName",
-        "brand",
-        "architecture",
-        "computeMajor",
-        "computeMinor",
-        "minor",
-        "migCapable",
-        "migEnabled",
-        "profile",
-        "parentUUID",
-        *VERSION_ATTRIBUTES,
-    }
-)
 STANDARD_DOMAIN = "resource.kubernetes.io"
-STANDARD_ATTRIBUTES = frozenset({"pciBusID", "pcieRoot", "numaNode"})
-PUBLISHED_CAPACITIES = frozenset({"memory"})
+VERSION_ATTRIBUTES = frozenset(a.name for a in published.ATTRIBUTES if a.type == "version")
+#: Standard attributes dradriver publishes, by name under the standard domain.
+STANDARD_ATTRIBUTES = frozenset(
+    a.name.removeprefix(f"{STANDARD_DOMAIN}/")
+    for a in published.ATTRIBUTES
+    if a.name.startswith(f"{STANDARD_DOMAIN}/")
+)
+PUBLISHED_CAPACITIES = frozenset(published.CAPACITIES)
 
 _Q = r"""(?P<q>["'])"""
 _BARE_DOMAIN = re.compile(

@@ -199,21 +199,14 @@ def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
 
 def parse(expression: str) -> ast.Expr:
     """Parse and expand macros; raises CELCompileError on any syntax problem."""
-    from lark.exceptions import LarkError, UnexpectedInput
+    from lark.exceptions import LarkError
 
     parser = _lark_parser()
     try:
         with _parser_lock:
             tree = parser.parse(expression)
-    except UnexpectedInput as err:
-        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
-        raise CELCompileError(
-            format_issue(expression, _syntax_message(err), pos), expression=expression
-        ) from None
     except LarkError as err:
-        raise CELCompileError(
-            format_issue(expression, _syntax_message(err), (1, 1)), expression=expression
-        ) from None
+        raise _syntax_error(expression, err) from None
     try:
         return _Builder(expression).build(tree)
     except CELSyntaxError as issue:
@@ -225,6 +218,36 @@ def parse(expression: str) -> ast.Expr:
             format_issue(expression, f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", (1, 1)),
             expression=expression,
         ) from None
+
+
+def lex(expression: str) -> list[Token]:
+    """The expression's tokens (`type`, `start_pos`, `end_pos`), without whitespace and comments,
+    for tools that edit an expression in place; raises CELCompileError on an unknown character."""
+    from lark.exceptions import LarkError
+
+    parser = _lark_parser()
+    try:
+        with _parser_lock:
+            return list(parser.lex(expression))
+    except LarkError as err:
+        raise _syntax_error(expression, err) from None
+
+
+def _syntax_error(expression: str, err: Exception) -> CELCompileError:
+    from lark.exceptions import UnexpectedInput
+
+    pos = (1, 1)
+    if isinstance(err, UnexpectedInput):
+        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
+    return CELCompileError(format_issue(expression, _syntax_message(err), pos), expression=expression)
+
+
+def literal_value(token: Token) -> Any:
+    """The value of a literal token from `lex` (a string literal's text, unescaped)."""
+    try:
+        return _decode_literal(token)
+    except CELSyntaxError as issue:
+        raise CELCompileError(issue.message) from None
 
 
 def _balanced(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dradriver.cli._common import CLIError
+from dradriver.workloads import pod_spec
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,18 @@ def read_documents(path: str) -> list[Document]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise CLIError(f"{path}: cannot read: {err.strerror or err}") from None
+    return parse_documents(text, path)
+
+
+def parse_documents(text: str, source: str) -> list[Document]:
+    """All objects in YAML or JSON text (`source` names it: a path, or `-` for stdin)."""
     raw: list[Any]
     stripped = text.lstrip()
-    if path.endswith(".json") or stripped.startswith(("{", "[")):
+    if source.endswith(".json") or stripped.startswith(("{", "[")):
         try:
             raw = [json.loads(text)]
         except json.JSONDecodeError as err:
-            raise CLIError(f"{path}: invalid JSON: {err}") from None
+            raise CLIError(f"{source}: invalid JSON: {err}") from None
     else:
         import yaml
 
@@ -60,12 +66,12 @@ def read_documents(path: str) -> list[Document]:
         try:
             raw = list(yaml.load_all(text, Loader=loader))
         except yaml.YAMLError as err:
-            raise CLIError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+            raise CLIError(f"{source}: invalid YAML: {str(err).splitlines()[0]}") from None
     documents: list[Document] = []
     for item in _flatten(raw):
         if not isinstance(item, Mapping):
-            raise CLIError(f"{path}:{len(documents) + 1}: expected an object, got {type(item).__name__}")
-        documents.append(Document(path, len(documents) + 1, item))
+            raise CLIError(f"{source}:{len(documents) + 1}: expected an object, got {type(item).__name__}")
+        documents.append(Document(source, len(documents) + 1, item))
     return documents
 
 
@@ -91,14 +97,6 @@ def read_objects(
     return found
 
 
-_POD_TEMPLATE_PATHS = {
-    "Pod": ("spec",),
-    "Job": ("spec", "template", "spec"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
-    **dict.fromkeys(("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"), ("spec", "template", "spec")),
-}
-
-
 def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Document]) -> list[Document]:
     """The claims the scheduler creates for pods that ask for a device class's
     `extendedResourceName` in their resource limits (DRAExtendedResource, Kubernetes >= 1.34):
@@ -110,10 +108,8 @@ def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Do
     }
     claims = []
     for doc in workloads:
-        spec: Any = doc.obj
-        for key in _POD_TEMPLATE_PATHS.get(str(doc.obj.get("kind")), ()):
-            spec = spec.get(key) if isinstance(spec, Mapping) else None
-        if not isinstance(spec, Mapping):
+        spec = pod_spec(doc.obj)
+        if spec is None:
             continue
         requests = []
         for i, container in enumerate(spec.get("containers") or []):

@@ -37,3 +37,21 @@ def dump_yaml_documents(documents: Sequence[Any]) -> str:
         default_flow_style=False,
         explicit_start=True,
     )
+
+
+class _ManifestDumper(_Dumper):
+    """Multi-line strings (scripts, CEL expressions) as literal blocks, as people write manifests."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_ManifestDumper.add_representer(str, _string)
+
+
+def dump_manifest(data: Any) -> str:
+    """One object as YAML for people to read and apply (key order kept, scripts as blocks)."""
+    return yaml.dump(
+        data, Dumper=_ManifestDumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=110
+    )

@@ -45,7 +45,11 @@ def register(subparsers: Any) -> None:
             "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
         ),
     )
-    env_list_flag(parser, "--claim", help="ResourceClaim or ResourceClaimTemplate files (required)")
+    env_list_flag(
+        parser,
+        "--claim",
+        help="ResourceClaim or ResourceClaimTemplate files (required); DeviceClasses in them are used too",
+    )
     env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: deviceclasses/)")
     _common.add_driver_name_flag(parser)
     add_inventory_flags(parser)
@@ -75,9 +79,17 @@ def run(args: argparse.Namespace) -> int:
         raise _common.CLIError("--claim FILE is required")
     workloads: list[Document] = []
     claim_docs = read_objects(
-        args.claim, ["ResourceClaim", "ResourceClaimTemplate"], "--claim", others=workloads
+        args.claim, ["ResourceClaim", "ResourceClaimTemplate", "DeviceClass"], "--claim", others=workloads
     )
-    class_docs = _class_source(args).device_classes()
+    # A DeviceClass beside the claims (a manifest that ships its own class) joins the others.
+    own_classes = [d for d in claim_docs if d.obj.get("kind") == "DeviceClass"]
+    claim_docs = [d for d in claim_docs if d.obj.get("kind") != "DeviceClass"]
+    own_names = {d.obj.get("metadata", {}).get("name") for d in own_classes}
+    class_docs = [
+        d
+        for d in _class_source(args).device_classes()
+        if d.obj.get("metadata", {}).get("name") not in own_names
+    ] + own_classes
     claim_docs += extended_resource_claims(workloads, class_docs)
     if not claim_docs:
         raise _common.CLIError(

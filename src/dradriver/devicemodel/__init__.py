@@ -109,6 +109,7 @@ def _common_attributes(out: AttributeWriter, gpu: Gpu, inventory: NodeInventory)
     out.integer("computeMinor", minor)
     out.version("driverVersion", inventory.driver_version)
     out.version("cudaDriverVersion", inventory.cuda_driver_version)
+    out.string("addressingMode", gpu.addressing_mode)
 
 
 def _pci_attributes(out: AttributeWriter, gpu: Gpu) -> None:
@@ -124,6 +125,7 @@ def _gpu_device(gpu: Gpu, inventory: NodeInventory) -> tuple[dict[str, Any], lis
     out.string("uuid", gpu.uuid)
     _common_attributes(out, gpu, inventory)
     out.integer("minor", gpu.minor)
+    out.integer("gpuModuleID", gpu.module_id)
     out.boolean("migCapable", gpu.mig_capable)
     if gpu.mig_capable:
         out.boolean("migEnabled", gpu.mig_enabled)

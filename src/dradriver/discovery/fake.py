@@ -98,6 +98,8 @@ def _gpu(group: GpuGroup, position: int, minor: int, index: int, seed: str) -> G
         mig_enabled=bool(group.mig and group.mig.enabled),
         mig_profiles=profiles,
         mig_devices=tuple(sorted(mig_devices, key=lambda d: (d.placement.start, d.compute_placement.start))),
+        addressing_mode=group.addressing_mode,
+        module_id=group.module_ids[position] if group.module_ids else None,
     )
 
 

@@ -101,6 +101,10 @@ class Gpu:
     mig_enabled: bool
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    #: Memory addressing mode on coherent platforms ("HMM", "ATS", "None"); None when NVML has none.
+    addressing_mode: str | None = None
+    #: The GPU's module (baseboard slot) id, None when NVML reports none.
+    module_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

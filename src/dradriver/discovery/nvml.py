@@ -32,13 +32,13 @@ if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
 
-#: NVML_BRAND_* -> the name we publish (nvml.h's names without the prefix, as NVIDIA's driver does).
+#: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).
 BRAND_NAMES = {
     0: "Unknown",
     1: "Quadro",
     2: "Tesla",
     3: "NVS",
-    4: "GRID",
+    4: "Grid",
     5: "GeForce",
     6: "Titan",
     7: "NvidiaVApps",
@@ -53,7 +53,7 @@ BRAND_NAMES = {
     16: "TitanRTX",
 }
 
-#: NVML_DEVICE_ARCH_* -> architecture name.
+#: NVML_DEVICE_ARCH_* -> architecture name, as NVIDIA's DRA driver publishes it (go-nvlib).
 ARCHITECTURE_NAMES = {
     2: "Kepler",
     3: "Maxwell",
@@ -61,11 +61,14 @@ ARCHITECTURE_NAMES = {
     5: "Volta",
     6: "Turing",
     7: "Ampere",
-    8: "Ada",
+    8: "Ada Lovelace",
     9: "Hopper",
     10: "Blackwell",
     13: "Rubin",
 }
+
+#: NVML_DEVICE_ADDRESSING_MODE_* -> the name NVIDIA's DRA driver publishes.
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 
 _MIG_ENABLED = 1
 _MIG_NAME_PREFIX = "MIG "
@@ -233,6 +236,8 @@ class NvmlLibrary:
         mig_enabled = mig_mode is not None and mig_mode[0] == _MIG_ENABLED
         profiles = self._mig_profiles(handle) if mig_mode is not None else ()
         cc_major, cc_minor = self._call(nvml.nvmlDeviceGetCudaComputeCapability, handle)
+        addressing = self._optional(nvml.nvmlDeviceGetAddressingMode, handle)
+        module_id = self._optional(nvml.nvmlDeviceGetModuleId, handle)
         return Gpu(
             index=index,
             minor=minor,
@@ -251,6 +256,8 @@ class NvmlLibrary:
             mig_devices=self._mig_devices(_Parent(handle, index, minor, uuid), profiles, scan)
             if mig_enabled
             else (),
+            addressing_mode=ADDRESSING_MODES.get(addressing) if addressing is not None else None,
+            module_id=module_id or None,  # 0: no module id (as NVIDIA's driver reads it)
         )
 
     def _memory_total(self, handle: Any) -> int:

@@ -11,7 +11,7 @@ import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -131,6 +131,8 @@ class GpuGroup(_Model):
     pci_bus_ids: tuple[str, ...] | None = None
     pcie_roots: tuple[str, ...] | None = None
     numa_nodes: tuple[NonNegative, ...] | None = None
+    module_ids: tuple[Positive, ...] | None = None
+    addressing_mode: Literal["HMM", "ATS", "None"] | None = None
     mig: MigSpec | None = None
 
     @field_validator("compute_capability")
@@ -150,7 +152,7 @@ class GpuGroup(_Model):
 
     @model_validator(mode="after")
     def _lists_match_count(self) -> GpuGroup:
-        for field_name in ("uuids", "pci_bus_ids", "pcie_roots", "numa_nodes"):
+        for field_name in ("uuids", "pci_bus_ids", "pcie_roots", "numa_nodes", "module_ids"):
             value = getattr(self, field_name)
             if value is not None and len(value) != self.count:
                 raise ValueError(

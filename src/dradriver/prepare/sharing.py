@@ -2,15 +2,18 @@
 
 `NvidiaSharing` drives the real tools of the host driver (`nvidia-smi compute-policy` for time
 slices, one `nvidia-cuda-mps-control` daemon per claim for MPS). `FakeSharing` serves the fake
-GPU backend: it records time slices in memory and refuses MPS, which needs a real daemon — an
-error the claim reports, rather than a setting silently ignored.
+GPU backend: it records time slices in memory and runs one stand-in MPS control daemon per claim
+(`dradriver.prepare.mps_standin`), so MPS claims prepare, get their pipe directory and clean up
+exactly as on a GPU node. Both keep the per-claim MPS work in `MpsDaemons`.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +27,8 @@ from dradriver.prepare.config import Interval, Sharing, TimeSlicing
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 TOOL_TIMEOUT_SECONDS = 20.0
+#: The stand-in control daemon of the fake backend, run by this interpreter (also in the image).
+MPS_STANDIN = (sys.executable, "-m", "dradriver.prepare.mps_standin")
 
 log = logs.get_logger(component="sharing")
 
@@ -56,16 +61,151 @@ def timeslice_env(interval: Interval) -> str:
     return f"DRADRIVER_TIMESLICE_INTERVAL={interval}"
 
 
-class FakeSharing:
-    """Time slices land in memory (inspectable by tests); MPS is refused."""
+def run_tool(argv: Sequence[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> None:
+    """Run a host tool to completion; a failure is a SharingError with its last line of output."""
+    try:
+        result = subprocess.run(
+            argv,
+            input=stdin,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TOOL_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SharingError(f"{argv[0]}: {err}") from err
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise SharingError(f"{' '.join(argv)} failed ({result.returncode}): {detail[-1] if detail else ''}")
 
-    def __init__(self) -> None:
+
+class MpsDaemons:
+    """One MPS control daemon per claim: its directories, start, defaults, container edits, stop.
+
+    `control` is the control tool's argv. NVIDIA's daemonizes itself (`-d`); the stand-in runs in
+    the foreground (`foreground=True`) as our child, which we reap at stop, so a `serve` running as
+    a container's PID 1 collects no zombies.
+    """
+
+    def __init__(
+        self,
+        control: Sequence[str],
+        state_dir: Path,
+        host_state_dir: Path | None = None,
+        *,
+        foreground: bool = False,
+    ) -> None:
+        self._control = list(control)
+        self._state_dir = state_dir / "mps"
+        self._host_state_dir = (host_state_dir or state_dir) / "mps"
+        self._foreground = foreground
+        self._children: dict[str, subprocess.Popen[str]] = {}
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _env(self, claim_uid: str, uuids: Sequence[str]) -> dict[str, str]:
+        root = self._state_dir / claim_uid
+        return os.environ | {
+            "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        }
+
+    def start(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
+        uuids = [d.uuid for d in devices]
+        with self._lock:
+            if claim_uid in self._running:
+                raise SharingError("a claim can use one MPS setting; its requests ask for different ones")
+            self._running.add(claim_uid)
+        env = self._env(claim_uid, uuids)
+        for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        if self._foreground:
+            self._spawn(claim_uid, env)
+        else:
+            run_tool([*self._control, "-d"], env=env)
+        commands = []
+        mps = sharing.mps
+        if mps is not None and mps.default_active_thread_percentage is not None:
+            commands.append(f"set_default_active_thread_percentage {mps.default_active_thread_percentage}")
+        for device in devices:
+            limit = _pinned_limit(sharing, device)
+            if limit is not None:
+                commands.append(f"set_default_device_pinned_mem_limit {device.uuid} {limit}")
+        if commands:
+            run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
+        host_pipe = self._host_state_dir / claim_uid / "pipe"
+        return ContainerEdits(
+            env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
+            mounts=(
+                Mount(str(host_pipe), MPS_PIPE_IN_CONTAINER, ("rw", "nosuid", "nodev", "rbind", "rprivate")),
+            ),
+        )
+
+    def _spawn(self, claim_uid: str, env: dict[str, str]) -> None:
+        """Start a foreground daemon and wait for its `ready` line (it then listens)."""
+        with open(Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "daemon.err", "w") as errors:
+            try:
+                child = subprocess.Popen(
+                    [*self._control, "-f"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    text=True,
+                    start_new_session=True,
+                )
+            except OSError as err:
+                raise SharingError(f"{self._control[0]}: {err}") from err
+        assert child.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            ready = bool(selector.select(TOOL_TIMEOUT_SECONDS)) and child.stdout.readline().strip() == "ready"
+        child.stdout.close()
+        if not ready:
+            child.kill()
+            child.wait()
+            detail = (Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "daemon.err").read_text().strip().splitlines()
+            last = detail[-1] if detail else "no output"
+            raise SharingError(f"the MPS control daemon did not start (exit {child.returncode}): {last}")
+        with self._lock:
+            self._children[claim_uid] = child
+
+    def stop(self, claim_uid: str) -> None:
+        root = self._state_dir / claim_uid
+        with self._lock:
+            child = self._children.pop(claim_uid, None)
+            self._running.discard(claim_uid)
+        if root.exists():
+            try:
+                run_tool(self._control, env=self._env(claim_uid, []), stdin="quit\n")
+            except SharingError as err:
+                log.warning(
+                    "could not stop the MPS daemon; removing its directory anyway",
+                    claim=claim_uid,
+                    error=str(err),
+                )
+        if child is not None:
+            try:
+                child.wait(TOOL_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class FakeSharing:
+    """Time slices land in memory (inspectable by tests); MPS runs the stand-in control daemon."""
+
+    def __init__(self, state_dir: Path, host_state_dir: Path | None = None) -> None:
         self.timeslices: dict[str, Interval] = {}
         self._lock = threading.Lock()
+        self._mps = MpsDaemons(MPS_STANDIN, state_dir, host_state_dir, foreground=True)
 
     def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         if sharing.strategy == "MPS":
-            raise SharingError("MPS cannot be applied: the fake GPU backend has no NVIDIA MPS control daemon")
+            return self._mps.start(claim_uid, sharing, devices)
         interval = (sharing.time_slicing or TimeSlicing()).interval
         with self._lock:
             for device in devices:
@@ -73,6 +213,9 @@ class FakeSharing:
         return ContainerEdits(env=(timeslice_env(interval),))
 
     def release(self, claim_uid: str, sharing: str, uuids: Sequence[str]) -> None:
+        if sharing == "MPS":
+            self._mps.stop(claim_uid)
+            return
         with self._lock:
             for uuid in uuids:
                 self.timeslices.pop(uuid, None)
@@ -83,9 +226,7 @@ class NvidiaSharing:
 
     def __init__(self, tools_dir: Path, state_dir: Path, host_state_dir: Path | None = None) -> None:
         self._nvidia_smi = tools_dir / "nvidia-smi"
-        self._mps_control = tools_dir / "nvidia-cuda-mps-control"
-        self._state_dir = state_dir / "mps"
-        self._host_state_dir = (host_state_dir or state_dir) / "mps"
+        self._mps = MpsDaemons([str(tools_dir / "nvidia-cuda-mps-control")], state_dir, host_state_dir)
 
     def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         if sharing.strategy == "TimeSlicing":
@@ -93,36 +234,17 @@ class NvidiaSharing:
             for device in devices:
                 self._set_timeslice(device.uuid, interval)
             return ContainerEdits(env=(timeslice_env(interval),))
-        return self._start_mps(claim_uid, sharing, devices)
+        return self._mps.start(claim_uid, sharing, devices)
 
     def release(self, claim_uid: str, sharing: str, uuids: Sequence[str]) -> None:
         if sharing.startswith("TimeSlicing"):
             for uuid in uuids:
                 self._set_timeslice(uuid, "Default")
         elif sharing == "MPS":
-            self._stop_mps(claim_uid)
-
-    def _run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> None:
-        try:
-            result = subprocess.run(
-                argv,
-                input=stdin,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=TOOL_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise SharingError(f"{argv[0]}: {err}") from err
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip().splitlines()
-            raise SharingError(
-                f"{' '.join(argv)} failed ({result.returncode}): {detail[-1] if detail else ''}"
-            )
+            self._mps.stop(claim_uid)
 
     def _set_timeslice(self, uuid: str, interval: Interval) -> None:
-        self._run(
+        run_tool(
             [
                 str(self._nvidia_smi),
                 "compute-policy",
@@ -131,52 +253,6 @@ class NvidiaSharing:
                 f"--set-timeslice={TIMESLICE_VALUES[interval]}",
             ]
         )
-
-    def _mps_env(self, claim_uid: str, uuids: Sequence[str]) -> dict[str, str]:
-        root = self._state_dir / claim_uid
-        return os.environ | {
-            "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
-            "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
-            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
-        }
-
-    def _start_mps(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
-        uuids = [d.uuid for d in devices]
-        env = self._mps_env(claim_uid, uuids)
-        for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-            Path(env[key]).mkdir(parents=True, exist_ok=True)
-        self._run([str(self._mps_control), "-d"], env=env)
-        commands = []
-        mps = sharing.mps
-        if mps is not None and mps.default_active_thread_percentage is not None:
-            commands.append(f"set_default_active_thread_percentage {mps.default_active_thread_percentage}")
-        for device in devices:
-            limit = _pinned_limit(sharing, device)
-            if limit is not None:
-                commands.append(f"set_default_device_pinned_mem_limit {device.uuid} {limit}")
-        if commands:
-            self._run([str(self._mps_control)], env=env, stdin="\n".join(commands) + "\n")
-        host_pipe = self._host_state_dir / claim_uid / "pipe"
-        return ContainerEdits(
-            env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
-            mounts=(
-                Mount(str(host_pipe), MPS_PIPE_IN_CONTAINER, ("rw", "nosuid", "nodev", "rbind", "rprivate")),
-            ),
-        )
-
-    def _stop_mps(self, claim_uid: str) -> None:
-        root = self._state_dir / claim_uid
-        if not root.exists():
-            return
-        try:
-            self._run([str(self._mps_control)], env=self._mps_env(claim_uid, []), stdin="quit\n")
-        except SharingError as err:
-            log.warning(
-                "could not stop the MPS daemon; removing its directory anyway",
-                claim=claim_uid,
-                error=str(err),
-            )
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _pinned_limit(sharing: Sharing, device: SharedDevice) -> str | None:

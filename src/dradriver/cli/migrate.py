@@ -1,0 +1,247 @@
+"""`dradriver migrate`: manifests for NVIDIA's DRA driver or its device plugin, rewritten for dradriver.
+
+Reads files, directories (every *.yaml, *.yml, *.json below them) or stdin (`-`); writes the
+migrated manifests as YAML with a comment per object saying what changed and why (`-o json`: a
+report), to stdout or, with --output-dir, one file per input file. The translation itself is
+`dradriver.migrate` (pure); this module only reads, prints and writes.
+
+A file in which anything has no dradriver equivalent is not written at all (a half-migrated
+file would leave pods waiting for claims that never come); its problems are printed one per line
+as FILE:DOC: OBJECT: FIELD: MESSAGE and the exit status is 2. Exit 0: everything migrated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dradriver.cli import _common
+
+JSON_SCHEMA_VERSION = 1
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def register(subparsers: Any) -> None:
+    parser = _common.add_command(
+        subparsers,
+        "migrate",
+        help="rewrite manifests for NVIDIA's DRA driver or device plugin (and GFD labels) for dradriver",
+        run=run,
+        description=(
+            "Rewrite DeviceClasses, ResourceClaims, ResourceClaimTemplates and workloads written for\n"
+            "NVIDIA's GPU DRA driver, or for the NVIDIA device plugin (nvidia.com/gpu and\n"
+            "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors), for dradriver.\n"
+            "Every change is explained in a comment (-o json: a report). Whatever has no equivalent\n"
+            "is printed as FILE:DOC: OBJECT: FIELD: MESSAGE, and its file is not written.\n"
+            "Exit status: 0 migrated, 2 problems or unreadable input."
+        ),
+    )
+    parser.add_argument(
+        "paths", nargs="+", metavar="FILE|DIR|-", help="manifests; a directory is read recursively"
+    )
+    _common.add_driver_name_flag(parser)
+    _common.env_flag(parser, "-o", "--output", choices=["yaml", "json"], default="yaml", help="output format")
+    _common.env_flag(
+        parser,
+        "-O",
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="write one migrated file per input file there (same relative paths) instead of to stdout",
+    )
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One input file: where it came from, its name relative to what was given, its documents."""
+
+    source: str
+    relative: Path
+    documents: list[Any]
+
+
+def _files(paths: list[str]) -> list[tuple[str, Path]]:
+    found: list[tuple[str, Path]] = []
+    for given in paths:
+        path = Path(given)
+        if given == "-":
+            found.append(("-", Path("stdin.yaml")))
+        elif path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+            if not files:
+                raise _common.CLIError(f"{given}: no *.yaml, *.yml or *.json files in the directory")
+            found += [(str(p), p.relative_to(path)) for p in files]
+        elif path.exists():
+            found.append((given, Path(path.name)))
+        else:
+            raise _common.CLIError(f"{given}: no such file or directory")
+    relatives = [relative for _, relative in found]
+    duplicate = next((r for r in relatives if relatives.count(r) > 1), None)
+    if duplicate is not None:
+        raise _common.CLIError(f"two inputs would be written as {duplicate}: give them in separate runs")
+    return found
+
+
+def _read(paths: list[str]) -> list[_Input]:
+    from dradriver.cli._dra_inputs import parse_documents, read_documents
+
+    inputs = []
+    for source, relative in _files(paths):
+        documents = parse_documents(sys.stdin.read(), "-") if source == "-" else read_documents(source)
+        inputs.append(_Input(source, relative, documents))
+    return inputs
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.migrate import describe, migrate
+
+    inputs = _read(args.paths)
+    results = []
+    for item in inputs:
+        # Objects are translated per file: a file is the unit an operator applies together.
+        objects = [doc.obj for doc in item.documents]
+        not_objects = [
+            doc for doc in item.documents if not (doc.obj.get("apiVersion") and doc.obj.get("kind"))
+        ]
+        migrations = migrate(
+            [o for o in objects if o.get("apiVersion") and o.get("kind")], driver=args.driver_name
+        )
+        results.append((item, [d for d in item.documents if d not in not_objects], migrations, not_objects))
+    problems = 0
+    for _item, documents, migrations, not_objects in results:
+        for doc in not_objects:
+            print(f"{doc.where}: not a Kubernetes object (no apiVersion or kind)", file=sys.stderr)
+            problems += 1
+        for doc, migration in zip(documents, migrations, strict=True):
+            for problem in migration.problems:
+                print(f"{doc.where}: {describe(doc.obj)}: {problem.path}: {problem.message}", file=sys.stderr)
+                problems += 1
+    if args.output == "json":
+        _print_json(results, args.driver_name)
+    elif args.output_dir is not None:
+        _write_files(results, args.output_dir, inputs)
+    else:
+        for item, documents, migrations, not_objects in results:
+            sys.stdout.write(
+                _render_file(item, documents, migrations, failed=_failed(migrations, not_objects))
+            )
+    _summary(results)
+    return 2 if problems else 0
+
+
+def _failed(migrations: list[Any], not_objects: list[Any]) -> bool:
+    return bool(not_objects) or any(m.problems for m in migrations)
+
+
+def _short(value: Any) -> str | None:
+    """A value fit for a one-line comment, or None when it is too long to be helpful there."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        text = ", ".join(value)
+    elif isinstance(value, (str, int)):
+        text = str(value)
+    else:
+        return None
+    return text if "\n" not in text and len(text) <= 60 else None
+
+
+def _comment(change: Any) -> str:
+    if change.path.endswith(".cel.expression"):
+        return f"#   {change.path}: rewritten ({change.reason})"
+    before, after = _short(change.before), _short(change.after)
+    if change.after is None and before is not None:
+        edit = f"{before} removed"
+    elif change.before is None and after is not None:
+        edit = f"{after} added"
+    elif before is not None and after is not None:
+        edit = f"{before} -> {after}"
+    else:
+        edit = "rewritten"
+    return f"#   {change.path}: {edit}" + (f" ({change.reason})" if change.reason else "")
+
+
+def _render_file(item: _Input, documents: list[Any], migrations: list[Any], *, failed: bool) -> str:
+    from dradriver.cli._output import dump_manifest
+    from dradriver.migrate import describe
+
+    if failed:
+        return f"# dradriver migrate: {item.source}: not migrated: it has problems (listed on stderr)\n"
+    parts = []
+    for doc, migration in zip(documents, migrations, strict=True):
+        outcome = migration.outcome if not migration.replaced_by else f"replaced by {migration.replaced_by}"
+        lines = [f"# dradriver migrate: {doc.where}: {describe(doc.obj)}: {outcome}"]
+        lines += [_comment(c) for c in migration.changes]
+        if not migration.outputs:
+            parts.append("\n".join(lines) + "\n")
+            continue
+        for i, obj in enumerate(migration.outputs):
+            header = "\n".join(lines) + "\n" if i == 0 else ""
+            parts.append("---\n" + header + dump_manifest(obj))
+    return "".join(parts)
+
+
+def _write_files(results: list[Any], directory: Path, inputs: list[_Input]) -> None:
+    given = {Path(i.source).resolve() for i in inputs if i.source != "-"}
+    for item, documents, migrations, not_objects in results:
+        if _failed(migrations, not_objects):
+            continue
+        target = directory / item.relative
+        if target.resolve() in given:
+            raise _common.CLIError(f"{target}: would overwrite an input file; choose another --output-dir")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_render_file(item, documents, migrations, failed=False))
+
+
+def _print_json(results: list[Any], driver: str) -> None:
+    from dradriver.cli._output import dump_json
+    from dradriver.migrate import describe
+
+    files = []
+    for item, documents, migrations, not_objects in results:
+        objects = []
+        for doc in not_objects:
+            problem = {"path": "", "message": "not a Kubernetes object (no apiVersion or kind)"}
+            objects.append(
+                {"document": doc.index, "object": None, "outcome": "failed", "replacedBy": None,
+                 "changes": [], "problems": [problem], "outputs": []}
+            )  # fmt: skip
+        for doc, migration in zip(documents, migrations, strict=True):
+            objects.append(
+                {
+                    "document": doc.index,
+                    "object": describe(doc.obj),
+                    "outcome": migration.outcome,
+                    "replacedBy": migration.replaced_by or None,
+                    "changes": [
+                        {"path": c.path, "from": c.before, "to": c.after, "reason": c.reason}
+                        for c in migration.changes
+                    ],
+                    "problems": [{"path": p.path, "message": p.message} for p in migration.problems],
+                    "outputs": migration.outputs,
+                }
+            )
+        objects.sort(key=lambda o: o["document"])
+        files.append(
+            {"source": item.source, "migrated": not _failed(migrations, not_objects), "objects": objects}
+        )
+    report = {"schemaVersion": JSON_SCHEMA_VERSION, "driver": driver, "files": files}
+    sys.stdout.write(dump_json(report))
+
+
+def _summary(results: list[Any]) -> None:
+    counts: dict[str, int] = {}
+    for _item, _documents, migrations, not_objects in results:
+        counts["failed"] = counts.get("failed", 0) + len(not_objects)
+        for migration in migrations:
+            counts[migration.outcome] = counts.get(migration.outcome, 0) + 1
+    failed_files = sum(1 for _i, _d, m, n in results if _failed(m, n))
+    shown = ", ".join(
+        f"{counts[k]} {k}" for k in ("migrated", "unchanged", "replaced", "failed") if counts.get(k)
+    )
+    note = f"; {failed_files} file(s) not written, see the problems above" if failed_files else ""
+    print(
+        f"{sum(counts.values())} object(s) in {len(results)} file(s): {shown or 'none'}{note}",
+        file=sys.stderr,
+    )

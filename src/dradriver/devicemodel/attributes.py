@@ -1,0 +1,71 @@
+"""What the device model publishes, as a table: attribute and capacity names, types, device types.
+
+`build_devices` writes the devices; this table says, without any device at hand, which names a
+selector may look up (`dradriver migrate` checks translated selectors against it). A test keeps
+the two equal over every built-in fake profile. Bare names live in the driver's domain;
+qualified ones are the upstream standard attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AttributeType = Literal["string", "int", "bool", "version"]
+DeviceType = Literal["gpu", "mig"]
+BOTH: frozenset[DeviceType] = frozenset({"gpu", "mig"})
+GPU: frozenset[DeviceType] = frozenset({"gpu"})
+MIG: frozenset[DeviceType] = frozenset({"mig"})
+
+
+@dataclass(frozen=True)
+class Published:
+    """One attribute: its name as published, its value type, and the device types that carry it.
+
+    `always` is False for attributes published only when the hardware reports the fact.
+    """
+
+    name: str
+    type: AttributeType
+    devices: frozenset[DeviceType]
+    always: bool = True
+
+
+ATTRIBUTES: tuple[Published, ...] = (
+    Published("type", "string", BOTH),
+    Published("uuid", "string", BOTH, always=False),  # not on a MIG placement not created yet
+    Published("parentUUID", "string", MIG),
+    Published("profile", "string", MIG),
+    Published("productName", "string", BOTH),
+    Published("brand", "string", BOTH),
+    Published("architecture", "string", BOTH),
+    Published("cudaComputeCapability", "version", BOTH),
+    Published("computeMajor", "int", BOTH),
+    Published("computeMinor", "int", BOTH),
+    Published("driverVersion", "version", BOTH),
+    Published("cudaDriverVersion", "version", BOTH),
+    Published("addressingMode", "string", BOTH, always=False),
+    Published("minor", "int", GPU),
+    Published("gpuModuleID", "int", GPU, always=False),
+    Published("migCapable", "bool", GPU),
+    Published("migEnabled", "bool", GPU, always=False),
+    Published("parentMinor", "int", MIG),
+    Published("placementStart", "int", MIG),
+    Published("placementSize", "int", MIG),
+    Published("resource.kubernetes.io/pciBusID", "string", BOTH),
+    Published("resource.kubernetes.io/pcieRoot", "string", BOTH, always=False),
+    Published("numaNode", "int", BOTH, always=False),
+)
+
+#: Capacity names (quantities). The engine counts are on MIG devices and on MIG-capable GPUs.
+CAPACITIES: dict[str, frozenset[DeviceType]] = {
+    "memory": BOTH,
+    "multiprocessors": BOTH,
+    "copyEngines": BOTH,
+    "decoders": BOTH,
+    "encoders": BOTH,
+    "jpegEngines": BOTH,
+    "ofaEngines": BOTH,
+}
+
+BY_NAME: dict[str, Published] = {a.name: a for a in ATTRIBUTES}
