@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dradriver.devicemodel import PossibleMig, PublishedDevice
+from dradriver.devicemodel import PublishedDevice
 from dradriver.discovery.model import Gpu, MigDevice
 from dradriver.health.events import HardwareRef
 
@@ -31,8 +31,6 @@ def _placed(device: PublishedDevice) -> _Placed:
         return _Placed(device.name, HardwareRef(hardware.uuid))
     if isinstance(hardware, MigDevice):
         return _Placed(device.name, _mig_ref(hardware))
-    if isinstance(hardware, PossibleMig) and hardware.existing is not None:
-        return _Placed(device.name, _mig_ref(hardware.existing))
     return _Placed(device.name, HardwareRef(hardware.parent.uuid), uncreated=True)
 
 
