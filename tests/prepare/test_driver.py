@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore, ClaimS
 from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
+from dradriver.prepare.mig import MigManager
 from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER, allocated_claim, opaque, uid, write_gpu_profile
 
@@ -31,10 +32,27 @@ TIME_SLICING_LONG: dict[str, Any] = {
 
 
 @dataclass
+class RecordedMigMetrics:
+    created: int = 0
+    destroyed: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def mig_created(self) -> None:
+        self.created += 1
+
+    def mig_destroyed(self) -> None:
+        self.destroyed += 1
+
+    def mig_failed(self, operation: str, reason: str) -> None:
+        self.failures.append((operation, reason))
+
+
+@dataclass
 class Node:
     root: Path
     profile: str
     boot_id: str = "boot-1"
+    partitionable: bool = False
 
     def __post_init__(self) -> None:
         self.claims_dir = self.root / "claims"
@@ -42,9 +60,10 @@ class Node:
         self.cdi = CdiDirectory(self.root / "cdi", DRIVER)
         self.store = CheckpointStore(self.root / "state")
         self.sharing = FakeSharing()
-        library = open_library(self.profile)
-        self.inventory = library.discover()
-        self.devices = build_devices(self.inventory, driver_name=DRIVER)
+        self.library = open_library(self.profile)
+        self.inventory = self.library.discover()
+        self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
+        self.mig_metrics = RecordedMigMetrics()
 
     def driver(self, *, claims: object = None, recover: bool = True) -> GpuDriver:
         driver = GpuDriver(
@@ -58,6 +77,7 @@ class Node:
             caps_major=self.inventory.nvidia_caps_major,
             sharing=self.sharing,
             boot_id=self.boot_id,
+            mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
         )
         if recover:
             driver.recover()
