@@ -1,0 +1,231 @@
+"""MIG devices created on prepare and destroyed on unprepare, in process, on fake GPUs.
+
+The node is `a100-mig-empty` with --partitionable: GPU 0 is in MIG mode with no MIG devices, so
+every claim for a MIG placement there makes prepare create the GPU and compute instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.discovery import MigPlacement
+from dradriver.mig.fake import STATE_FILE, FakeMigControl
+from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord, MigRecord
+from dradriver.prepare.claims import ClaimNotFoundError
+from dradriver.prepare.driver import GpuDriver
+from dradriver.prepare.stale import StaleClaimCollector
+from tests.helpers import allocated_claim, opaque, uid
+from tests.prepare.node import Node
+
+MPS: dict[str, object] = {
+    "apiVersion": "gpu.dradriver.dev/v1alpha1",
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "MPS"},
+}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path, "a100-mig-empty", partitionable=True)
+
+
+@pytest.fixture
+def driver(node: Node) -> Iterator[GpuDriver]:
+    d = node.driver()
+    yield d
+    d.close()
+
+
+def mig_claim(n: int, device: str, **extra: Any) -> dict[str, Any]:
+    return allocated_claim(f"mig-{n}", uid(n), [{"request": "mig", "device": device}], **extra)
+
+
+def gpu_instances(node: Node) -> list[tuple[int, int, str | None]]:
+    """(GPU instance id, placement start, compute instance UUID) the fake GPU 0 holds."""
+    control = FakeMigControl(node.inventory, node.root / "state" / STATE_FILE)
+    return sorted((i.id, i.start, i.compute) for i in control._state.instances)
+
+
+def test_prepare_creates_the_mig_device_and_unprepare_destroys_it(node: Node, driver: GpuDriver) -> None:
+    ref = node.add(mig_claim(1, "gpu-0-mig-3g40gb-4"))
+    result = driver.prepare([ref])[ref.uid]
+    assert result.error == ""
+    [(gi, start, mig_uuid)] = gpu_instances(node)
+    assert start == 4
+    assert mig_uuid is not None
+    # The spec names the new MIG device: its UUID and its GPU and compute instance access nodes.
+    spec: Any = node.spec(ref)
+    [device] = spec["devices"]
+    edits = device["containerEdits"]
+    assert edits["env"] == [f"DRADRIVER_DEVICE_GPU_0_MIG_3G40GB_4={mig_uuid}"]
+    caps = [n["minor"] for n in edits["deviceNodes"][1:]]
+    assert caps == [3 + gi * 9, 3 + gi * 9 + 1]  # the driver's nvidia-caps layout for GPU 0
+    stored = node.store.load()
+    assert stored is not None
+    [record] = stored.claims[ref.uid].devices
+    assert record.uuid == mig_uuid
+    assert record.mig is not None
+    assert (record.mig.gi_id, record.mig.ci_id, record.mig.placement_start) == (gi, 0, 4)
+    assert stored.created_gpu_instances() == {(node.inventory.gpus[0].uuid, gi)}
+    assert driver.prepare([ref])[ref.uid] == result  # idempotent: nothing created twice
+    assert len(gpu_instances(node)) == 1
+
+    assert driver.unprepare([ref]) == {ref.uid: ""}
+    assert gpu_instances(node) == []
+    assert (node.mig_metrics.created, node.mig_metrics.destroyed, node.mig_metrics.failures) == (1, 1, [])
+
+
+def test_3g_and_4g_on_one_gpu_are_distinct_new_mig_devices(node: Node, driver: GpuDriver) -> None:
+    small, large = node.add(mig_claim(2, "gpu-0-mig-3g40gb-4")), node.add(mig_claim(3, "gpu-0-mig-4g40gb-0"))
+    assert driver.prepare([small, large]) == {
+        small.uid: driver.prepare([small])[small.uid],
+        large.uid: driver.prepare([large])[large.uid],
+    }
+    instances = gpu_instances(node)
+    assert [start for _, start, _ in instances] == [0, 4] or [start for _, start, _ in instances] == [4, 0]
+    assert len({mig for _, _, mig in instances}) == 2
+    uuids = {d.uuid for r in driver.records() for d in r.devices}
+    assert uuids == {mig for _, _, mig in instances}
+
+
+def test_no_room_at_the_placement_is_a_per_claim_error_and_leaves_nothing(
+    node: Node, driver: GpuDriver
+) -> None:
+    """An operator made a MIG device after our slices were published: NVML has no room left."""
+    gpu = node.inventory.gpus[0]
+    operator = FakeMigControl(node.inventory, node.root / "state" / STATE_FILE)
+    one_g = next(p for p in gpu.mig_profiles if p.name == "1g.10gb")
+    operators_gi = operator.create_gpu_instance(gpu, one_g, MigPlacement(5, 1))
+    operator.create_compute_instance(gpu, operators_gi)
+    ref = node.add(mig_claim(4, "gpu-0-mig-3g40gb-4"))
+    error = driver.prepare([ref])[ref.uid].error
+    assert error.startswith("claim default/mig-4: cannot create the MIG device: ")
+    assert "overlaps a GPU instance" in error
+    assert [gi for gi, _, _ in gpu_instances(node)] == [operators_gi]  # the operator's stays
+    assert node.store.load().claims == {}  # type: ignore[union-attr]
+    assert not node.cdi.file_for(ref.uid).exists()
+    assert node.mig_metrics.failures == [("create", "insufficient_resources")]
+
+
+def test_a_sharing_failure_rolls_the_new_mig_device_back(node: Node, driver: GpuDriver) -> None:
+    """MPS on a MIG device works where a daemon can run; the fake backend refuses it, per claim."""
+    ref = node.add(mig_claim(5, "gpu-0-mig-2g20gb-4", config=[opaque(MPS, requests=["mig"])]))
+    error = driver.prepare([ref])[ref.uid].error
+    assert "MPS cannot be applied" in error
+    assert gpu_instances(node) == []
+    assert (node.mig_metrics.created, node.mig_metrics.destroyed) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {**MPS, "sharing": {"strategy": "TimeSlicing"}},
+            "MIG devices are isolated partitions: TimeSlicing cannot be applied; use MPS",
+        ),
+        (
+            {
+                "apiVersion": "gpu.dradriver.dev/v1alpha1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing"},
+            },
+            "a GpuConfig with TimeSlicing applies to gpu-0-mig-1g10gb-6, which are MIG devices, so it would "
+            "do nothing; use MigDeviceConfig",
+        ),
+    ],
+    ids=["time-slicing a MIG device", "GpuConfig on a MIG device"],
+)
+def test_sharing_that_cannot_apply_to_a_mig_device_is_an_error_not_ignored(
+    node: Node, driver: GpuDriver, config: dict[str, Any], message: str
+) -> None:
+    ref = node.add(mig_claim(6, "gpu-0-mig-1g10gb-6", config=[opaque(config)]))
+    assert message in driver.prepare([ref])[ref.uid].error
+    assert gpu_instances(node) == []  # refused before anything was created
+
+
+def test_a_claim_gone_from_the_api_server_gets_its_mig_device_destroyed(
+    node: Node, driver: GpuDriver
+) -> None:
+    ref = node.add(mig_claim(7, "gpu-0-mig-7g80gb-0"))
+    assert driver.prepare([ref])[ref.uid].error == ""
+
+    class Gone:
+        authoritative = True
+
+        def get(self, namespace: str, name: str) -> Any:
+            raise ClaimNotFoundError(f"{namespace}/{name} not found")
+
+    assert StaleClaimCollector(driver, Gone(), grace=0).check_once() == [ref.uid]
+    assert gpu_instances(node) == []
+
+
+def crash_state(node: Node, ref: ClaimRef, *, recorded: bool, compute: bool) -> int:
+    """What a kill -9 during prepare leaves: the claim PrepareStarted with the intent to create a
+    3g.40gb at 0 (and the GPU instance id if `recorded`), and that GPU instance on the GPU (with its
+    compute instance if `compute`)."""
+    gpu = node.inventory.gpus[0]
+    three_g = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
+    control = FakeMigControl(node.inventory, node.root / "state" / STATE_FILE)
+    gi = control.create_gpu_instance(gpu, three_g, MigPlacement(0, 4))
+    if compute:
+        control.create_compute_instance(gpu, gi)
+    record = ClaimRecord(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state=ClaimState.PREPARE_STARTED,
+        devices=(
+            DeviceRecord(
+                pool="node-1",
+                device="gpu-0-mig-3g40gb-0",
+                mig=MigRecord(
+                    parent_uuid=gpu.uuid,
+                    profile="3g.40gb",
+                    profile_id=three_g.profile_id,
+                    placement_start=0,
+                    placement_size=4,
+                    gi_id=gi if recorded else None,
+                ),
+            ),
+        ),
+    )
+    node.store.save(CheckpointData(boot_id=node.boot_id, claims={ref.uid: record}))
+    return gi
+
+
+@pytest.mark.parametrize(
+    ("recorded", "compute"),
+    [(True, False), (False, False), (True, True)],
+    ids=["between the instances", "before the id was recorded", "before PrepareCompleted"],
+)
+def test_recovery_destroys_what_a_crash_during_prepare_left(
+    node: Node, recorded: bool, compute: bool
+) -> None:
+    ref = ClaimRef("default", "crashed", uid(8))
+    crash_state(node, ref, recorded=recorded, compute=compute)
+    driver = node.driver(recover=False)
+    assert driver.recover().rolled_back == [ref.uid]
+    assert gpu_instances(node) == []
+    assert driver.records() == []
+
+
+def test_recovery_never_touches_a_gpu_instance_it_did_not_make(node: Node) -> None:
+    """Our GPU instance is gone and an operator's sits at the placement under another id."""
+    ref = ClaimRef("default", "crashed", uid(9))
+    gi = crash_state(node, ref, recorded=True, compute=False)
+    stored = node.store.load()
+    assert stored is not None
+    device = stored.claims[ref.uid].devices[0]
+    assert device.mig is not None
+    other = device.mig.model_copy(update={"gi_id": gi + 1})
+    record = stored.claims[ref.uid].model_copy(
+        update={"devices": (device.model_copy(update={"mig": other}),)}
+    )
+    node.store.save(CheckpointData(boot_id=node.boot_id, claims={ref.uid: record}))
+    assert node.driver(recover=False).recover().rolled_back == [ref.uid]
+    assert [i for i, _, _ in gpu_instances(node)] == [gi]
