@@ -6,3 +6,4 @@ from tests.discovery.conftest import (  # noqa: F401 - fixtures, found by name
     in_process_nvml_library,
     pristine_pynvml,
 )
+from tests.publish.conftest import fake_api  # noqa: F401 - fixture, found by name

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dradriver.discovery import MigPlacement
+from dradriver.mig import MigError
 from dradriver.mig.fake import STATE_FILE, FakeMigControl
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord, MigRecord
@@ -229,3 +230,27 @@ def test_recovery_never_touches_a_gpu_instance_it_did_not_make(node: Node) -> No
     node.store.save(CheckpointData(boot_id=node.boot_id, claims={ref.uid: record}))
     assert node.driver(recover=False).recover().rolled_back == [ref.uid]
     assert [i for i, _, _ in gpu_instances(node)] == [gi]
+
+
+def test_a_mig_device_still_in_use_fails_unprepare_until_it_is_free(node: Node, driver: GpuDriver) -> None:
+    """NVML refuses to destroy a compute instance with processes on it (IN_USE): unprepare fails,
+    the claim stays prepared and recorded, and the kubelet's retry succeeds once it is free."""
+    ref = node.add(mig_claim(10, "gpu-0-mig-1g20gb-6"))
+    assert driver.prepare([ref])[ref.uid].error == ""
+    busy = [True]
+
+    class Busy(FakeMigControl):
+        def destroy(self, gpu_uuid: str, gpu_instance: int) -> bool:
+            if busy[0]:
+                raise MigError("in_use", "nvmlComputeInstanceDestroy: In use by another client")
+            return super().destroy(gpu_uuid, gpu_instance)
+
+    driver._mig._control = Busy(node.inventory, node.root / "state" / STATE_FILE)
+    error = driver.unprepare([ref])[ref.uid]
+    assert error == "claim default/mig-10: nvmlComputeInstanceDestroy: In use by another client"
+    assert [r.uid for r in driver.records()] == [ref.uid]
+    assert node.cdi.file_for(ref.uid).exists()
+    assert node.mig_metrics.failures == [("destroy", "in_use")]
+    busy[0] = False
+    assert driver.unprepare([ref]) == {ref.uid: ""}
+    assert gpu_instances(node) == []

@@ -564,18 +564,31 @@ def simulate(
     classes: Mapping[str, DeviceClass],
     slices: Sequence[Slice],
     node: str | None = None,
+    in_use: Sequence[Claim] = (),
 ) -> Simulation:
-    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn."""
+    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn.
+
+    `in_use`: other claims already allocated (a cluster's): their devices are taken, not reported.
+    """
     nodes = [node] if node is not None else candidate_nodes(slices)
-    return Simulation([simulate_node(claims, classes, slices, n) for n in nodes])
+    return Simulation([simulate_node(claims, classes, slices, n, in_use) for n in nodes])
 
 
 def simulate_node(
-    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], slices: Sequence[Slice], node: str | None
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    slices: Sequence[Slice],
+    node: str | None,
+    in_use: Sequence[Claim] = (),
 ) -> NodeReport:
     pools, warnings = gather_pools(slices, node)
     cel_devices = {d.id: to_cel_device(d.body, d.driver) for pool in pools for d in pool.devices()}
-    preallocated: set[str] = set()
+    preallocated: set[str] = {
+        f"{d.driver}/{d.pool}/{d.device}"
+        for claim in in_use
+        for d in claim.allocated or ()
+        if not d.admin_access
+    }
     pending: list[Claim] = []
     reports: dict[int, ClaimReport] = {}
     for index, claim in enumerate(claims):
