@@ -314,7 +314,8 @@ static int load_state(void) {
     return 1;
 }
 
-/* Write every GPU and compute instance to the state file: a temporary file, fsync, rename. */
+/* Write every GPU and compute instance to the state file: a temporary file, then rename. A process
+   crash cannot tear it; surviving power loss, the only reason to fsync, is not this fake's job. */
 static void save_state(void) {
     const char *path = getenv("FAKE_NVML_STATE");
     char tmp[4096];
@@ -340,8 +341,6 @@ static void save_state(void) {
                     g->gpu, c->uuid, g->id, c->id, g->profile_id, g->start, g->size, c->start, c->size,
                     c->gi_slices, c->ci_slices, c->sm, c->ce, c->dec, c->enc, c->jpeg, c->ofa, c->memory_mb);
     }
-    fflush(file);
-    fsync(fileno(file));
     fclose(file);
     rename(tmp, path);
 }

@@ -315,7 +315,9 @@ class GpuDriver:
                     self._cdi.write(ref.uid, spec)
             except (SharingError, MigError, EditsError, cdi.InvalidSpecError, OSError) as err:
                 return PrepareResult(error=self._fail(ref, err))
-            completed = started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
+            completed = _with_created_migs(started, devices).model_copy(
+                update={"state": ClaimState.PREPARE_COMPLETED}
+            )
             self._save(completed)
             log.info("prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in plan.devices])
             return _result(completed)
@@ -348,17 +350,16 @@ class GpuDriver:
             def record(step: MigRecord, name: str = device.name) -> None:
                 self._record_mig(uid, name, step)
 
-            mig = self._mig.create(placement, record)
-            self._record_mig(uid, device.name, None, uuid=mig.uuid)
-            created.append(replace(device, hardware=mig))
+            created.append(replace(device, hardware=self._mig.create(placement, record)))
         return created
 
-    def _record_mig(self, uid: str, device: str, step: MigRecord | None, *, uuid: str = "") -> None:
-        """Save a MIG creation step (or the new device's UUID) in the claim's record."""
+    def _record_mig(self, uid: str, device: str, step: MigRecord) -> None:
+        """Save a MIG creation step in the claim's record."""
         with self._state_lock:
             record = self._state.claims[uid]
-            update: dict[str, object] = {"mig": step} if step is not None else {"uuid": uuid}
-            devices = tuple(d.model_copy(update=update) if d.device == device else d for d in record.devices)
+            devices = tuple(
+                d.model_copy(update={"mig": step}) if d.device == device else d for d in record.devices
+            )
             self._state.claims[uid] = record.model_copy(update={"devices": devices})
             self._store.save(self._state)
 
@@ -472,6 +473,20 @@ class GpuDriver:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._claim_locks[uid]
+
+
+def _with_created_migs(record: ClaimRecord, devices: Sequence[PlannedDevice]) -> ClaimRecord:
+    """The record with the UUID and compute instance of each MIG device made for it."""
+    made = {d.name: d.hardware for d in devices if isinstance(d.hardware, MigDevice)}
+    updated = []
+    for device in record.devices:
+        mig = made.get(device.device)
+        if device.mig is not None and mig is not None:
+            step = device.mig.model_copy(update={"ci_id": mig.ci_id})
+            updated.append(device.model_copy(update={"uuid": mig.uuid, "mig": step}))
+        else:
+            updated.append(device)
+    return record.model_copy(update={"devices": tuple(updated)})
 
 
 def _cdi_suffix(device: PlannedDevice) -> str:

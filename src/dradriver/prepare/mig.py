@@ -76,7 +76,7 @@ class MigManager:
             return self._gpu_locks.setdefault(gpu_uuid, threading.Lock())
 
     def create(self, placement: PossibleMig, record: Callable[[MigRecord], None]) -> MigDevice:
-        """Create the MIG device; `record` must persist each step before this goes on.
+        """Create the MIG device; `record` must persist the GPU instance before this goes on.
 
         On failure nothing created is left behind unless even removing it failed, and then the
         last recorded step says what to remove later.
@@ -89,8 +89,9 @@ class MigManager:
                 gpu_instance = control.create_gpu_instance(gpu, placement.profile, placement.placement)
                 step = step.model_copy(update={"gi_id": gpu_instance})
                 record(step)
+                # Recovery removes a GPU instance with all its compute instances: the compute
+                # instance id is recorded with the rest of the prepared claim, not before.
                 device = control.create_compute_instance(gpu, gpu_instance)
-                record(step.model_copy(update={"ci_id": device.ci_id}))
             except MigError as err:
                 self.metrics.mig_failed("create", err.reason)
                 self._remove_after_failure(control, step)
