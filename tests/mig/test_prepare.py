@@ -254,3 +254,40 @@ def test_a_mig_device_still_in_use_fails_unprepare_until_it_is_free(node: Node, 
     busy[0] = False
     assert driver.unprepare([ref]) == {ref.uid: ""}
     assert gpu_instances(node) == []
+
+
+def test_serve_on_fake_gpus_creates_mig_devices_and_keeps_them_across_a_restart() -> None:
+    """`serve --fake-gpus a100-mig-empty --partitionable` over gRPC, killed and restarted in between."""
+    import json
+    import signal
+
+    import yaml
+
+    from dradriver.kubeletclient import DRAClient
+    from tests.helpers import ServeProcess, short_tmpdir
+
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, ["--partitionable"], fake_gpus="a100-mig-empty")
+        serve.claims_dir.mkdir()
+        refs = []
+        for n, device in ((20, "gpu-0-mig-3g40gb-4"), (21, "gpu-0-mig-4g40gb-0")):
+            (serve.claims_dir / f"{n}.yaml").write_text(yaml.safe_dump(mig_claim(n, device)))
+            refs.append(ClaimRef("default", f"mig-{n}", uid(n)))
+        state = serve.plugins_dir / "gpu.dradriver.dev" / STATE_FILE
+        try:
+            serve.start()
+            with DRAClient(serve.dra_socket) as client:
+                response = client.prepare(refs)
+                assert [response.claims[r.uid].error for r in refs] == ["", ""]
+            made = json.loads(state.read_text())["instances"]
+            assert sorted(i["start"] for i in made) == [0, 4]
+            assert all(i["compute"] for i in made)
+            serve.stop(signal.SIGKILL)
+            serve.start()
+            with DRAClient(serve.dra_socket) as client:
+                client.wait_ready(20)  # the killed process left its socket file behind
+                response = client.unprepare(refs)
+                assert [response.claims[r.uid].error for r in refs] == ["", ""]
+            assert json.loads(state.read_text())["instances"] == []
+        finally:
+            serve.kill()
