@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dradriver.discovery import DeviceLibrary
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
+    from dradriver.health.targets import HealthTargets
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.claims import ClaimSource
@@ -122,6 +123,7 @@ class Daemon:
         self._collector: StaleClaimCollector | None = None
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health: HealthMonitor | None = None
+        self._health_targets: HealthTargets | None = None
         self._node_events: NodeEventSender | None = None
 
     def run(self) -> int:
@@ -249,7 +251,7 @@ class Daemon:
             return frozenset()
         if loaded is None or (loaded.boot_id and loaded.boot_id != read_boot_id()):
             return frozenset()  # MIG devices do not survive a reboot
-        return loaded.created_gpu_instances()
+        return frozenset(loaded.created_gpu_instances())
 
     def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
         from dradriver import metrics
@@ -296,6 +298,7 @@ class Daemon:
 
             metrics = HealthCounters()
         targets = HealthTargets(devices.devices)
+        self._health_targets = targets
         source = library.health_source(
             targets, SourceOptions(self.config.state_dir, config.thresholds, metrics)
         )
@@ -409,6 +412,8 @@ class Daemon:
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
         )
         recovery = driver.recover()
+        if self._health_targets is not None:
+            self._health_targets.created = driver.created_instances
         if driver.claims.authoritative:
             from dradriver.prepare.stale import StaleClaimCollector
 

@@ -52,6 +52,20 @@ def test_partitionable_gpu_event_concerns_the_gpu_and_all_placements() -> None:
     assert targets.locate("gpu-3-mig-1g5gb-3") is None
 
 
+def test_an_event_in_a_mig_device_made_on_demand_concerns_its_placement() -> None:
+    devices = device_set("a100-mig-empty", partitionable=True)
+    made: dict[tuple[str, int], str] = {}
+    targets = HealthTargets(devices.devices, created=lambda: made)
+    gpu0 = targets.gpu_of("gpu-0-mig-3g40gb-4")
+    assert targets.devices_for(HardwareRef(gpu0, 2, 0)) == ()
+    assert targets.locate("gpu-0-mig-3g40gb-4") is None
+    made[(gpu0, 2)] = "gpu-0-mig-3g40gb-4"  # prepare made GPU instance 2 there
+    assert targets.devices_for(HardwareRef(gpu0, 2, 0)) == ("gpu-0-mig-3g40gb-4",)
+    assert targets.devices_for(HardwareRef(gpu0, 3)) == ()
+    assert targets.locate("gpu-0-mig-3g40gb-4") == HardwareRef(gpu0, 2)
+    assert "gpu-0-mig-3g40gb-4" in targets.devices_for(HardwareRef(gpu0))
+
+
 def test_mixed_node() -> None:
     targets = HealthTargets(device_set("mixed").devices)
     assert targets.devices_on(targets.gpu_of("gpu-3-mig-1g5gb-2")) == (

@@ -72,7 +72,8 @@ def test_prepare_creates_the_mig_device_and_unprepare_destroys_it(node: Node, dr
     assert record.uuid == mig_uuid
     assert record.mig is not None
     assert (record.mig.gi_id, record.mig.ci_id, record.mig.placement_start) == (gi, 0, 4)
-    assert stored.created_gpu_instances() == {(node.inventory.gpus[0].uuid, gi)}
+    assert stored.created_gpu_instances() == {(node.inventory.gpus[0].uuid, gi): "gpu-0-mig-3g40gb-4"}
+    assert driver.created_instances() == stored.created_gpu_instances()
     assert driver.prepare([ref])[ref.uid] == result  # idempotent: nothing created twice
     assert len(gpu_instances(node)) == 1
 
@@ -291,3 +292,25 @@ def test_serve_on_fake_gpus_creates_mig_devices_and_keeps_them_across_a_restart(
             assert json.loads(state.read_text())["instances"] == []
         finally:
             serve.kill()
+
+
+def test_an_xid_in_a_mig_device_made_on_demand_marks_that_device_unhealthy() -> None:
+    """fake-event on the placement of a MIG device serve created reaches the kubelet's health
+    stream for that device only (the event names its GPU instance, as NVML's would)."""
+    import yaml
+
+    from dradriver.health.board import Health
+    from dradriver.kubeletclient import DRAClient
+    from tests.health.test_serve_health import fake_event, serving
+
+    # The later --fake-gpus wins over the default profile of the health tests.
+    with serving(["--partitionable", "--fake-gpus", "a100-mig-empty"]) as (serve, stream):
+        serve.claims_dir.mkdir(exist_ok=True)
+        (serve.claims_dir / "c.yaml").write_text(yaml.safe_dump(mig_claim(30, "gpu-0-mig-2g20gb-4")))
+        ref = ClaimRef("default", "mig-30", uid(30))
+        with DRAClient(serve.dra_socket) as client:
+            assert client.prepare([ref]).claims[ref.uid].error == ""
+        sent = fake_event(serve, "--device", "gpu-0-mig-2g20gb-4", "--xid", "79")
+        assert sent.returncode == 0, sent.stderr
+        assert stream.wait("gpu-0-mig-2g20gb-4", Health.UNHEALTHY).startswith("XID 79")
+        assert stream.latest["gpu-0-mig-2g20gb-2"][0] == Health.HEALTHY

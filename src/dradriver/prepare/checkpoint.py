@@ -90,14 +90,15 @@ class CheckpointData(_Model):
     boot_id: str = ""
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
 
-    def created_gpu_instances(self) -> frozenset[tuple[str, int]]:
-        """The GPU instances (parent GPU UUID, id) dradriver created for the claims recorded here."""
-        return frozenset(
-            (device.mig.parent_uuid, device.mig.gi_id)
+    def created_gpu_instances(self) -> dict[tuple[str, int], str]:
+        """The GPU instances dradriver created for the claims recorded here, by (parent GPU UUID,
+        GPU instance id), each with the placement device it was made for."""
+        return {
+            (device.mig.parent_uuid, device.mig.gi_id): device.device
             for claim in self.claims.values()
             for device in claim.devices
             if device.mig is not None and device.mig.gi_id is not None
-        )
+        }
 
 
 class CheckpointError(Exception):

@@ -250,6 +250,11 @@ class GpuDriver:
         with self._state_lock:
             return list(self._state.claims.values())
 
+    def created_instances(self) -> dict[tuple[str, int], str]:
+        """(GPU UUID, GPU instance id) -> placement device, for each MIG device made for a claim."""
+        with self._state_lock:
+            return self._state.created_gpu_instances()
+
     def close(self) -> None:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
         self._mig.close()
