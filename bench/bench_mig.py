@@ -4,10 +4,12 @@ Run: .venv/bin/python -m bench.bench_mig [--rounds 300]
 
 `dradriver serve --partitionable` runs on the C fake libnvidia-ml.so.1 (tests/fakenvml), serving
 the a100-mig-empty node: GPU 0 is an A100 in MIG mode without MIG devices. Each prepare goes
-through real gRPC, records the intent and each step in the checkpoint (fsync), creates the GPU
-instance and the compute instance through pynvml and the fake, and writes the CDI spec; each
-unprepare destroys them. The fake answers NVML calls in microseconds: creating a MIG device on a
-real GPU takes NVML far longer (not measured here), on top of these figures.
+through real gRPC, records the intent and the GPU instance in the checkpoint (fsync), creates the
+GPU instance and the compute instance through pynvml and the fake, and writes the CDI spec; each
+unprepare destroys them. Rounds alternate with prepares of a whole GPU (GPU 1, MIG off) on the same
+daemon, so the cost of creating the MIG device is seen under the same load. The fake answers NVML
+calls in microseconds: creating a MIG device on a real GPU takes NVML far longer (not measured
+here), on top of these figures.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from tests.fakenvml.harness import CONFIG_ENV, build_library, config_text, write
 from tests.helpers import allocated_claim, uid
 
 DRIVER = "gpu.dradriver.dev"
-#: Placements that can all exist at once on the A100 (slices 0-3 and 4-7), one claim each.
+#: Placements that can all exist at once on the A100 (slices 0-3 and 4-7), one claim each, and
+#: the whole GPU with MIG off.
 PLACEMENTS = ("gpu-0-mig-3g40gb-4", "gpu-0-mig-4g40gb-0")
+WHOLE_GPU = "gpu-1"
 
 
 def start_serve(root: Path) -> subprocess.Popen[bytes]:
@@ -44,7 +48,7 @@ def start_serve(root: Path) -> subprocess.Popen[bytes]:
     (root / "claims").mkdir()
     claims = [
         allocated_claim(f"c{i}", uid(i), [{"request": "mig", "device": device}], pool="bench")
-        for i, device in enumerate(PLACEMENTS)
+        for i, device in enumerate((*PLACEMENTS, WHOLE_GPU))
     ]
     (root / "claims" / "claims.yaml").write_text(yaml.safe_dump_all(claims))
     args = [
@@ -72,24 +76,27 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
     proc = start_serve(root)
     refs = [ClaimRef("default", f"c{i}", uid(i)) for i in range(len(PLACEMENTS))]
+    whole = ClaimRef("default", f"c{len(PLACEMENTS)}", uid(len(PLACEMENTS)))
     try:
         with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
             client.wait_ready(30)
             for r in refs * 10:  # warm-up: driver initialised, NVML opened, files cached
                 assert client.prepare([r]).claims[r.uid].error == ""
                 client.unprepare([r])
-            prepares, unprepares = [], []
+            timings: dict[str, list[float]] = {"mig": [], "mig-un": [], "gpu": [], "gpu-un": []}
             for n in range(opts.rounds):
-                r = refs[n % len(refs)]
-                t = time.perf_counter()
-                response = client.prepare([r])
-                prepares.append(time.perf_counter() - t)
-                assert response.claims[r.uid].error == "", response
-                t = time.perf_counter()
-                assert client.unprepare([r]).claims[r.uid].error == ""
-                unprepares.append(time.perf_counter() - t)
-            print(summary("prepare, 1 claim creating 1 MIG device (C fake NVML)", prepares))
-            print(summary("unprepare, 1 claim destroying its MIG device", unprepares))
+                for r, kind in ((refs[n % len(refs)], "mig"), (whole, "gpu")):
+                    t = time.perf_counter()
+                    response = client.prepare([r])
+                    timings[kind].append(time.perf_counter() - t)
+                    assert response.claims[r.uid].error == "", response
+                    t = time.perf_counter()
+                    assert client.unprepare([r]).claims[r.uid].error == ""
+                    timings[f"{kind}-un"].append(time.perf_counter() - t)
+            print(summary("prepare, 1 claim creating 1 MIG device (C fake NVML)", timings["mig"]))
+            print(summary("unprepare, 1 claim destroying its MIG device", timings["mig-un"]))
+            print(summary("prepare, 1 claim with a whole GPU, same daemon (baseline)", timings["gpu"]))
+            print(summary("unprepare, whole GPU (baseline)", timings["gpu-un"]))
             pairs = []
             for _ in range(opts.rounds // 4):
                 t = time.perf_counter()
