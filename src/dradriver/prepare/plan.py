@@ -29,7 +29,6 @@ from dradriver.prepare.config import (
     our_configs,
 )
 
-Hardware = Gpu | MigDevice
 #: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Published = Gpu | MigDevice | PossibleMig
 
