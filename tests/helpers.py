@@ -258,16 +258,24 @@ def scrape(port: int) -> str:
         return str(resp.read().decode())
 
 
-def write_gpu_profile(path: Path, count: int, product: str = "NVIDIA H100 80GB HBM3") -> Path:
-    """A fake GPU profile file of `count` identical GPUs (H100 by default, or a Tesla T4)."""
+def write_gpu_profile(
+    path: Path, count: int, product: str = "NVIDIA H100 80GB HBM3", *, mig_empty: bool = False
+) -> Path:
+    """A fake GPU profile file of `count` identical GPUs (H100 by default, or a Tesla T4).
+
+    `mig_empty`: H100s in MIG mode without MIG devices, for --partitionable to create them.
+    """
     hopper = product.startswith("NVIDIA H100")
-    gpu = {
+    gpu: dict[str, object] = {
         "productName": product,
         "count": count,
         "architecture": "Hopper" if hopper else "Turing",
         "computeCapability": "9.0" if hopper else "7.5",
         "memoryMiB": 81559 if hopper else 15360,
     }
+    if mig_empty:
+        assert hopper, "only the H100 has a MIG profile table here"
+        gpu["mig"] = {"table": "h100-80gb", "enabled": True}
     path.write_text(
         yaml.safe_dump({"driverVersion": "570.124.06", "cudaDriverVersion": "12.8", "gpus": [gpu]})
     )

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dradriver.discovery import DeviceLibrary
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
+    from dradriver.health.targets import HealthTargets
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.claims import ClaimSource
@@ -63,6 +64,8 @@ class ServeConfig:
     stale_claim_grace: float
     #: None: the defaults (`--health-config` not given).
     health: HealthConfig | None = None
+    #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
+    proc_root: Path = Path("/proc")
 
 
 class DeferredDriver:
@@ -120,6 +123,7 @@ class Daemon:
         self._collector: StaleClaimCollector | None = None
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health: HealthMonitor | None = None
+        self._health_targets: HealthTargets | None = None
         self._node_events: NodeEventSender | None = None
 
     def run(self) -> int:
@@ -233,6 +237,22 @@ class Daemon:
         )
         self._publisher.start()
 
+    def _created_gpu_instances(self) -> frozenset[tuple[str, int]]:
+        """MIG devices an earlier run made for claims, from the checkpoint (recovery settles them).
+
+        An unreadable checkpoint names none: the MIG devices it named then count as an operator's
+        and are published and kept as they are, never removed.
+        """
+        from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore, read_boot_id
+
+        try:
+            loaded = CheckpointStore(self.config.state_dir).load()
+        except (CheckpointError, OSError):
+            return frozenset()
+        if loaded is None or (loaded.boot_id and loaded.boot_id != read_boot_id()):
+            return frozenset()  # MIG devices do not survive a reboot
+        return frozenset(loaded.created_gpu_instances())
+
     def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
         from dradriver import metrics
 
@@ -278,6 +298,7 @@ class Daemon:
 
             metrics = HealthCounters()
         targets = HealthTargets(devices.devices)
+        self._health_targets = targets
         source = library.health_source(
             targets, SourceOptions(self.config.state_dir, config.thresholds, metrics)
         )
@@ -327,14 +348,19 @@ class Daemon:
         from dradriver.slices import render_slices
 
         config = self.config
-        library = open_library(config.fake_gpus, driver_root=config.driver_root_mount)
+        library = open_library(
+            config.fake_gpus, driver_root=config.driver_root_mount, proc_root=config.proc_root
+        )
         try:
             inventory = library.discover()
         finally:
             library.close()
         for skipped in inventory.skipped:
             log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
-        devices = build_devices(inventory, driver_name=config.driver_name, partitionable=config.partitionable)
+        created = self._created_gpu_instances() if config.partitionable else frozenset()
+        devices = build_devices(
+            inventory, driver_name=config.driver_name, partitionable=config.partitionable, created=created
+        )
         for warning in devices.warnings:
             log.warning("device model", detail=warning)
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
@@ -358,8 +384,14 @@ class Daemon:
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.edits import common_edits
         from dradriver.prepare.hostdriver import driver_mounts
+        from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 
+        mig_metrics: MigMetrics = NoMigMetrics()
+        if config.metrics_address:
+            from dradriver.metrics import MigCounters
+
+            mig_metrics = MigCounters()
         sharing: SharingControl = (
             FakeSharing(config.state_dir)
             if config.fake_gpus
@@ -379,8 +411,11 @@ class Daemon:
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,
             boot_id=read_boot_id(),
+            mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
         )
         recovery = driver.recover()
+        if self._health_targets is not None:
+            self._health_targets.created = driver.created_instances
         if driver.claims.authoritative:
             from dradriver.prepare.stale import StaleClaimCollector
 
@@ -395,6 +430,7 @@ class Daemon:
             devices=len(devices.devices),
             prepared_claims=len(driver.records()),
             rolled_back=recovery.rolled_back,
+            rollback_failed=recovery.rollback_failed,
             orphans_removed=recovery.orphans_removed,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,

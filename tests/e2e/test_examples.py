@@ -32,14 +32,20 @@ from tests.e2e.workloads import (
 
 pytestmark = pytest.mark.cluster
 
-#: The fake overlay's own profile first, so that most rows need no rollout.
-PROFILE_ORDER = ["dgx-h100", "t4x4", "dgx-a100-mig", "mixed"]
-ROWS = sorted(example_table(), key=lambda r: PROFILE_ORDER.index(r.profile))
+#: The fake overlay's own profile first, then grouped by profile, so that few rows need a rollout.
+ROWS = sorted(example_table(), key=lambda r: (r.profile != "dgx-h100", r.profile))
 
 
-def use_profile(deployment: Deployment, profile: str) -> None:
-    if deployment.env.get("DRADRIVER_FAKE_GPUS", "dgx-h100") != profile:
-        deployment.set_env(DRADRIVER_FAKE_GPUS=profile)
+def use_profile(deployment: Deployment, profile_cell: str) -> None:
+    """`dgx-h100`, or a profile with serve flags (`a100-mig-empty --partitionable`)."""
+    profile, *flags = profile_cell.split()
+    wanted = {
+        "DRADRIVER_FAKE_GPUS": profile,
+        "DRADRIVER_PARTITIONABLE": str("--partitionable" in flags).lower(),
+    }
+    current = {"DRADRIVER_FAKE_GPUS": "dgx-h100", "DRADRIVER_PARTITIONABLE": "false", **deployment.env}
+    if any(current[k] != v for k, v in wanted.items()):
+        deployment.set_env(**wanted)
 
 
 def expected_slices(profile: str, node: str) -> list[dict[str, object]]:

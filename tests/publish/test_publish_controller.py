@@ -121,10 +121,11 @@ def test_300_device_profile_is_published_as_three_slices(
 
 
 def test_partitionable_profile_with_counter_slice(
-    backend: Backend, start: Callable[..., SliceController]
+    backend: Backend, start: Callable[..., SliceController], tmp_path: Path
 ) -> None:
     node = backend.make_node()
-    desired = rendered("dgx-a100-mig", node, partitionable=True)
+    profile = write_gpu_profile(tmp_path / "mig.yaml", 6, mig_empty=True)
+    desired = rendered(str(profile), node, partitionable=True)
     controller = start(backend.client(), node, desired)
     assert controller.wait_published(10)
     time.sleep(0.5)

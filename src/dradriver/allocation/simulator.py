@@ -9,7 +9,9 @@ cached per device and request; a CEL error aborts allocation (the scheduler repo
 claims unless a request has adminAccess (then only not within the same claim). `All` requests
 take every matching device, `firstAvailable` subrequests are tried in order, `matchAttribute`
 constraints require one value across the devices of the named requests, NoSchedule/NoExecute
-taints need a toleration, and devices consuming shared counters must fit the pool's counters.
+taints need a toleration, and devices consuming shared counters must fit the pool's counters (what
+allocated claims' devices consume is taken first; a device consuming a counter its pool does not
+define makes the pool invalid).
 
 Where the scheduler is not deterministic (it walks pools in Go map order) we are: pools sorted by
 driver and name, slices by name, devices in slice order.
@@ -186,8 +188,32 @@ def gather_pools(slices: Sequence[Slice], node: str | None) -> tuple[list[_Pool]
                         pool.invalid = f"counter set {set_name}, counter {counter}: {err}"
                 parsed_set = pool.counters.setdefault(set_name, {})
                 parsed_set.update(parsed)
+        if pool.invalid is None and (undefined := _undefined_counter(pool)) is not None:
+            pool.invalid = undefined
+            warnings.append(f"pool {pool.id} is invalid: {undefined}")
         pools.append(pool)
     return pools, warnings
+
+
+def _undefined_counter(pool: _Pool) -> str | None:
+    """A device consuming a counter its pool does not define makes the whole pool invalid."""
+    for device in pool.devices():
+        for entry in device.body.get("consumesCounters") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            set_name = str(entry.get("counterSet", ""))
+            defined = pool.counters.get(set_name)
+            if defined is None:
+                return (
+                    f"device {device.name} consumes counters of counter set {set_name}, which the pool lacks"
+                )
+            for counter in entry.get("counters") or {}:
+                if counter not in defined:
+                    return (
+                        f"device {device.name} consumes counter {counter} of counter set {set_name}, "
+                        "which does not define it"
+                    )
+    return None
 
 
 def _counter_value(value: Any) -> Any:
@@ -285,6 +311,12 @@ class _Allocator:
         ]
         self.consumed: dict[str, dict[str, dict[str, Quantity]]] = {}
         self.matches: dict[tuple[str, tuple[int, int, int]], bool] = {}
+        # Devices already allocated hold their share of the shared counters.
+        for pool in self.pools:
+            for device in pool.devices():
+                if device.id in self.preallocated and device.body.get("consumesCounters"):
+                    consumed = self.consumed.setdefault(pool.id, {})
+                    self._add_counters(consumed, device.body["consumesCounters"], sign=1)
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
 
@@ -434,9 +466,10 @@ class _Allocator:
         if consumption and not self._take_counters(pool, consumption):
             return None
         base, sub = (data.parent.name, request.name) if data.parent else (request.name, "")
+        # From here on a rejected device keeps the counters it took for the rest of the search:
+        # the 1.36 allocator (allocator_incubating.go, allocateDevice) returns without giving
+        # them back when a taint or a constraint rejects the device, and we give its verdicts.
         if _taint_blocks(device, request):
-            if consumption:
-                self._release_counters(pool, consumption)
             return None
         added: list[_MatchState] = []
         for constraint in self.constraints[ci]:
@@ -448,8 +481,6 @@ class _Allocator:
                     )
                 for previous in added:
                     previous.remove(base, sub)
-                if consumption:
-                    self._release_counters(pool, consumption)
                 return None
             added.append(constraint)
         self.allocating.setdefault(device.id, set()).add(ci)
@@ -469,12 +500,15 @@ class _Allocator:
         return undo
 
     def _take_counters(self, pool: _Pool, consumption: Sequence[Any]) -> bool:
+        """checkAvailableCounters: add the device's consumption, then compare every counter of the
+        pool with what is consumed so far (not only the device's own), undoing it on a shortfall."""
         consumed = self.consumed.setdefault(pool.id, {})
         self._add_counters(consumed, consumption, sign=1)
-        for set_name, counters in consumed.items():
-            for counter, used in counters.items():
-                available = pool.counters.get(set_name, {}).get(counter)
-                if available is None or available.compare(used) < 0:
+        for set_name, available_set in pool.counters.items():
+            used_set = consumed.get(set_name, {})
+            for counter, available in available_set.items():
+                used = used_set.get(counter)
+                if used is not None and available.compare(used) < 0:
                     self._add_counters(consumed, consumption, sign=-1)
                     return False
         return True
@@ -530,18 +564,31 @@ def simulate(
     classes: Mapping[str, DeviceClass],
     slices: Sequence[Slice],
     node: str | None = None,
+    in_use: Sequence[Claim] = (),
 ) -> Simulation:
-    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn."""
+    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn.
+
+    `in_use`: other claims already allocated (a cluster's): their devices are taken, not reported.
+    """
     nodes = [node] if node is not None else candidate_nodes(slices)
-    return Simulation([simulate_node(claims, classes, slices, n) for n in nodes])
+    return Simulation([simulate_node(claims, classes, slices, n, in_use) for n in nodes])
 
 
 def simulate_node(
-    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], slices: Sequence[Slice], node: str | None
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    slices: Sequence[Slice],
+    node: str | None,
+    in_use: Sequence[Claim] = (),
 ) -> NodeReport:
     pools, warnings = gather_pools(slices, node)
     cel_devices = {d.id: to_cel_device(d.body, d.driver) for pool in pools for d in pool.devices()}
-    preallocated: set[str] = set()
+    preallocated: set[str] = {
+        f"{d.driver}/{d.pool}/{d.device}"
+        for claim in in_use
+        for d in claim.allocated or ()
+        if not d.admin_access
+    }
     pending: list[Claim] = []
     reports: dict[int, ClaimReport] = {}
     for index, claim in enumerate(claims):
@@ -650,7 +697,11 @@ def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[Clai
                 "shared between claims"
             )
             return report.reason
-        report.reason = _claim_reason(culprit, report, inventory.preallocated)
+        report.reason = _claim_reason(culprit, report, inventory)
+        invalid = "; ".join(f"pool {p.id}: {p.invalid}" for p in inventory.pools if p.invalid)
+        if invalid:
+            # The scheduler's own words when a claim fails with invalid pools around.
+            report.reason = f"invalid resource pools were encountered ({invalid}); {report.reason}"
         return f"claim {culprit.ref}: {report.reason}"
     return "no allocation satisfies all claims"  # pragma: no cover - the full search failed above
 
@@ -661,7 +712,8 @@ def _allocates(claims: Sequence[Claim], inventory: _Inventory) -> bool:
     return trial.allocate_one(0, 0, 0, 0, False)
 
 
-def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> str:
+def _claim_reason(claim: Claim, report: ClaimReport, inventory: _Inventory) -> str:
+    preallocated = inventory.preallocated
     by_name: dict[str, list[RequestReport]] = {}
     for request_report in report.requests:
         by_name.setdefault(request_report.request.split("/")[0], []).append(request_report)
@@ -673,6 +725,12 @@ def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> 
             problems.append("; ".join(_shortage(r, preallocated) for r in short))
     if problems:
         return "; ".join(problems)
+    if _counters_bind(report, inventory):
+        return (
+            "every request has enough matching devices, but not enough of them fit the shared counters "
+            "that are left (devices consuming counters, like MIG placements, exclude the ones they "
+            "overlap and are excluded by allocated or existing ones)"
+        )
     if claim.constraints:
         names = ", ".join(c.attribute for c in claim.constraints)
         return (
@@ -680,6 +738,21 @@ def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> 
             f"(matchAttribute {names}) and the requests together"
         )
     return "every request has enough matching devices, but not enough distinct ones for all requests together"
+
+
+def _counters_bind(report: ClaimReport, inventory: _Inventory) -> bool:
+    """Whether some matching free device of the claim cannot be taken for lack of shared counters."""
+    trial = _Allocator([], inventory)
+    devices = {d.id: (pool, d) for pool in inventory.pools for d in pool.devices()}
+    for request in report.requests:
+        for verdict in request.devices:
+            pool, device = devices[verdict.device]
+            consumption = device.body.get("consumesCounters") or []
+            if verdict.matches and verdict.device not in inventory.preallocated and consumption:
+                if not trial._take_counters(pool, consumption):
+                    return True
+                trial._release_counters(pool, consumption)
+    return False
 
 
 def _free_matching(report: RequestReport, preallocated: set[str]) -> int:

@@ -210,8 +210,8 @@ def add_partitionable_flag(parser: argparse.ArgumentParser) -> None:
     env_switch(
         parser,
         "--partitionable",
-        help="publish full GPUs plus every possible MIG placement of MIG-enabled GPUs, consuming shared "
-        "counters (Kubernetes >= 1.35 with the DRAPartitionableDevices feature gate)",
+        help="publish every free MIG placement of GPUs in MIG mode, consuming shared counters, and create "
+        "the MIG device when a claim for one is prepared (Kubernetes >= 1.35, DRAPartitionableDevices)",
     )
 
 

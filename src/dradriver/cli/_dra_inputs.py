@@ -167,6 +167,7 @@ class FakeGPUs:
     profile: str
     node_name: str
     driver_name: str
+    partitionable: bool = False
 
     def resource_slices(self) -> list[Document]:
         import importlib
@@ -177,7 +178,12 @@ class FakeGPUs:
         except (ImportError, AttributeError):
             raise CLIError("--fake-gpus: the slice builder (dradriver.slices) is not available") from None
         try:
-            slices = build_node_slices(self.profile, node_name=self.node_name, driver_name=self.driver_name)
+            slices = build_node_slices(
+                self.profile,
+                node_name=self.node_name,
+                driver_name=self.driver_name,
+                partitionable=self.partitionable,
+            )
         except (OSError, ValueError) as err:
             raise CLIError(f"--fake-gpus {self.profile}: {err}") from None
         return [Document(f"fake-gpus:{self.profile}", i + 1, s) for i, s in enumerate(slices)]
@@ -243,6 +249,12 @@ class Cluster:
     def device_classes(self) -> list[Document]:
         return self._read("deviceclasses", "DeviceClass", lambda: self._api().list_device_classes())
 
+    def allocated_claims(self) -> list[Document]:
+        """The cluster's allocated ResourceClaims: their devices (and the counters those consume)
+        are in use, as the scheduler sees them."""
+        claims = self._read("resourceclaims", "ResourceClaim", lambda: self._api().list_resource_claims())
+        return [doc for doc in claims if (doc.obj.get("status") or {}).get("allocation")]
+
 
 def default_class_directory() -> Path | None:
     """The repository's deviceclasses/ directory: in the working directory, else beside the source."""
@@ -273,11 +285,18 @@ def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None)
 
 
 def add_inventory_flags(parser: Any) -> None:
-    """--fake-gpus / --slices / --cluster (mutually exclusive) plus --node."""
-    from dradriver.cli._common import add_fake_gpus_flag, add_kubeconfig_flag, env_flag, env_switch
+    """--fake-gpus (with --partitionable) / --slices / --cluster (mutually exclusive) plus --node."""
+    from dradriver.cli._common import (
+        add_fake_gpus_flag,
+        add_kubeconfig_flag,
+        add_partitionable_flag,
+        env_flag,
+        env_switch,
+    )
 
     group = parser.add_argument_group("device inventory (one of)")
     add_fake_gpus_flag(group)
+    add_partitionable_flag(group)
     env_list_flag(group, "--slices", help="ResourceSlice files (YAML or JSON; v1, v1beta2 or v1beta1)")
     env_switch(
         group, "--cluster", help="read ResourceSlices and DeviceClasses from the API server (KUBECONFIG)"
@@ -303,8 +322,12 @@ def inventory_from_args(args: Any) -> InventorySource:
     ]
     if len(chosen) > 1:
         raise CLIError(f"{' and '.join(chosen)} cannot be combined: choose one device inventory")
+    if args.partitionable and not args.fake_gpus:
+        raise CLIError(
+            "--partitionable applies to --fake-gpus only (slices from files or a cluster say it themselves)"
+        )
     if args.fake_gpus:
-        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name)
+        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name, args.partitionable)
     if args.slices:
         return SliceFiles(args.slices)
     if args.cluster:

@@ -59,7 +59,7 @@ def hardware_facts(hardware: Hardware) -> dict[str, Any]:
             "parentMinor": hardware.parent.minor,
             "profile": hardware.profile.name,
             "placement": {"start": hardware.placement.start, "size": hardware.placement.size},
-            "existingUUID": hardware.existing.uuid if hardware.existing else None,
+            "createdOn": "prepare",
         }
     caps = [minor for minor in (hardware.gi_caps_minor, hardware.ci_caps_minor) if minor is not None]
     return {

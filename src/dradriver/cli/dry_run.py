@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     problems = _compile_problems(claim_docs, claims, class_docs, list(classes.values()), args.driver_name)
     if problems:
         return _report_compile_problems(args, problems)
-    simulation = simulate(claims, classes, slices, node=args.node)
+    simulation = simulate(claims, classes, slices, node=args.node, in_use=_in_use(args, claims))
     errors = any(d.error for n in simulation.nodes for c in n.claims for r in c.requests for d in r.devices)
     hints = _hints(claims, classes.values(), args.driver_name) if errors or not simulation.satisfiable else []
     if args.output == "json":
@@ -121,6 +121,37 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(simulation, hints, max_rows=None if args.all_devices else DEFAULT_MAX_ROWS)
     return 0 if simulation.satisfiable else 1
+
+
+def _in_use(args: argparse.Namespace, claims: list[Any]) -> list[Any]:
+    """With --cluster, the cluster's allocated claims (other than those being simulated): the
+    scheduler counts their devices and shared counters as taken."""
+    from dradriver.allocation import InputError, parse_claim
+
+    if not args.cluster:
+        return []
+    try:
+        documents = Cluster(args.kubeconfig, args.node).allocated_claims()
+    except _common.CLIError as err:
+        print(
+            f"dradriver dry-run: warning: {err}; devices already allocated in the cluster are not counted",
+            file=sys.stderr,
+        )
+        return []
+    simulated = {(c.namespace, c.name) for c in claims}
+    taken = []
+    for doc in documents:
+        try:
+            claim = parse_claim(doc.obj)
+        except InputError as err:
+            print(
+                f"dradriver dry-run: warning: {doc.where}: {err}; its devices are not counted",
+                file=sys.stderr,
+            )
+            continue
+        if (claim.namespace, claim.name) not in simulated:
+            taken.append(claim)
+    return taken
 
 
 # -- selectors that do not compile -----------------------------------------------------------------

@@ -65,6 +65,13 @@ def register(subparsers: Any) -> None:
     add_partitionable_flag(parser)
     env_flag(
         parser,
+        "--proc-root",
+        type=absolute_path,
+        default=Path("/proc"),
+        help="where the host driver's /proc files are read (/proc/devices, /proc/driver/nvidia-caps)",
+    )
+    env_flag(
+        parser,
         "--stale-claim-grace",
         type=float,
         default=300.0,
@@ -137,5 +144,6 @@ def run(args: argparse.Namespace) -> int:
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         health=health,
+        proc_root=args.proc_root,
     )
     return Daemon(config).run()

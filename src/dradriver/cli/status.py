@@ -1,4 +1,5 @@
-"""`dradriver status`: which claims this node has prepared, and the health of its devices.
+"""`dradriver status`: which claims this node has prepared, the MIG devices made for them, and
+the health of its devices.
 
 No cluster and no running plugin needed: it reads `<state-dir>/checkpoint.json` and the health
 report `serve` keeps beside it (`health.json`, rewritten on every health change).
@@ -10,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.cli._common import (
     CLIError,
@@ -21,6 +22,9 @@ from dradriver.cli._common import (
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
+
+if TYPE_CHECKING:
+    from dradriver.prepare.checkpoint import MigRecord
 
 
 def register(subparsers: Any) -> None:
@@ -68,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                     "sharing": d.sharing,
                     "cdiDeviceIds": list(d.cdi_device_ids),
                     "health": health.get(d.device, "unknown"),
+                    **({"createdMig": _created_mig(d.mig)} if d.mig is not None else {}),
                 }
                 for d in c.devices
             ],
@@ -85,8 +90,40 @@ def run(args: argparse.Namespace) -> int:
         print()
         return 0
     _print_table(directory, rows, checkpoint is not None)
+    _print_created_migs(rows)
     _print_health(directory, report)
     return 0
+
+
+def _created_mig(mig: MigRecord) -> dict[str, Any]:
+    """Where dradriver made (or is making) a claim's MIG device; ids are null until made."""
+    return {
+        "gpuUUID": mig.parent_uuid,
+        "profile": mig.profile,
+        "placement": {"start": mig.placement_start, "size": mig.placement_size},
+        "gpuInstance": mig.gi_id,
+        "computeInstance": mig.ci_id,
+    }
+
+
+def _print_created_migs(rows: list[dict[str, Any]]) -> None:
+    """The MIG devices dradriver created for claims (--partitionable), each with its claim; the
+    device name says the GPU, profile and placement."""
+    from rich.console import Console
+    from rich.table import Table
+
+    created = [(row, d) for row in rows for d in row["devices"] if "createdMig" in d]
+    if not created:
+        return
+    table = Table(title=f"MIG devices dradriver created ({len(created)})")
+    for column in ("device", "GI/CI", "MIG UUID", "claim"):
+        table.add_column(column, overflow="fold", no_wrap=column != "MIG UUID")
+    for row, d in created:
+        mig = d["createdMig"]
+        ids = "/".join("-" if i is None else str(i) for i in (mig["gpuInstance"], mig["computeInstance"]))
+        claim = f"{row['namespace']}/{row['name']}" if row["name"] else f"(recovered) {row['uid']}"
+        table.add_row(d["device"], ids, d["uuid"] or "(not made yet)", claim)
+    Console().print(table)
 
 
 def _health_report(directory: Path) -> dict[str, Any]:

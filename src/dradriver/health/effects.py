@@ -71,7 +71,7 @@ class HealthFileSink:
         self._source = source_name
 
     def apply(self, changes: Sequence[Transition], problems: Mapping[str, Problem]) -> None:
-        from dradriver.prepare.cdi import write_atomically
+        from dradriver.atomicfile import write_atomically
 
         _, devices = self._board.snapshot()
         document = {

@@ -322,6 +322,11 @@ class KubeClient:
         """The v1 ResourceClaim (NotFoundError if it does not exist)."""
         return self.request("GET", f"{RESOURCE_API}/namespaces/{_seg(namespace)}/resourceclaims/{_seg(name)}")
 
+    def list_resource_claims(self) -> list[Json]:
+        """Every v1 ResourceClaim of every namespace."""
+        items: list[Json] = self.request("GET", f"{RESOURCE_API}/resourceclaims").get("items", [])
+        return items
+
     def list_device_classes(self) -> list[Json]:
         items: list[Json] = self.request("GET", f"{RESOURCE_API}/deviceclasses").get("items", [])
         return items

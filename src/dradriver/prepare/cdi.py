@@ -10,12 +10,13 @@ The rules enforced here are the CDI library's, which are stricter than its JSON 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dradriver.atomicfile import fsync_directory, write_atomically
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -276,27 +277,3 @@ class CdiDirectory:
         for p in leftovers:
             p.unlink(missing_ok=True)
         return leftovers
-
-
-def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
-    """Replace `target` with `data` so that readers see the old or the new content, never a mix.
-
-    The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
-    """
-    tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(fd, mode)  # the umask must not make a spec unreadable or a checkpoint world-readable
-        out.write(data)
-        out.flush()
-        os.fsync(fd)
-    os.replace(tmp, target)
-    fsync_directory(target.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dradriver.prepare.cdi import write_atomically
+from dradriver.atomicfile import write_atomically
 
 CHECKPOINT_VERSION = 1
 FILE_NAME = "checkpoint.json"
@@ -36,6 +36,23 @@ class ClaimState(StrEnum):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class MigRecord(_Model):
+    """A MIG device dradriver creates for the claim at its allocated placement.
+
+    Written before each step (intent, then with the GPU instance id, then with the compute
+    instance id), so that after a crash recovery knows what may exist and can remove it; only MIG
+    devices recorded here are ever removed.
+    """
+
+    parent_uuid: str
+    profile: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    gi_id: int | None = None
+    ci_id: int | None = None
 
 
 class DeviceRecord(_Model):
@@ -51,6 +68,9 @@ class DeviceRecord(_Model):
     uuid: str = ""
     #: The sharing applied to it, e.g. "TimeSlicing(Long)" or "MPS"; "" for none. Undone on unprepare.
     sharing: str = ""
+    #: Set when prepare creates this MIG device (--partitionable); destroyed on unprepare. Left
+    #: out of the file when unset, so records without one read the same in every version.
+    mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ClaimRecord(_Model):
@@ -69,6 +89,16 @@ class ClaimRecord(_Model):
 class CheckpointData(_Model):
     boot_id: str = ""
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+
+    def created_gpu_instances(self) -> dict[tuple[str, int], str]:
+        """The GPU instances dradriver created for the claims recorded here, by (parent GPU UUID,
+        GPU instance id), each with the placement device it was made for."""
+        return {
+            (device.mig.parent_uuid, device.mig.gi_id): device.device
+            for claim in self.claims.values()
+            for device in claim.devices
+            if device.mig is not None and device.mig.gi_id is not None
+        }
 
 
 class CheckpointError(Exception):

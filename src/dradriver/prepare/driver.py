@@ -1,10 +1,12 @@
 """The GPU driver behind the DRAPlugin services: prepare and unprepare claims, crash-safely.
 
 Per claim the steps are: fetch (before any lock, as the Go helper does), plan (pure), record
-`PrepareStarted` in the checkpoint, apply sharing, write the CDI spec, record `PrepareCompleted`.
-A crash at any point leaves a state that `recover` rolls back or keeps whole at the next start:
-nothing is half-prepared and no CDI file is orphaned. Calls for the same claim are serialized,
-different claims proceed concurrently.
+`PrepareStarted` in the checkpoint, create the MIG devices of allocated MIG placements (each
+step recorded first), apply sharing, write the CDI spec, record `PrepareCompleted`. Unprepare
+undoes them in reverse. A crash at any point leaves a state that `recover` rolls back or keeps
+whole at the next start: nothing is half-prepared, no CDI file is orphaned and no MIG device we
+made is left without a claim. Calls for the same claim are serialized, different claims proceed
+concurrently (MIG reconfiguration of one GPU is serialized by the `MigManager`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dradriver import logs
 from dradriver.devicemodel import PossibleMig
 from dradriver.discovery import Gpu, MigDevice
+from dradriver.mig import MigError
 from dradriver.names import dns_label_error, dns_subdomain_error, uid_error
 from dradriver.plugin.driver import CallError, ClaimRef, PreparedDevice, PrepareResult
 from dradriver.prepare import cdi
@@ -30,10 +33,12 @@ from dradriver.prepare.checkpoint import (
     ClaimRecord,
     ClaimState,
     DeviceRecord,
+    MigRecord,
 )
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError, ClaimsUnavailableError
-from dradriver.prepare.edits import EditsError, device_edits
-from dradriver.prepare.plan import ClaimPlan, Hardware, PlanError, PlannedDevice, Published, plan_claim
+from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
+from dradriver.prepare.mig import MigManager, intent
+from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.sharing import SharingControl, SharingError
 from dradriver.prepare.stale import released_reason
 
@@ -53,6 +58,8 @@ class Recovery:
     rebuilt_from_cdi: list[str] = field(default_factory=list)
     cleared_after_reboot: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    #: Claims whose rollback failed (a MIG device could not be removed yet): kept PrepareStarted.
+    rollback_failed: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
     temp_files_removed: int = 0
 
@@ -68,17 +75,27 @@ def claim_ref_error(ref: ClaimRef) -> str | None:
     return None
 
 
-def overlaps(a: Hardware | None, b: Hardware) -> bool:
-    """Whether two devices share silicon: the same device, or a GPU and one of its MIG devices."""
+def _silicon(device: Published) -> tuple[int, range | None]:
+    """The GPU minor a device lives on and the memory slices it takes (None: all of them)."""
+    if isinstance(device, Gpu):
+        return device.minor, None
+    spot = device.placement
+    minor = device.parent_minor if isinstance(device, MigDevice) else device.parent.minor
+    return minor, range(spot.start, spot.start + spot.size)
+
+
+def overlaps(a: Published | None, b: Published) -> bool:
+    """Whether two devices share silicon: the same device, a GPU and one of its MIG devices or
+    placements, or MIG placements whose memory slices overlap. Two MIG devices of one GPU
+    instance (compute instances that split it) do not."""
     if a is None:
         return False
-    if a.uuid == b.uuid:
-        return True
-    if isinstance(a, Gpu) and isinstance(b, MigDevice):
-        return a.minor == b.parent_minor
-    if isinstance(a, MigDevice) and isinstance(b, Gpu):
-        return b.minor == a.parent_minor
-    return False
+    if isinstance(a, MigDevice) and isinstance(b, MigDevice):
+        return a.uuid == b.uuid
+    (minor_a, slices_a), (minor_b, slices_b) = _silicon(a), _silicon(b)
+    if minor_a != minor_b:
+        return False
+    return slices_a is None or slices_b is None or bool(set(slices_a) & set(slices_b))
 
 
 class GpuDriver:
@@ -95,6 +112,7 @@ class GpuDriver:
         caps_major: int | None,
         sharing: SharingControl,
         boot_id: str,
+        mig: MigManager,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -105,6 +123,7 @@ class GpuDriver:
         self._common = common_edits
         self._caps_major = caps_major
         self._sharing = sharing
+        self._mig = mig
         self._boot_id = boot_id
         self._state = CheckpointData(boot_id=boot_id)
         self._state_lock = threading.Lock()
@@ -137,12 +156,24 @@ class GpuDriver:
             state = CheckpointData(boot_id=self._boot_id)
         else:
             state = loaded.model_copy(update={"boot_id": self._boot_id})
-        for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
-            self._undo(record)
-            report.rolled_back.append(record.uid)
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
+        with self._state_lock:
+            self._state = state  # what _undo updates, so a failed rollback is kept recorded
+        for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
+            try:
+                self._undo(record)
+            except MigError as err:
+                log.error(
+                    "could not roll back a half-prepared claim: its MIG device stays recorded",
+                    uid=record.uid,
+                    error=str(err),
+                )
+                claims[record.uid] = record
+                report.rollback_failed.append(record.uid)
+                continue
+            report.rolled_back.append(record.uid)
         for uid in self._cdi.claim_uids():
-            if uid not in claims:
+            if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
                 self._cdi.remove(uid)
                 report.orphans_removed.append(uid)
         with self._state_lock:
@@ -167,7 +198,7 @@ class GpuDriver:
                         pool=self.pool_name,
                         device=device,
                         cdi_device_ids=(qualified,),
-                        uuid=hardware.uuid if hardware else "",
+                        uuid=hardware.uuid if isinstance(hardware, Gpu | MigDevice) else "",
                     )
                 )
             claims[uid] = ClaimRecord(
@@ -211,7 +242,7 @@ class GpuDriver:
                     continue
                 try:
                     self._undo(record)
-                except SharingError as err:
+                except (SharingError, MigError) as err:
                     errors[ref.uid] = f"claim {ref}: {err}"
                     continue
                 log.info("unprepared", claim=str(ref), uid=ref.uid)
@@ -222,8 +253,14 @@ class GpuDriver:
         with self._state_lock:
             return list(self._state.claims.values())
 
+    def created_instances(self) -> dict[tuple[str, int], str]:
+        """(GPU UUID, GPU instance id) -> placement device, for each MIG device made for a claim."""
+        with self._state_lock:
+            return self._state.created_gpu_instances()
+
     def close(self) -> None:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
+        self._mig.close()
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -256,13 +293,20 @@ class GpuDriver:
                 and not existing.recovered
             ):
                 return _result(existing)  # idempotent: the kubelet may ask again
-            if existing is not None:
-                self._undo(existing, keep_cdi=existing.recovered)
+            try:
+                if existing is not None:
+                    self._undo(existing, keep_cdi=existing.recovered)
+            except (SharingError, MigError) as err:
+                return PrepareResult(error=f"claim {ref}: cannot undo an earlier attempt: {err}")
             try:
                 plan = plan_claim(
                     claim, ref, driver_name=self.driver_name, pool_name=self.pool_name, devices=self._devices
                 )
-                spec_devices = [self._cdi_device(ref, d) for d in plan.devices]
+                for device in plan.devices:
+                    if isinstance(device.hardware, PossibleMig):
+                        check_mig_access(device.name, self._caps_major)
+                    else:
+                        self._cdi_device(ref, device)
             except (PlanError, EditsError) as err:
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 return PrepareResult(error=str(err))
@@ -271,23 +315,70 @@ class GpuDriver:
             if isinstance(started, str):
                 return PrepareResult(error=started)
             try:
-                if plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
-                    common = self._common + self._apply_sharing(ref, plan.devices)
-                    spec = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), tuple(spec_devices), common))
+                devices = self._create_mig_devices(ref.uid, plan.devices)
+                started = self._state.claims[ref.uid]
+                if devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
+                    spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
+                    common = self._common + self._apply_sharing(ref, devices)
+                    spec = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), spec_devices, common))
                     self._cdi.write(ref.uid, spec)
-            except (SharingError, cdi.InvalidSpecError, OSError) as err:
-                self._undo(started)
-                log.warning("prepare failed, rolled back", claim=str(ref), error=str(err))
-                return PrepareResult(error=f"claim {ref}: {err}")
-            completed = started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
+            except (SharingError, MigError, EditsError, cdi.InvalidSpecError, OSError) as err:
+                return PrepareResult(error=self._fail(ref, err))
+            completed = _with_created_migs(started, devices).model_copy(
+                update={"state": ClaimState.PREPARE_COMPLETED}
+            )
             self._save(completed)
             log.info("prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in plan.devices])
             return _result(completed)
 
+    def _fail(self, ref: ClaimRef, err: Exception) -> str:
+        """Roll a failed prepare back; what cannot be undone yet stays recorded for recovery."""
+        record = self._state.claims.get(ref.uid)
+        try:
+            if record is not None:
+                self._undo(record)
+        except (SharingError, MigError) as undo_err:
+            log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_err))
+        log.warning("prepare failed, rolled back", claim=str(ref), error=str(err))
+        if isinstance(err, MigError) and err.reason == "insufficient_resources":
+            return (
+                f"claim {ref}: cannot create the MIG device: {err} (the GPU has no room at the allocated "
+                "placement: a MIG device made outside dradriver may overlap it)"
+            )
+        return f"claim {ref}: {err}"
+
+    def _create_mig_devices(self, uid: str, devices: Sequence[PlannedDevice]) -> list[PlannedDevice]:
+        """The planned devices with each MIG placement replaced by the MIG device made for it."""
+        created = []
+        for device in devices:
+            placement = device.hardware
+            if not isinstance(placement, PossibleMig):
+                created.append(device)
+                continue
+
+            def record(step: MigRecord, name: str = device.name) -> None:
+                self._record_mig(uid, name, step)
+
+            created.append(replace(device, hardware=self._mig.create(placement, record)))
+        return created
+
+    def _record_mig(self, uid: str, device: str, step: MigRecord) -> None:
+        """Save a MIG creation step in the claim's record."""
+        with self._state_lock:
+            record = self._state.claims[uid]
+            devices = tuple(
+                d.model_copy(update={"mig": step}) if d.device == device else d for d in record.devices
+            )
+            self._state.claims[uid] = record.model_copy(update={"devices": devices})
+            self._store.save(self._state)
+
     def _cdi_device(self, ref: ClaimRef, device: PlannedDevice) -> cdi.CdiDevice:
+        hardware = device.hardware
+        if isinstance(hardware, PossibleMig):
+            raise EditsError(f"MIG device {device.name} has not been created")
         return cdi.CdiDevice(
             name=cdi.device_name(ref.uid, _cdi_suffix(device)),
-            edits=device_edits(device.name, device.hardware, self._caps_major),
+            edits=device_edits(device.name, hardware, self._caps_major),
         )
 
     def _start(self, plan: ClaimPlan) -> ClaimRecord | str:
@@ -308,6 +399,7 @@ class GpuDriver:
                     share_id=d.share_id,
                     uuid=d.uuid,
                     sharing=d.sharing.describe() if d.sharing else "",
+                    mig=intent(d.hardware) if isinstance(d.hardware, PossibleMig) else None,
                 )
                 for d in plan.devices
             ),
@@ -362,8 +454,8 @@ class GpuDriver:
                     continue  # being unprepared right now, or gone already
                 try:
                     self._undo(current)
-                except SharingError as err:
-                    log.warning("cannot release a stale claim's sharing", holder=str(ref), error=str(err))
+                except (SharingError, MigError) as err:
+                    log.warning("cannot release a stale claim's devices", holder=str(ref), error=str(err))
                     continue
             log.info(
                 "unprepared a claim that no longer uses its devices, for the claim they were allocated to",
@@ -386,9 +478,8 @@ class GpuDriver:
                     return other
         return None
 
-    def _hardware_of(self, name: str) -> Hardware | None:
-        published = self._devices.get(name)
-        return published.existing if isinstance(published, PossibleMig) else published
+    def _hardware_of(self, name: str) -> Published | None:
+        return self._devices.get(name)
 
     def _apply_sharing(self, ref: ClaimRef, devices: Sequence[PlannedDevice]) -> cdi.ContainerEdits:
         edits = cdi.ContainerEdits()
@@ -403,13 +494,18 @@ class GpuDriver:
         return edits
 
     def _undo(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
-        """Release sharing, remove the spec, forget the claim; safe to repeat after a crash."""
+        """Release sharing, destroy the MIG devices made for the claim, remove the spec, forget the
+        claim; safe to repeat after a crash. A MigError (e.g. a MIG device still in use) leaves
+        the claim recorded so that the kubelet, or recovery, tries again."""
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:
                 by_sharing.setdefault(device.sharing, []).append(device.uuid)
         for description, uuids in by_sharing.items():
             self._sharing.release(record.uid, description, uuids)
+        for device in record.devices:
+            if device.mig is not None:
+                self._mig.destroy(device.mig)
         if not keep_cdi:
             self._cdi.remove(record.uid)
         with self._state_lock:
@@ -438,6 +534,20 @@ class GpuDriver:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._claim_locks[uid]
+
+
+def _with_created_migs(record: ClaimRecord, devices: Sequence[PlannedDevice]) -> ClaimRecord:
+    """The record with the UUID and compute instance of each MIG device made for it."""
+    made = {d.name: d.hardware for d in devices if isinstance(d.hardware, MigDevice)}
+    updated = []
+    for device in record.devices:
+        mig = made.get(device.device)
+        if device.mig is not None and mig is not None:
+            step = device.mig.model_copy(update={"ci_id": mig.ci_id})
+            updated.append(device.model_copy(update={"uuid": mig.uuid, "mig": step}))
+        else:
+            updated.append(device)
+    return record.model_copy(update={"devices": tuple(updated)})
 
 
 def _cdi_suffix(device: PlannedDevice) -> str:

@@ -2,8 +2,11 @@
 
 Only results of our driver count (a claim may mix drivers); each must be in this node's pool and
 name a device we publish. Results for the same device (several requests, or one device serving a
-request and its subrequest) become one prepared device. Opaque configs decide the sharing of each
-device: class configs first, claim configs override, scoped by request.
+request and its subrequest) become one prepared device; a MIG placement (--partitionable) is
+planned as itself, and prepare creates its MIG device. Opaque configs decide the sharing of each
+device: class configs first, claim configs override, scoped by request. A config that would
+share nothing of this claim (a GpuConfig on MIG devices only, or the reverse) is an error, never
+silently ignored.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from dradriver.prepare.config import (
     our_configs,
 )
 
-Hardware = Gpu | MigDevice
 #: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Published = Gpu | MigDevice | PossibleMig
 
@@ -39,7 +41,8 @@ class PlanError(Exception):
 class PlannedDevice:
     name: str
     pool: str
-    hardware: Hardware
+    #: A MIG placement until prepare has created its MIG device.
+    hardware: Published
     #: Request references as allocated (may contain `/subrequest`; the gRPC layer strips them).
     requests: tuple[str, ...]
     admin_access: bool
@@ -48,7 +51,8 @@ class PlannedDevice:
 
     @property
     def uuid(self) -> str:
-        return self.hardware.uuid
+        """The GPU or MIG device UUID; empty for a MIG device not created yet."""
+        return "" if isinstance(self.hardware, PossibleMig) else self.hardware.uuid
 
 
 @dataclass(frozen=True)
@@ -95,24 +99,35 @@ def plan_claim(
             name,
             share_id,
             results,
-            hardware=_hardware(ref, name, devices[name]),
+            hardware=devices[name],
             pool=pool_name,
             configs=configs,
         )
         for (name, share_id), results in grouped.items()
     ]
+    _check_every_sharing_config_applies(ref, configs, planned)
     return ClaimPlan(claim=ref, devices=tuple(planned))
 
 
-def _hardware(ref: ClaimRef, name: str, published: Published) -> Hardware:
-    if not isinstance(published, PossibleMig):
-        return published
-    if published.existing is None:
-        raise PlanError(
-            f"claim {ref}: MIG device {name} does not exist on the GPU yet, and dradriver does not create "
-            "MIG devices on demand; create the partitions first (nvidia-smi mig, mig-parted)"
-        )
-    return published.existing
+def _config_kind(hardware: Published) -> type[DeviceConfig]:
+    return GpuConfig if isinstance(hardware, Gpu) else MigDeviceConfig
+
+
+def _check_every_sharing_config_applies(
+    ref: ClaimRef, configs: Sequence[ScopedConfig], planned: Sequence[PlannedDevice]
+) -> None:
+    """A sharing setting that reaches none of the devices it was meant for is an error."""
+    for scoped in configs:
+        if scoped.config.sharing is None:
+            continue
+        meant = [d for d in planned if any(scoped.applies_to(r) for r in d.requests)]
+        if meant and not any(_config_kind(d.hardware) is type(scoped.config) for d in meant):
+            other = _config_kind(meant[0].hardware).__name__
+            kinds = "MIG devices" if other == "MigDeviceConfig" else "full GPUs"
+            raise PlanError(
+                f"claim {ref}: a {scoped.config.kind} with {scoped.config.sharing.strategy} applies to "
+                f"{', '.join(d.name for d in meant)}, which are {kinds}, so it would do nothing; use {other}"
+            )
 
 
 def _plan_device(
@@ -122,18 +137,18 @@ def _plan_device(
     results: Sequence[Mapping[str, Any]],
     *,
     pool: str,
-    hardware: Hardware,
+    hardware: Published,
     configs: Sequence[ScopedConfig],
 ) -> PlannedDevice:
     requests = tuple(dict.fromkeys(str(r.get("request", "")) for r in results))
-    kind: type[DeviceConfig] = MigDeviceConfig if isinstance(hardware, MigDevice) else GpuConfig
+    kind = _config_kind(hardware)
     for scoped in configs:
         if (
             scoped.requests
             and not isinstance(scoped.config, kind)
             and any(scoped.applies_to(r) for r in requests)
         ):
-            device_type = "MIG device" if isinstance(hardware, MigDevice) else "GPU"
+            device_type = "GPU" if isinstance(hardware, Gpu) else "MIG device"
             raise PlanError(
                 f"claim {ref}: a {scoped.config.kind} config names request(s) {list(scoped.requests)}, "
                 f"but {name} serving them is a {device_type}; use {kind.__name__}"
