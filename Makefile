@@ -38,8 +38,8 @@ e2e: $(STAMP)
 		$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts setup.py
+	$(BIN)/ruff format --check src tests bench scripts setup.py
 	$(BIN)/mypy
 
 # Regenerate the committed gRPC code after editing proto/dra/.
