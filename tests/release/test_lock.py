@@ -13,7 +13,6 @@ import re
 import tomllib
 from dataclasses import dataclass
 
-from packaging.markers import Environment
 from packaging.requirements import Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
@@ -21,7 +20,7 @@ from packaging.version import Version
 from scripts.build_image import ARCH, LOCK, PYTHON_VERSION, REPO
 
 #: The image's interpreter, for which `make lock` resolves (markers compare minor versions).
-IMAGE_PYTHON: Environment = {
+IMAGE_PYTHON: dict[str, str] = {
     "implementation_name": "cpython",
     "implementation_version": f"{PYTHON_VERSION}.0",
     "os_name": "posix",
