@@ -30,6 +30,13 @@ test: $(STAMP)
 image: $(STAMP)
 	$(BIN)/python scripts/build_image.py --constraints $(LOCK)
 
+# Everything an operator installs from, in build/release/dradriver-$(VERSION)/: sdist and wheel,
+# the image archive, the rendered manifests with the image pinned by digest, SHA256SUMS
+# (scripts/release.py says what each file is).
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	$(BIN)/python scripts/release.py $(VERSION)
+
 # Rewrite requirements.lock from pyproject.toml's dependencies, for the image's interpreter.
 # Pins that still fit are kept; UPGRADE=1 takes the newest versions pyproject.toml allows.
 lock: $(STAMP)
