@@ -14,8 +14,8 @@ from setuptools.command.sdist import sdist
 ROOT = Path(__file__).resolve().parent
 
 
-def _record(package_dir: Path) -> None:
-    """Write this tree's commit into `package_dir` (the dradriver package being built)."""
+def _source_state() -> tuple[str, str]:
+    """(file name, content): this tree's commit as the package embeds it."""
     # Loaded by path: the package's own imports need dependencies a build environment lacks.
     name = "_dradriver_buildinfo"
     spec = importlib.util.spec_from_file_location(name, ROOT / "src/dradriver/buildinfo.py")
@@ -24,21 +24,23 @@ def _record(package_dir: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    (package_dir / module.EMBEDDED_FILE).write_text(module.of_source_tree(ROOT).to_json())
+    return str(module.EMBEDDED_FILE), str(module.of_source_tree(ROOT).to_json())
 
 
 class BuildPy(build_py):
     def run(self) -> None:
+        file, state = _source_state()
         super().run()
         if not self.editable_mode:  # an editable install asks git at run time instead
-            _record(Path(self.build_lib) / "dradriver")
+            (Path(self.build_lib) / "dradriver" / file).write_text(state)
 
 
 class Sdist(sdist):
     # So that a wheel built from the sdist, where there is no git, still knows the commit.
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        file, state = _source_state()  # before the release tree shows in the work tree as untracked
         super().make_release_tree(base_dir, files)
-        _record(Path(base_dir) / "src/dradriver")
+        (Path(base_dir) / "src/dradriver" / file).write_text(state)
 
 
 setup(cmdclass={"build_py": BuildPy, "sdist": Sdist})
