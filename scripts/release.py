@@ -67,7 +67,8 @@ def check_version(wanted: str) -> None:
 
 def build_dists(out: Path, env: dict[str, str]) -> tuple[Path, Path]:
     """The sdist, then the wheel built from it (so the sdist is known to be complete)."""
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], check=True, env=env)
+    build = [sys.executable, "-m", "build", "--quiet", "--outdir", str(out), str(REPO)]
+    subprocess.run(build, check=True, env=env)
     [sdist] = out.glob("dradriver-*.tar.gz")
     [wheel] = out.glob("dradriver-*.whl")
     return sdist, wheel
