@@ -3,6 +3,7 @@
     build/release/dradriver-<version>/
       dradriver-<version>.tar.gz               sdist
       dradriver-<version>-py3-none-any.whl     wheel, built from that sdist
+      requirements.lock                        the dependencies, pinned with hashes, that the image holds
       dradriver-<version>.oci.tar              the image (scripts/build_image.py) holding that wheel
       deploy-base.yaml                         `kubectl kustomize deploy/base`, image pinned by digest
       deploy-fake.yaml                         ... deploy/overlays/fake
@@ -168,6 +169,7 @@ def release(wanted: str, out: Path) -> Path:
         for kustomization, file in KUSTOMIZATIONS.items():
             (out / file).write_text(render(kustomization, reference, digest, Path(work)))
     (out / DEVICECLASSES).write_text(device_classes())
+    shutil.copyfile(LOCK, out / LOCK.name)
     buildinfo = json.loads(wheel_member(wheel, "dradriver/_build.json"))
     manifest = {
         "version": wanted,
@@ -181,6 +183,7 @@ def release(wanted: str, out: Path) -> Path:
         },
         "wheel": wheel.name,
         "sdist": sdist.name,
+        "lock": LOCK.name,
         "manifests": KUSTOMIZATIONS,
         "deviceClasses": DEVICECLASSES,
     }
