@@ -31,6 +31,9 @@ from tests.release.test_lock import read_lock
 
 VERSION = version()
 
+#: The release builds the sdist, the wheel and the image (mmdebstrap): minutes, not seconds.
+pytestmark = pytest.mark.timeout(1200)
+
 
 @dataclass(frozen=True)
 class Release:

@@ -16,6 +16,9 @@ import pytest
 
 from tests.release.release import REPO, SHIPPED, checkout_dradriver, fresh_clone, git, run
 
+#: Building the sdist and wheel, and a venv for them, takes a minute or more on a busy machine.
+pytestmark = pytest.mark.timeout(900)
+
 
 @dataclass(frozen=True)
 class Dists:
