@@ -171,6 +171,11 @@ def release(wanted: str, out: Path) -> Path:
     (out / DEVICECLASSES).write_text(device_classes())
     shutil.copyfile(LOCK, out / LOCK.name)
     buildinfo = json.loads(wheel_member(wheel, "dradriver/_build.json"))
+    if buildinfo["tree_state"] != "clean":
+        print(
+            f"release: built from a tree that differs from {buildinfo['commit']} (treeState dirty)",
+            file=sys.stderr,
+        )
     manifest = {
         "version": wanted,
         "commit": buildinfo["commit"],

@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from dradriver import data
 
+REPO = Path(__file__).resolve().parents[2]
 #: The repository directories that ship in the package, under dradriver/data/.
-SHIPPED = ("deviceclasses", "examples/claims")
+SHIPPED = data.DIRECTORIES
 
 
 def git(root: Path, *args: str) -> str:
