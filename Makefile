@@ -3,15 +3,20 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+#: Every runtime dependency, transitive ones included, pinned with hashes: what the image installs.
+LOCK := requirements.lock
 
-.PHONY: all demo test e2e image lint proto bench clean
+.PHONY: all demo test e2e image release lock lint proto bench clean
 
 all: test
 
-$(STAMP): pyproject.toml
+# The runtime dependencies as the lock pins them (so tests run what the image ships), then the
+# package itself and its dev tools.
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r $(LOCK)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
@@ -23,23 +28,23 @@ test: $(STAMP)
 
 # The plugin's OCI image as an archive (build/image/dradriver-<version>.oci.tar), without Docker.
 image: $(STAMP)
-	$(BIN)/python scripts/build_image.py
+	$(BIN)/python scripts/build_image.py --constraints $(LOCK)
 
-# The real-cluster suite: every test marked `cluster`. It starts a single-node Kubernetes from
-# DRADRIVER_E2E_BIN (a directory of binaries; ../shared/k8s is unpacked when it is there) or uses
-# the cluster of DRADRIVER_E2E_KUBECONFIG, and deploys the image of DRADRIVER_E2E_IMAGE (an
-# archive from `make image`; built on the way when unset).
-K8S_SHARED := ../shared/k8s
-K8S_BIN_DIR := /var/tmp/dradriver-k8s-bin
-e2e: $(STAMP)
-	@if [ -z "$$DRADRIVER_E2E_BIN$$DRADRIVER_E2E_KUBECONFIG" ] && [ -x $(K8S_SHARED)/unpack.sh ]; then \
-		$(K8S_SHARED)/unpack.sh $(K8S_BIN_DIR) >/dev/null; fi
-	DRADRIVER_E2E_BIN=$${DRADRIVER_E2E_BIN:-$$([ -z "$$DRADRIVER_E2E_KUBECONFIG" ] && [ -d $(K8S_BIN_DIR) ] && echo $(K8S_BIN_DIR))} \
-		$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
+# Everything an operator installs from, in build/release/dradriver-$(VERSION)/: sdist and wheel,
+# the image archive, the rendered manifests with the image pinned by digest, SHA256SUMS
+# (scripts/release.py says what each file is).
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	$(BIN)/python scripts/release.py $(VERSION)
+
+# Rewrite requirements.lock from pyproject.toml's dependencies, for the image's interpreter.
+# Pins that still fit are kept; UPGRADE=1 takes the newest versions pyproject.toml allows.
+lock: $(STAMP)
+	$(BIN)/python scripts/lock.py $(if $(UPGRADE),--upgrade)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts setup.py
+	$(BIN)/ruff format --check src tests bench scripts setup.py
 	$(BIN)/mypy
 
 # Regenerate the committed gRPC code after editing proto/dra/.

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -438,7 +439,15 @@ state = "{self.work_dir / "containerd/state"}"
         )
 
     def import_image(self, archive: Path) -> None:
-        self.ctr("images", "import", str(archive))
+        """Import an archive of `make image`; each image also gets its `name@sha256:<manifest>`
+        name, which a reference pinned by digest (the release's manifests) resolves to. Only the
+        local importer names manifests, not the index, by digest."""
+        with tarfile.open(archive) as tar:
+            index = tar.extractfile("index.json")
+            assert index is not None, f"{archive}: no index.json"
+            [name] = {m["annotations"]["io.containerd.image.name"] for m in json.load(index)["manifests"]}
+        base = name.rsplit(":", 1)[0]
+        self.ctr("images", "import", "--local", "--digests", "--base-name", base, str(archive))
 
     def _import_base_images(self) -> None:
         """busybox (what the examples run) and the pause image, from the host's static busybox:

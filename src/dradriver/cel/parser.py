@@ -127,6 +127,8 @@ def _lark_parser() -> Any:
         return _parser
 
 
+# The left-hand rules are excerpts of cel-python's celpy/cel.lark (Copyright 2020 Capital One
+# Services, LLC; Apache-2.0, see NOTICE), the right-hand ones our modifications of them.
 # cel-go's grammar allows a trailing comma in list and map literals (`'[' listInit? ','? ']'`);
 # cel-python's does not. The comma must sit inside the element rule to keep the grammar LALR(1);
 # Lark drops the anonymous tokens, so the builder sees the elements only.

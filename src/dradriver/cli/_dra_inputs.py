@@ -256,15 +256,6 @@ class Cluster:
         return [doc for doc in claims if (doc.obj.get("status") or {}).get("allocation")]
 
 
-def default_class_directory() -> Path | None:
-    """The repository's deviceclasses/ directory: in the working directory, else beside the source."""
-    candidates = [Path.cwd() / "deviceclasses", Path(__file__).resolve().parents[3] / "deviceclasses"]
-    for candidate in candidates:
-        if candidate.is_dir() and any(p.suffix in (".yaml", ".yml", ".json") for p in candidate.iterdir()):
-            return candidate
-    return None
-
-
 def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
     """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
     import os

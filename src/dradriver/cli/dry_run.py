@@ -20,7 +20,6 @@ from dradriver.cli._dra_inputs import (
     Cluster,
     Document,
     add_inventory_flags,
-    default_class_directory,
     env_list_flag,
     extended_resource_claims,
     inventory_from_args,
@@ -41,7 +40,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
             "each selector's outcome per request and device, then the allocation or why there is none.\n"
-            "Classes come from --class, the repository's deviceclasses/ directory, or the cluster.\n"
+            "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
+            "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
             "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
         ),
     )
@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
         "--claim",
         help="ResourceClaim or ResourceClaimTemplate files (required); DeviceClasses in them are used too",
     )
-    env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: deviceclasses/)")
+    env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: the built-in classes)")
     _common.add_driver_name_flag(parser)
     add_inventory_flags(parser)
     add_output_flag(parser)
@@ -66,10 +66,9 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
         return ClassFiles(args.classes)
     if args.cluster:
         return Cluster(args.kubeconfig)
-    directory = default_class_directory()
-    if directory is None:
-        raise _common.CLIError("no device classes: pass --class FILE (no deviceclasses/ directory found)")
-    return ClassDirectory(directory)
+    from dradriver import data
+
+    return ClassDirectory(data.DEVICE_CLASSES)
 
 
 def run(args: argparse.Namespace) -> int:
