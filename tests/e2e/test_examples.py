@@ -95,7 +95,7 @@ def test_example_runs_as_the_readme_says(
         real_cluster.kubectl("apply", "-f", str(path))
     # One outcome for every pod, or one per Pod of the file, in order ("Running, Pending").
     outcomes = row.pod.split(", ")
-    named = [d["metadata"]["name"] for d in documents if d["kind"] == "Pod"]
+    named = [str(d["metadata"]["name"]) for d in documents if d["kind"] == "Pod"]
     per_pod = dict(zip(named, outcomes, strict=True)) if len(outcomes) > 1 else {}
 
     def outcome(pod: dict[str, Any]) -> str:
