@@ -74,7 +74,7 @@ enabled: false
             "thresholds.temperatureCelsius: Input should be greater than 0",
         ),
         ("- 1\n", "must be a mapping of settings, not list"),
-        ("xids: [\n", "not valid YAML"),
+        ("xids: [\n", "invalid YAML"),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, text: str, error: str) -> None:

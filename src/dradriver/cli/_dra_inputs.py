@@ -8,7 +8,6 @@ objects came from.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,25 +41,12 @@ def _flatten(value: Any) -> Iterator[Any]:
 
 def read_documents(path: str) -> list[Document]:
     """All objects in a YAML or JSON file; CLIError naming the file on unreadable input."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise CLIError(f"{path}: cannot read: {err.strerror or err}") from None
-    raw: list[Any]
-    stripped = text.lstrip()
-    if path.endswith(".json") or stripped.startswith(("{", "[")):
-        try:
-            raw = [json.loads(text)]
-        except json.JSONDecodeError as err:
-            raise CLIError(f"{path}: invalid JSON: {err}") from None
-    else:
-        import yaml
+    from dradriver.files import FileInputError, load_documents
 
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        try:
-            raw = list(yaml.load_all(text, Loader=loader))
-        except yaml.YAMLError as err:
-            raise CLIError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+    try:
+        raw = load_documents(path)
+    except FileInputError as err:
+        raise CLIError(str(err)) from None
     documents: list[Document] = []
     for item in _flatten(raw):
         if not isinstance(item, Mapping):

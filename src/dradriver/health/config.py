@@ -63,14 +63,12 @@ class HealthConfig(_Model):
 
 def load_health_config(path: Path) -> HealthConfig:
     """Read and validate the YAML file; raises HealthConfigError with a one-line reason."""
-    import yaml
+    from dradriver.files import FileInputError, load_document
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise HealthConfigError(f"{path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise HealthConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+        data = load_document(path)
+    except FileInputError as err:
+        raise HealthConfigError(str(err)) from None
     if data is None:
         return HealthConfig()
     if not isinstance(data, dict):

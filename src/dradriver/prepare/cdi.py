@@ -10,12 +10,13 @@ The rules enforced here are the CDI library's, which are stricter than its JSON 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dradriver.files.write import ensure_directory, fsync_directory, is_temp_name, write_atomically
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -214,12 +215,19 @@ class InvalidSpecError(ValueError):
     pass
 
 
+#: Specs are world-readable (every runtime reads them) and written by us alone.
+SPEC_FILE_MODE = 0o644
+#: Our specs are a few KiB; anything larger in our name was not written by us.
+MAX_SPEC_BYTES = 1024 * 1024
+
+
 class CdiDirectory:
     """The runtime's dynamic CDI directory (e.g. /var/run/cdi), of which we own our vendor's claim files.
 
     Runtimes watch the directory and re-read it on every change, and some fail every injection on
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
-    fsync, rename, fsync the directory) and only after validation.
+    fsync, rename, fsync the directory) and only after validation. See `dradriver.files.write`
+    for why a symlink planted in the directory is never followed.
     """
 
     def __init__(self, path: Path, driver_name: str) -> None:
@@ -230,24 +238,32 @@ class CdiDirectory:
     def file_for(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self._driver_name, claim_uid)
 
-    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+    def write(self, claim_uid: str, spec: Mapping[str, Any], *, sync: bool = True) -> Path:
+        """Validate and write a claim's spec; `sync=False` leaves fsyncing the directory to
+        one `sync()` after a batch."""
         problems = validate(spec)
         if problems:
             raise InvalidSpecError("; ".join(problems))
-        self.path.mkdir(parents=True, exist_ok=True)
+        ensure_directory(self.path)
         target = self.file_for(claim_uid)
         data = json.dumps(spec, indent=2).encode() + b"\n"
-        write_atomically(target, data, mode=0o644)
+        write_atomically(target, data, mode=SPEC_FILE_MODE, sync_directory=sync)
         return target
 
-    def remove(self, claim_uid: str) -> bool:
+    def remove(self, claim_uid: str, *, sync: bool = True) -> bool:
         target = self.file_for(claim_uid)
         try:
             target.unlink()
         except FileNotFoundError:
             return False
-        fsync_directory(self.path)
+        if sync:
+            self.sync()
         return True
+
+    def sync(self) -> None:
+        """Make renames and removals in the directory durable."""
+        if self.path.is_dir():
+            fsync_directory(self.path)
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of ours in the directory."""
@@ -260,43 +276,21 @@ class CdiDirectory:
         )
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
+        """A spec of ours as written, or None if it is missing, not a regular file (a planted
+        symlink or device is never followed), too large or not a JSON object."""
+        from dradriver.files import FileReadError, read_bytes
+
         try:
-            data: dict[str, Any] = json.loads(self.file_for(claim_uid).read_bytes())
-        except (FileNotFoundError, ValueError):
+            data = json.loads(read_bytes(self.file_for(claim_uid), MAX_SPEC_BYTES, follow_symlinks=False))
+        except (FileReadError, ValueError, RecursionError):
             return None
-        return data
+        return data if isinstance(data, dict) else None
 
     def remove_temp_files(self) -> list[Path]:
         """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""
         if not self.path.is_dir():
             return []
-        leftovers = [
-            p for p in self.path.iterdir() if p.name.startswith(f".{self._prefix}") and p.suffix == ".tmp"
-        ]
+        leftovers = [p for p in self.path.iterdir() if is_temp_name(p.name, self._prefix)]
         for p in leftovers:
             p.unlink(missing_ok=True)
         return leftovers
-
-
-def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
-    """Replace `target` with `data` so that readers see the old or the new content, never a mix.
-
-    The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
-    """
-    tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(fd, mode)  # the umask must not make a spec unreadable or a checkpoint world-readable
-        out.write(data)
-        out.flush()
-        os.fsync(fd)
-    os.replace(tmp, target)
-    fsync_directory(target.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

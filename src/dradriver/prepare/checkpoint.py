@@ -12,6 +12,7 @@ Unknown fields are ignored on read. A file that fails any check is moved aside, 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import time
@@ -23,10 +24,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dradriver.prepare.cdi import write_atomically
+from dradriver.files import FileReadError, read_bytes
+from dradriver.files.write import ensure_directory, is_temp_name, write_atomically
 
 CHECKPOINT_VERSION = 1
 FILE_NAME = "checkpoint.json"
+FILE_MODE = 0o600
+#: About 600 bytes a claim: room for 100,000 prepared claims, and a bound on what recovery reads.
+MAX_BYTES = 64 * 1024 * 1024
 
 
 class ClaimState(StrEnum):
@@ -94,7 +99,7 @@ def _document(data: dict[str, Any]) -> bytes:
 def decode(raw: bytes) -> CheckpointData:
     try:
         document = json.loads(raw)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise CheckpointError(f"not valid JSON: {err}") from err
     if not isinstance(document, Mapping):
         raise CheckpointError("not a JSON object")
@@ -118,12 +123,25 @@ class CheckpointStore:
         self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
 
     def load(self) -> CheckpointData | None:
-        """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy."""
+        """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
+        (also when the path is a symlink, a device or larger than MAX_BYTES: never followed)."""
+        self._remove_temp_files()
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
+            raw = read_bytes(self.path, MAX_BYTES, follow_symlinks=False)
+        except FileReadError as err:
+            if err.errno == errno.ENOENT:
+                return None
+            raise CheckpointError(err.problem) from None
         return decode(raw)
+
+    def _remove_temp_files(self) -> None:
+        """Leftovers of saves interrupted by a crash."""
+        try:
+            leftovers = [p for p in self.path.parent.iterdir() if is_temp_name(p.name, FILE_NAME)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for path in leftovers:
+            path.unlink(missing_ok=True)
 
     def save(self, checkpoint: CheckpointData) -> None:
         """Write the whole checkpoint (same bytes as `encode`), converting only changed records."""
@@ -135,8 +153,8 @@ class CheckpointStore:
             claims[uid] = cached
         self._dumped = claims
         data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, _document(data), mode=0o600)
+        ensure_directory(self.path.parent)
+        write_atomically(self.path, _document(data), mode=FILE_MODE)
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""

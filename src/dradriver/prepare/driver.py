@@ -1,8 +1,10 @@
 """The GPU driver behind the DRAPlugin services: prepare and unprepare claims, crash-safely.
 
-Per claim the steps are: fetch (before any lock, as the Go helper does), plan (pure), record
-`PrepareStarted` in the checkpoint, apply sharing, write the CDI spec, record `PrepareCompleted`.
-A crash at any point leaves a state that `recover` rolls back or keeps whole at the next start:
+The claims of one call go through the steps together: fetch (before any lock, as the Go helper
+does), plan (pure), record `PrepareStarted` for all of them in one checkpoint write, apply
+sharing and write each CDI spec, then record `PrepareCompleted` for all in one more write. So a
+call costs O(claims) and at most three checkpoint writes, however many claims it carries. A
+crash at any point leaves a state that `recover` rolls back or keeps whole at the next start:
 nothing is half-prepared and no CDI file is orphaned. Calls for the same claim are serialized,
 different claims proceed concurrently.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,10 @@ from dradriver.prepare.checkpoint import (
     ClaimState,
     DeviceRecord,
 )
-from dradriver.prepare.claims import ClaimSource, ClaimSourceError, ClaimsUnavailableError
+from dradriver.prepare.claims import ClaimSource, ClaimSourceError, ClaimUnusableError
 from dradriver.prepare.edits import EditsError, device_edits
 from dradriver.prepare.plan import ClaimPlan, Hardware, PlanError, PlannedDevice, Published, plan_claim
+from dradriver.prepare.resourceclaim import ClaimFormatError, ResourceClaim, decode_claim
 from dradriver.prepare.sharing import SharingControl, SharingError
 
 #: Claims of one call are fetched with this many requests in flight.
@@ -106,7 +109,7 @@ class GpuDriver:
         self._state = CheckpointData(boot_id=boot_id)
         self._state_lock = threading.Lock()
         self._locks_guard = threading.Lock()
-        self._claim_locks: dict[str, list[Any]] = {}
+        self._claim_locks_by_uid: dict[str, list[Any]] = {}
         self._fetcher = ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY, thread_name_prefix="fetch-claim")
 
     # --- start-up -------------------------------------------------------------------------
@@ -120,7 +123,7 @@ class GpuDriver:
             report.quarantined = self._store.quarantine()
             log.error(
                 "checkpoint unusable: moved aside, rebuilding prepared claims from the CDI directory",
-                reason=str(err),
+                error=str(err),
                 moved_to=str(report.quarantined),
             )
             loaded = None
@@ -130,18 +133,19 @@ class GpuDriver:
         elif loaded.boot_id and self._boot_id and loaded.boot_id != self._boot_id:
             report.cleared_after_reboot = sorted(loaded.claims)
             for uid in loaded.claims:
-                self._cdi.remove(uid)
+                self._cdi.remove(uid, sync=False)
             state = CheckpointData(boot_id=self._boot_id)
         else:
             state = loaded.model_copy(update={"boot_id": self._boot_id})
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
-            self._undo(record)
+            self._release(record)
             report.rolled_back.append(record.uid)
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
         for uid in self._cdi.claim_uids():
             if uid not in claims:
-                self._cdi.remove(uid)
+                self._cdi.remove(uid, sync=False)
                 report.orphans_removed.append(uid)
+        self._cdi.sync()
         with self._state_lock:
             self._state = CheckpointData(boot_id=self._boot_id, claims=claims)
             self._store.save(self._state)
@@ -182,37 +186,47 @@ class GpuDriver:
 
     def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        valid = []
+        valid: dict[str, ClaimRef] = {}
         for ref in claims:
             if (problem := claim_ref_error(ref)) is not None:
                 results[ref.uid] = PrepareResult(error=problem)
             else:
-                valid.append(ref)
-        for ref, fetched in zip(valid, self._fetch_all(valid), strict=True):
-            if isinstance(fetched, str):
-                results[ref.uid] = PrepareResult(error=fetched)
+                valid.setdefault(ref.uid, ref)  # a UID twice in one call is prepared once
+        fetched: list[tuple[ClaimRef, ResourceClaim]] = []
+        for ref, claim in zip(valid.values(), self._fetch_all(list(valid.values())), strict=True):
+            if isinstance(claim, str):
+                results[ref.uid] = PrepareResult(error=claim)
             else:
-                results[ref.uid] = self._prepare_one(ref, fetched)
+                fetched.append((ref, claim))
+        with self._claim_locks([ref.uid for ref, _ in fetched]):
+            results.update(self._prepare_batch(fetched))
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         errors: dict[str, str] = {}
+        refs: dict[str, ClaimRef] = {}
         for ref in claims:
             if (problem := uid_error(ref.uid)) is not None:
                 errors[ref.uid] = f"claim {ref}: invalid UID {ref.uid!r}: {problem}"
-                continue
-            with self._claim_lock(ref.uid):
-                record = self._state.claims.get(ref.uid)
+            else:
+                refs.setdefault(ref.uid, ref)
+        with self._claim_locks(list(refs)):
+            released = []
+            for uid, ref in refs.items():
+                record = self._state.claims.get(uid)
+                errors[uid] = ""  # never prepared here, or already unprepared: success
                 if record is None:
-                    errors[ref.uid] = ""  # never prepared here, or already unprepared
                     continue
                 try:
-                    self._undo(record)
+                    self._release(record)
                 except SharingError as err:
-                    errors[ref.uid] = f"claim {ref}: {err}"
+                    errors[uid] = f"claim {ref}: {err}"
                     continue
-                log.info("unprepared", claim=str(ref), uid=ref.uid)
-                errors[ref.uid] = ""
+                released.append(uid)
+                log.info("unprepared", claim=str(ref), uid=uid)
+            if released:
+                self._cdi.sync()
+                self._forget(released)
         return errors
 
     def records(self) -> list[ClaimRecord]:
@@ -224,61 +238,91 @@ class GpuDriver:
 
     # --- steps ----------------------------------------------------------------------------
 
-    def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | str]:
+    def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[ResourceClaim | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
-        except when there is no claim source at all, which is that claim's error."""
+        while a claim that cannot be used (no claim source, a malformed object, an unreadable
+        claim file) is that claim's error."""
         if len(refs) > 1:
             return list(self._fetcher.map(self._fetch, refs))
         return [self._fetch(r) for r in refs]
 
-    def _fetch(self, ref: ClaimRef) -> Mapping[str, Any] | str:
+    def _fetch(self, ref: ClaimRef) -> ResourceClaim | str:
         try:
-            claim = self.claims.get(ref.namespace, ref.name)
-        except ClaimsUnavailableError as err:
+            raw = self.claims.get(ref.namespace, ref.name)
+        except ClaimUnusableError as err:
             return str(err)
         except ClaimSourceError as err:
             raise CallError(f"get resource claims: retrieve claim {ref}: {err}") from err
-        if not (claim.get("status") or {}).get("allocation"):
+        try:
+            claim = decode_claim(raw)
+        except ClaimFormatError as err:
+            return f"claim {ref}: {err}"
+        if claim.status.allocation is None:
             raise CallError(f"get resource claims: claim {ref} not allocated")
-        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+        if claim.metadata.uid != ref.uid:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    def _prepare_one(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult:
-        with self._claim_lock(ref.uid):
+    def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> dict[str, PrepareResult]:
+        """Prepare claims whose locks are held: plan all, reserve all (one checkpoint write),
+        write specs, then record all completed (one more write)."""
+        results: dict[str, PrepareResult] = {}
+        replaced: list[str] = []
+        planned: list[tuple[ClaimPlan, list[cdi.CdiDevice]]] = []
+        for ref, claim in claims:
             existing = self._state.claims.get(ref.uid)
             if (
                 existing is not None
                 and existing.state is ClaimState.PREPARE_COMPLETED
                 and not existing.recovered
             ):
-                return _result(existing)  # idempotent: the kubelet may ask again
+                results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
+                continue
             if existing is not None:
-                self._undo(existing, keep_cdi=existing.recovered)
+                self._release(existing, keep_cdi=existing.recovered)
+                replaced.append(ref.uid)
             try:
                 plan = plan_claim(
                     claim, ref, driver_name=self.driver_name, pool_name=self.pool_name, devices=self._devices
                 )
-                spec_devices = [self._cdi_device(ref, d) for d in plan.devices]
+                planned.append((plan, [self._cdi_device(ref, d) for d in plan.devices]))
             except (PlanError, EditsError) as err:
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
-                return PrepareResult(error=str(err))
-            started = self._start(plan)
-            if isinstance(started, str):
-                return PrepareResult(error=started)
+                results[ref.uid] = PrepareResult(error=str(err))
+        started = self._start(planned, replaced, results)
+        completed: list[ClaimRecord] = []
+        failed: list[ClaimRecord] = []
+        for record, plan, spec_devices in started:
+            ref = plan.claim
             try:
                 if plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
                     common = self._common + self._apply_sharing(ref, plan.devices)
                     spec = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), tuple(spec_devices), common))
-                    self._cdi.write(ref.uid, spec)
+                    self._cdi.write(ref.uid, spec, sync=False)
             except (SharingError, cdi.InvalidSpecError, OSError) as err:
-                self._undo(started)
+                self._release(record)
+                failed.append(record)
                 log.warning("prepare failed, rolled back", claim=str(ref), error=str(err))
-                return PrepareResult(error=f"claim {ref}: {err}")
-            completed = started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
-            self._save(completed)
-            log.info("prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in plan.devices])
-            return _result(completed)
+                results[ref.uid] = PrepareResult(error=f"claim {ref}: {err}")
+                continue
+            completed.append(record.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
+        if started:
+            self._cdi.sync()
+            with self._state_lock:
+                for record in failed:
+                    self._state.claims.pop(record.uid, None)
+                for record in completed:
+                    self._state.claims[record.uid] = record
+                self._store.save(self._state)
+        for record in completed:
+            log.info(
+                "prepared",
+                claim=f"{record.namespace}/{record.name}",
+                uid=record.uid,
+                devices=[d.device for d in record.devices],
+            )
+            results[record.uid] = _result(record)
+        return results
 
     def _cdi_device(self, ref: ClaimRef, device: PlannedDevice) -> cdi.CdiDevice:
         return cdi.CdiDevice(
@@ -286,10 +330,34 @@ class GpuDriver:
             edits=device_edits(device.name, device.hardware, self._caps_major),
         )
 
-    def _start(self, plan: ClaimPlan) -> ClaimRecord | str:
-        """Reserve the devices and record PrepareStarted, or explain who holds a device already."""
+    def _start(
+        self,
+        planned: Sequence[tuple[ClaimPlan, list[cdi.CdiDevice]]],
+        replaced: Sequence[str],
+        results: dict[str, PrepareResult],
+    ) -> list[tuple[ClaimRecord, ClaimPlan, list[cdi.CdiDevice]]]:
+        """Reserve the devices of every plan and record PrepareStarted (one checkpoint write);
+        a plan whose device another claim holds gets an error naming that claim."""
+        started = []
+        with self._state_lock:
+            for uid in replaced:
+                self._state.claims.pop(uid, None)
+            for plan, spec_devices in planned:
+                ref = plan.claim
+                conflict = self._first_conflict(plan)
+                if conflict is not None:
+                    results[ref.uid] = PrepareResult(error=conflict)
+                    continue
+                record = self._record(plan)
+                self._state.claims[ref.uid] = record
+                started.append((record, plan, spec_devices))
+            if started or replaced:
+                self._store.save(self._state)
+        return started
+
+    def _record(self, plan: ClaimPlan) -> ClaimRecord:
         ref = plan.claim
-        record = ClaimRecord(
+        return ClaimRecord(
             uid=ref.uid,
             namespace=ref.namespace,
             name=ref.name,
@@ -309,17 +377,17 @@ class GpuDriver:
             ),
             cdi_file=str(self._cdi.file_for(ref.uid)) if plan.devices else "",
         )
-        with self._state_lock:
-            for device in plan.devices:
-                holder = self._conflict(ref.uid, device)
-                if holder is not None:
-                    return (
-                        f"claim {ref}: device {device.name} is already prepared for claim "
-                        f"{holder.namespace}/{holder.name} ({holder.uid}) and cannot be shared"
-                    )
-            self._state.claims[ref.uid] = record
-            self._store.save(self._state)
-        return record
+
+    def _first_conflict(self, plan: ClaimPlan) -> str | None:
+        ref = plan.claim
+        for device in plan.devices:
+            holder = self._conflict(ref.uid, device)
+            if holder is not None:
+                return (
+                    f"claim {ref}: device {device.name} is already prepared for claim "
+                    f"{holder.namespace}/{holder.name} ({holder.uid}) and cannot be shared"
+                )
+        return None
 
     def _conflict(self, uid: str, device: PlannedDevice) -> ClaimRecord | None:
         if device.admin_access:
@@ -350,8 +418,9 @@ class GpuDriver:
             edits = edits + self._sharing.apply(ref.uid, sharing, group)
         return edits
 
-    def _undo(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
-        """Release sharing, remove the spec, forget the claim; safe to repeat after a crash."""
+    def _release(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
+        """Release sharing and remove the spec (the caller forgets the record and syncs the
+        CDI directory); safe to repeat after a crash."""
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:
@@ -359,29 +428,32 @@ class GpuDriver:
         for description, uuids in by_sharing.items():
             self._sharing.release(record.uid, description, uuids)
         if not keep_cdi:
-            self._cdi.remove(record.uid)
+            self._cdi.remove(record.uid, sync=False)
+
+    def _forget(self, uids: Sequence[str]) -> None:
         with self._state_lock:
-            if self._state.claims.pop(record.uid, None) is not None:
+            if [self._state.claims.pop(uid, None) for uid in uids].count(None) < len(uids):
                 self._store.save(self._state)
 
-    def _save(self, record: ClaimRecord) -> None:
-        with self._state_lock:
-            self._state.claims[record.uid] = record
-            self._store.save(self._state)
-
     @contextmanager
-    def _claim_lock(self, uid: str) -> Iterator[None]:
+    def _claim_locks(self, uids: Sequence[str]) -> Iterator[None]:
+        """Hold the locks of these claims, taken in sorted order so concurrent calls cannot deadlock."""
+        ordered = sorted(set(uids))
         with self._locks_guard:
-            entry = self._claim_locks.setdefault(uid, [threading.Lock(), 0])
-            entry[1] += 1
+            entries = [self._claim_locks_by_uid.setdefault(uid, [threading.Lock(), 0]) for uid in ordered]
+            for entry in entries:
+                entry[1] += 1
         try:
-            with entry[0]:
+            with ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry[0])
                 yield
         finally:
             with self._locks_guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._claim_locks[uid]
+                for uid, entry in zip(ordered, entries, strict=True):
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._claim_locks_by_uid[uid]
 
 
 def _cdi_suffix(device: PlannedDevice) -> str:

@@ -1,0 +1,325 @@
+"""YAML and JSON text -> JSON-like data, within limits, as the API server reads it (pure, no I/O).
+
+PyYAML's own loaders are not safe for hostile input: the C composer recurses per nesting level
+(60,000 levels crash the process), the Python one raises RecursionError at about 1,000, aliases
+expand without bound once anything walks the data, duplicate keys silently keep the last value,
+and timestamps, sets and binary become objects JSON cannot hold. So documents are built here
+straight from libyaml's event stream, iteratively, with:
+
+- a nesting limit and a limit on nodes (aliases count as what they expand to, so an alias
+  bomb is refused before anything walks it);
+- duplicate keys refused, as the API server's strict decoding does (merge keys `<<` still work);
+- JSON semantics, as sigs.k8s.io/yaml converts YAML: keys become strings, timestamps stay
+  strings, NaN and infinities are refused, tags other than the core ones are refused.
+
+Building from events is also about five times faster than PyYAML's C loader with its Python
+constructor, because plain scalars are resolved once per distinct value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from yaml import YAMLError
+from yaml.constructor import SafeConstructor
+from yaml.events import (
+    AliasEvent,
+    DocumentEndEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+from yaml.nodes import ScalarNode
+from yaml.resolver import Resolver
+
+try:
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # PyYAML without libyaml: the pure-Python parser, also iterative
+    from yaml import SafeLoader as _Parser  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one input file may hold. Nodes are scalars, lists and maps, aliases expanded."""
+
+    max_bytes: int
+    max_depth: int = 100
+    max_nodes: int = 150_000
+
+
+#: Claims, classes, slices, profiles, configs: sized so the largest accepted YAML file loads in
+#: about a second (bench/RESULTS.md); JSON parses ~10x faster and may be larger.
+YAML_LIMITS = Limits(max_bytes=2 * 1024 * 1024)
+JSON_LIMITS = Limits(max_bytes=8 * 1024 * 1024, max_nodes=1_000_000)
+
+
+class ParseError(ValueError):
+    """The text is not acceptable input; the message is one line without the file name."""
+
+
+_CORE = "tag:yaml.org,2002:"
+_MERGE = object()
+_NO_KEY = object()
+_MEMO_MAX = 10_000
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+class _ScalarResolver(SafeConstructor):
+    """YAML 1.1 core-schema scalars with JSON semantics (timestamps stay text; no NaN)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._plain: dict[str, Any] = {}
+
+    def plain(self, value: str, line: int) -> Any:
+        """A plain (unquoted, untagged) scalar, resolved as PyYAML's SafeLoader would."""
+        cached = self._plain.get(value, _NO_KEY)
+        if cached is not _NO_KEY:
+            return cached
+        tag = next(
+            (
+                tag
+                for tag, regexp in Resolver.yaml_implicit_resolvers.get(value[:1], ())
+                if regexp.match(value)
+            ),
+            _CORE + "str",
+        )
+        resolved = self.tagged(tag, value, line)
+        if len(self._plain) < _MEMO_MAX:
+            self._plain[value] = resolved
+        return resolved
+
+    def tagged(self, tag: str, value: str, line: int) -> Any:
+        kind = tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
+        if kind in ("str", "timestamp", "value", "yaml"):
+            return value
+        if kind == "merge":
+            return _MERGE
+        if kind == "null":
+            return None
+        if kind == "bool":
+            bool_value = self.bool_values.get(value.lower())
+            if bool_value is None:
+                raise ParseError(f"line {line}: {value!r} is not a boolean")
+            return bool_value
+        node = ScalarNode(tag, value)
+        try:
+            if kind == "int":
+                return self.construct_yaml_int(node)
+            if kind == "float":
+                number = self.construct_yaml_float(node)
+                if not math.isfinite(number):
+                    raise ParseError(f"line {line}: {value!r}: NaN and infinities are not JSON numbers")
+                return number
+        except ValueError as err:
+            if isinstance(err, ParseError):
+                raise
+            raise ParseError(f"line {line}: {value!r} is not a valid {kind}") from None
+        raise ParseError(
+            f"line {line}: unsupported YAML tag {tag!r} (only JSON-compatible values are allowed)"
+        )
+
+
+def _key(value: Any, line: int) -> str:
+    """Map keys become strings, as sigs.k8s.io/yaml turns YAML into JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    raise ParseError(f"line {line}: a mapping key must be a scalar, not a {type(value).__name__}")
+
+
+class _Frame:
+    """A container being built; the document itself is a frame whose value is its root node."""
+
+    __slots__ = ("anchor", "height", "key", "key_line", "merges", "nodes", "value")
+
+    def __init__(self, value: Any, anchor: str | None) -> None:
+        self.value = value
+        self.anchor = anchor
+        self.key: Any = _NO_KEY
+        self.key_line = 0
+        self.nodes = 0
+        self.height = 0
+        self.merges: list[Any] = []
+
+
+def _merged(frame: _Frame, line: int) -> dict[str, Any]:
+    """Apply `<<` merge keys: explicit keys win, then earlier merged maps over later ones."""
+    mapping: dict[str, Any] = frame.value
+    for source in frame.merges:
+        for item in source if isinstance(source, list) else [source]:
+            if not isinstance(item, dict):
+                raise ParseError(f"line {line}: a merge key (<<) needs a mapping or a list of mappings")
+            for key, value in item.items():
+                mapping.setdefault(key, value)
+    return mapping
+
+
+def parse_yaml(text: str, limits: Limits = YAML_LIMITS) -> list[Any]:
+    """Every document of a YAML stream as JSON-like data. Raises ParseError."""
+    try:
+        return _build(text, limits)
+    except YAMLError as err:
+        raise ParseError("invalid YAML: " + " ".join(str(err).split())) from None
+
+
+def _too_deep(limits: Limits, line: int) -> ParseError:
+    return ParseError(f"line {line}: nested deeper than {limits.max_depth} levels (the limit)")
+
+
+def _build(text: str, limits: Limits) -> list[Any]:
+    parser = _Parser(text)
+    scalars = _ScalarResolver()
+    documents: list[Any] = []
+    document: _Frame | None = None
+    stack: list[_Frame] = []
+    anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (value, nodes, height)
+    open_anchors: set[str] = set()
+    total = 0
+    while True:
+        event: Any = parser.get_event()
+        kind = type(event)
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
+        if kind is ScalarEvent:
+            tag = event.tag
+            if tag is None or tag == "!":
+                value = scalars.plain(event.value, line) if event.implicit[0] and tag is None else event.value
+            else:
+                value = scalars.tagged(tag, event.value, line)
+            nodes = height = 1
+            anchor = event.anchor
+        elif kind is MappingStartEvent or kind is SequenceStartEvent:
+            mapping = kind is MappingStartEvent
+            if event.tag not in (None, "!", _CORE + ("map" if mapping else "seq")):
+                raise ParseError(f"line {line}: unsupported YAML tag {event.tag!r}")
+            if len(stack) >= limits.max_depth:
+                raise _too_deep(limits, line)
+            if event.anchor is not None:
+                open_anchors.add(event.anchor)
+            stack.append(_Frame({} if mapping else [], event.anchor))
+            continue
+        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+            frame = stack.pop()
+            value = _merged(frame, line) if frame.merges else frame.value
+            nodes, height, anchor = frame.nodes + 1, frame.height + 1, frame.anchor
+            if anchor is not None:
+                open_anchors.discard(anchor)
+        elif kind is AliasEvent:
+            if event.anchor in open_anchors:
+                raise ParseError(f"line {line}: alias *{event.anchor} refers to a node that contains it")
+            if event.anchor not in anchors:
+                raise ParseError(f"line {line}: alias *{event.anchor} names no anchor")
+            value, nodes, height = anchors[event.anchor]
+            anchor = None
+        elif kind is DocumentStartEvent:
+            anchors.clear()  # anchors are per document
+            document = _Frame(None, None)
+            continue
+        elif kind is DocumentEndEvent:
+            assert document is not None
+            documents.append(document.value)
+            document = None
+            continue
+        elif kind is StreamEndEvent:
+            return documents
+        else:  # StreamStartEvent
+            continue
+
+        total += nodes
+        if total > limits.max_nodes:
+            raise ParseError(
+                f"line {line}: more than {limits.max_nodes} values (the limit), counting what aliases "
+                "expand to"
+            )
+        if len(stack) + height > limits.max_depth:
+            raise _too_deep(limits, line)
+        if anchor is not None:
+            anchors[anchor] = (value, nodes, height)
+        if not stack:
+            assert document is not None
+            document.value = value
+            continue
+        parent = stack[-1]
+        parent.nodes += nodes
+        parent.height = max(parent.height, height)
+        target = parent.value
+        if type(target) is list:
+            target.append(value)
+        elif parent.key is _NO_KEY:
+            parent.key, parent.key_line = value, line
+        else:
+            key, parent.key = parent.key, _NO_KEY
+            if key is _MERGE:
+                parent.merges.append(value)
+                continue
+            text_key = _key(key, parent.key_line)
+            if text_key in target:
+                raise ParseError(f"line {parent.key_line}: duplicate key {text_key!r}")
+            target[text_key] = value
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ParseError(f"duplicate key {duplicate!r}")
+    return mapping
+
+
+def _no_constant(name: str) -> Any:
+    raise ParseError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str, limits: Limits = JSON_LIMITS) -> Any:
+    """One JSON document (strict: no duplicate keys, NaN or infinities). Raises ParseError."""
+    # Count values before building them: an array of a million empty objects is small text
+    # but hundreds of MB of Python objects.
+    outside_strings = _JSON_STRING.sub("", text)
+    values = sum(outside_strings.count(c) for c in ",[{") + 1
+    if values > limits.max_nodes:
+        raise ParseError(f"more than {limits.max_nodes} values (the limit)")
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise ParseError(f"nested deeper than {limits.max_depth} levels (the limit)") from None
+    except json.JSONDecodeError as err:
+        raise ParseError(f"invalid JSON: {err}") from None
+    _check_depth(data, limits)
+    return data
+
+
+def _check_depth(data: Any, limits: Limits) -> None:
+    """Nesting of parsed JSON, walked iteratively (containers only)."""
+    pending = [(data, 1)] if isinstance(data, dict | list) else []
+    while pending:
+        value, depth = pending.pop()
+        if depth > limits.max_depth:
+            raise ParseError(f"nested deeper than {limits.max_depth} levels (the limit)")
+        items = value.values() if isinstance(value, dict) else value
+        pending.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+
+
+def looks_like_json(text: str) -> bool:
+    return text.lstrip()[:1] in ("{", "[")
+
+
+def parse_documents(text: str, *, json_text: bool | None = None) -> list[Any]:
+    """All documents of YAML or JSON text (JSON when `json_text`, or when None and it starts
+    like JSON). A JSON file holds one document; YAML may hold several."""
+    if json_text if json_text is not None else looks_like_json(text):
+        return [parse_json(text)]
+    return parse_yaml(text)
