@@ -84,6 +84,8 @@ class ServeProcess:
         self.env = inherited | {"PYTHONUNBUFFERED": "1"} | (env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = root / "serve.log"
+        if claims_from_files:
+            self.claims_dir.mkdir(exist_ok=True)
 
     @property
     def registration_socket(self) -> Path:

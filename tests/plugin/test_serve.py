@@ -214,7 +214,7 @@ def test_env_vars_set_flags() -> None:
     ("args", "message"),
     [
         (["--driver-name", "Bad_Name"], "invalid driver name 'Bad_Name'"),
-        (["--verbosity", "loud"], "invalid int value"),
+        (["--verbosity", "loud"], "invalid verbosity 'loud'"),
         (["--metrics-address", "nowhere"], "invalid address"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],

@@ -243,28 +243,15 @@ def default_class_directory() -> Path | None:
     return None
 
 
-def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
-    """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
-    import os
-
-    from dradriver.cli._common import env_name
-
-    name = env_name(flag)
-    from_env = os.environ.get(name, "").split()
-    parser.add_argument(
-        flag,
-        dest=dest,
-        nargs="+",
-        action="extend",
-        metavar="FILE",
-        default=from_env or None,
-        help=f"{help} (env {name}, space-separated)",
-    )
-
-
 def add_inventory_flags(parser: Any) -> None:
     """--fake-gpus / --slices / --cluster (mutually exclusive) plus --node."""
-    from dradriver.cli._common import add_fake_gpus_flag, add_kubeconfig_flag, env_flag, env_switch
+    from dradriver.cli._common import (
+        add_fake_gpus_flag,
+        add_kubeconfig_flag,
+        env_flag,
+        env_list_flag,
+        env_switch,
+    )
 
     group = parser.add_argument_group("device inventory (one of)")
     add_fake_gpus_flag(group)

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from dradriver.cli import _common
+from dradriver.cli._common import env_list_flag
 from dradriver.cli._dra_inputs import (
     ClassDirectory,
     ClassFiles,
@@ -21,7 +22,6 @@ from dradriver.cli._dra_inputs import (
     Document,
     add_inventory_flags,
     default_class_directory,
-    env_list_flag,
     extended_resource_claims,
     inventory_from_args,
     read_objects,

@@ -17,7 +17,9 @@ from dradriver.cli._common import (
     add_partitionable_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
+    duration,
     env_flag,
+    existing_directory,
     state_dir,
 )
 
@@ -54,7 +56,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--claims-dir",
-        type=absolute_path,
+        type=existing_directory,
         metavar="DIR",
         help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
         "(node-only set-ups, the demo and tests)",
@@ -62,7 +64,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--driver-root",
-        type=absolute_path,
+        type=existing_directory,
         default=Path("/"),
         help="the NVIDIA driver's root on the host (/run/nvidia/driver with the GPU operator)",
     )
@@ -76,7 +78,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--stale-claim-grace",
-        type=float,
+        type=duration,
         default=300.0,
         metavar="SECONDS",
         help="unprepare a prepared claim once its ResourceClaim has been gone from the API server this long",
@@ -84,10 +86,11 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
+        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish; the process is gone "
+        "within this plus one second, whatever is still running",
     )
     env_flag(
         parser,

@@ -52,7 +52,7 @@ class Limits:
 
     max_bytes: int
     max_depth: int = 100
-    max_nodes: int = 150_000
+    max_nodes: int = 250_000
 
 
 #: Claims, classes, slices, profiles, configs: sized so the largest accepted YAML file loads in
@@ -79,7 +79,7 @@ class _ScalarResolver(SafeConstructor):
         super().__init__()
         self._plain: dict[str, Any] = {}
 
-    def plain(self, value: str, line: int) -> Any:
+    def plain(self, value: str, mark: Any) -> Any:
         """A plain (unquoted, untagged) scalar, resolved as PyYAML's SafeLoader would."""
         cached = self._plain.get(value, _NO_KEY)
         if cached is not _NO_KEY:
@@ -92,12 +92,13 @@ class _ScalarResolver(SafeConstructor):
             ),
             _CORE + "str",
         )
-        resolved = self.tagged(tag, value, line)
+        resolved = self.tagged(tag, value, mark)
         if len(self._plain) < _MEMO_MAX:
             self._plain[value] = resolved
         return resolved
 
-    def tagged(self, tag: str, value: str, line: int) -> Any:
+    def tagged(self, tag: str, value: str, mark: Any) -> Any:
+        line = mark.line + 1 if mark is not None else 0
         kind = tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
         if kind in ("str", "timestamp", "value", "yaml"):
             return value
@@ -128,7 +129,7 @@ class _ScalarResolver(SafeConstructor):
         )
 
 
-def _key(value: Any, line: int) -> str:
+def _key(value: Any, mark: Any) -> str:
     """Map keys become strings, as sigs.k8s.io/yaml turns YAML into JSON."""
     if isinstance(value, str):
         return value
@@ -138,34 +139,53 @@ def _key(value: Any, line: int) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return json.dumps(value)
-    raise ParseError(f"line {line}: a mapping key must be a scalar, not a {type(value).__name__}")
+    raise ParseError(f"line {_line(mark)}: a mapping key must be a scalar, not a {type(value).__name__}")
 
 
 class _Frame:
-    """A container being built; the document itself is a frame whose value is its root node."""
+    """A container being built."""
 
-    __slots__ = ("anchor", "height", "key", "key_line", "merges", "nodes", "value")
+    __slots__ = ("anchor", "key", "key_mark", "merges", "value")
 
     def __init__(self, value: Any, anchor: str | None) -> None:
         self.value = value
         self.anchor = anchor
         self.key: Any = _NO_KEY
-        self.key_line = 0
-        self.nodes = 0
-        self.height = 0
-        self.merges: list[Any] = []
+        self.key_mark: Any = None
+        self.merges: list[Any] | None = None
 
 
-def _merged(frame: _Frame, line: int) -> dict[str, Any]:
+def _line(mark: Any) -> int:
+    return mark.line + 1 if mark is not None else 0
+
+
+def _merged(frame: _Frame, mark: Any) -> dict[str, Any]:
     """Apply `<<` merge keys: explicit keys win, then earlier merged maps over later ones."""
     mapping: dict[str, Any] = frame.value
-    for source in frame.merges:
+    for source in frame.merges or ():
         for item in source if isinstance(source, list) else [source]:
             if not isinstance(item, dict):
-                raise ParseError(f"line {line}: a merge key (<<) needs a mapping or a list of mappings")
+                raise ParseError(
+                    f"line {_line(mark)}: a merge key (<<) needs a mapping or a list of mappings"
+                )
             for key, value in item.items():
                 mapping.setdefault(key, value)
     return mapping
+
+
+def _shape(value: Any) -> tuple[int, int]:
+    """(nodes, height) of a built value, walked iteratively; aliases inside count in full."""
+    nodes = height = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        nodes += 1
+        height = max(height, depth)
+        if isinstance(item, dict):
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+    return nodes, height
 
 
 def parse_yaml(text: str, limits: Limits = YAML_LIMITS) -> list[Any]:
@@ -176,99 +196,117 @@ def parse_yaml(text: str, limits: Limits = YAML_LIMITS) -> list[Any]:
         raise ParseError("invalid YAML: " + " ".join(str(err).split())) from None
 
 
-def _too_deep(limits: Limits, line: int) -> ParseError:
-    return ParseError(f"line {line}: nested deeper than {limits.max_depth} levels (the limit)")
+def _too_many(limits: Limits, mark: Any) -> ParseError:
+    return ParseError(
+        f"line {_line(mark)}: more than {limits.max_nodes} values (the limit), "
+        "counting what aliases expand to"
+    )
+
+
+def _too_deep(limits: Limits, mark: Any) -> ParseError:
+    return ParseError(f"line {_line(mark)}: nested deeper than {limits.max_depth} levels (the limit)")
 
 
 def _build(text: str, limits: Limits) -> list[Any]:
+    """The event loop; per node it does as little as it can (this is the hot path of every load)."""
     parser = _Parser(text)
     scalars = _ScalarResolver()
     documents: list[Any] = []
-    document: _Frame | None = None
+    root: Any = None
     stack: list[_Frame] = []
-    anchors: dict[str, tuple[Any, int, int]] = {}  # anchor -> (value, nodes, height)
+    anchors: dict[str, Any] = {}
+    shapes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, height), when an alias first needs it
     open_anchors: set[str] = set()
     total = 0
+    max_nodes, max_depth = limits.max_nodes, limits.max_depth
+    get_event = parser.get_event
     while True:
-        event: Any = parser.get_event()
+        event: Any = get_event()
         kind = type(event)
-        line = event.start_mark.line + 1 if event.start_mark is not None else 0
         if kind is ScalarEvent:
             tag = event.tag
-            if tag is None or tag == "!":
-                value = scalars.plain(event.value, line) if event.implicit[0] and tag is None else event.value
+            if tag is None:
+                value = scalars.plain(event.value, event.start_mark) if event.implicit[0] else event.value
+            elif tag == "!":
+                value = event.value
             else:
-                value = scalars.tagged(tag, event.value, line)
-            nodes = height = 1
+                value = scalars.tagged(tag, event.value, event.start_mark)
+            total += 1
             anchor = event.anchor
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
             mapping = kind is MappingStartEvent
-            if event.tag not in (None, "!", _CORE + ("map" if mapping else "seq")):
-                raise ParseError(f"line {line}: unsupported YAML tag {event.tag!r}")
-            if len(stack) >= limits.max_depth:
-                raise _too_deep(limits, line)
+            if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
+                raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
+            if len(stack) >= max_depth:
+                raise _too_deep(limits, event.start_mark)
             if event.anchor is not None:
                 open_anchors.add(event.anchor)
             stack.append(_Frame({} if mapping else [], event.anchor))
             continue
         elif kind is MappingEndEvent or kind is SequenceEndEvent:
             frame = stack.pop()
-            value = _merged(frame, line) if frame.merges else frame.value
-            nodes, height, anchor = frame.nodes + 1, frame.height + 1, frame.anchor
+            value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
+            total += 1
+            anchor = frame.anchor
             if anchor is not None:
                 open_anchors.discard(anchor)
         elif kind is AliasEvent:
-            if event.anchor in open_anchors:
-                raise ParseError(f"line {line}: alias *{event.anchor} refers to a node that contains it")
-            if event.anchor not in anchors:
-                raise ParseError(f"line {line}: alias *{event.anchor} names no anchor")
-            value, nodes, height = anchors[event.anchor]
+            name = event.anchor
+            if name in open_anchors:
+                raise ParseError(
+                    f"line {_line(event.start_mark)}: alias *{name} refers to a node that contains it"
+                )
+            if name not in anchors:
+                raise ParseError(f"line {_line(event.start_mark)}: alias *{name} names no anchor")
+            value = anchors[name]
+            if name not in shapes:
+                shapes[name] = _shape(value)
+            nodes, height = shapes[name]
+            total += nodes
+            if len(stack) + height > max_depth:
+                raise _too_deep(limits, event.start_mark)
             anchor = None
         elif kind is DocumentStartEvent:
             anchors.clear()  # anchors are per document
-            document = _Frame(None, None)
+            shapes.clear()
+            root = None
             continue
         elif kind is DocumentEndEvent:
-            assert document is not None
-            documents.append(document.value)
-            document = None
+            documents.append(root)
             continue
         elif kind is StreamEndEvent:
             return documents
         else:  # StreamStartEvent
             continue
 
-        total += nodes
-        if total > limits.max_nodes:
-            raise ParseError(
-                f"line {line}: more than {limits.max_nodes} values (the limit), counting what aliases "
-                "expand to"
-            )
-        if len(stack) + height > limits.max_depth:
-            raise _too_deep(limits, line)
+        if total > max_nodes:
+            raise _too_many(limits, event.start_mark)
         if anchor is not None:
-            anchors[anchor] = (value, nodes, height)
+            anchors[anchor] = value
+            shapes.pop(anchor, None)
         if not stack:
-            assert document is not None
-            document.value = value
+            root = value
             continue
         parent = stack[-1]
-        parent.nodes += nodes
-        parent.height = max(parent.height, height)
         target = parent.value
         if type(target) is list:
             target.append(value)
         elif parent.key is _NO_KEY:
-            parent.key, parent.key_line = value, line
+            parent.key = value
+            parent.key_mark = event.start_mark
         else:
-            key, parent.key = parent.key, _NO_KEY
+            key = parent.key
+            parent.key = _NO_KEY
             if key is _MERGE:
+                if parent.merges is None:
+                    parent.merges = []
                 parent.merges.append(value)
                 continue
-            text_key = _key(key, parent.key_line)
-            if text_key in target:
-                raise ParseError(f"line {parent.key_line}: duplicate key {text_key!r}")
-            target[text_key] = value
+            if type(key) is not str:
+                key = _key(key, parent.key_mark)
+            if key in target:
+                raise ParseError(f"line {_line(parent.key_mark)}: duplicate key {key!r}")
+            target[key] = value
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from dradriver.health.xid import XidClass
+from dradriver.health.xid import MAX_XID, XidClass
 
 #: Upper bound of durations, so that a unit mix-up (milliseconds) is caught.
 _MAX_SECONDS = 7 * 24 * 3600.0
@@ -53,7 +53,7 @@ class Thresholds(_Model):
 
 class HealthConfig(_Model):
     enabled: bool = True
-    xids: dict[Annotated[int, Field(ge=0)], XidClass] = Field(default_factory=dict)
+    xids: dict[Annotated[int, Field(ge=0, le=MAX_XID)], XidClass] = Field(default_factory=dict)
     unlisted_xids: XidClass = XidClass.FATAL
     quiet_period_seconds: Annotated[float, Field(ge=0, le=_MAX_SECONDS)] = 300.0
     recheck_interval_seconds: Annotated[float, Field(gt=0, le=_MAX_SECONDS)] = 30.0
