@@ -268,6 +268,16 @@ def add_inventory_flags(parser: Any) -> None:
     )
 
 
+def check_node(slices: Sequence[Any], node: str | None) -> None:
+    """--node must name a node of the inventory (unless some slices serve every node): a typo
+    would otherwise be an empty result that looks like an answer."""
+    if not node or any(s.node_name == node or not s.node_name for s in slices):
+        return
+    nodes = sorted({s.node_name for s in slices})
+    shown = ", ".join(nodes[:10]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 10 else "")
+    raise CLIError(f"--node {node}: no device of the inventory is on this node (nodes: {shown or 'none'})")
+
+
 def inventory_from_args(args: Any) -> InventorySource:
     chosen = [
         flag

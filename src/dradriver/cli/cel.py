@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from dradriver.cli import _common
-from dradriver.cli._dra_inputs import add_inventory_flags, inventory_from_args
+from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args
 
 JSON_SCHEMA_VERSION = 1
 
@@ -65,12 +65,15 @@ def run(args: argparse.Namespace) -> int:
     except CELCompileError as err:
         return _compile_failure(args, err.message, hints)
     documents = inventory_from_args(args).resource_slices()
-    rows: list[dict[str, Any]] = []
+    slices = []
     for doc in documents:
         try:
-            slice_ = parse_slice(doc.obj)
+            slices.append(parse_slice(doc.obj))
         except InputError as err:
             raise _common.CLIError(f"{doc.where}: {err}") from None
+    check_node(slices, args.node)
+    rows: list[dict[str, Any]] = []
+    for slice_ in slices:
         if args.node and slice_.node_name and slice_.node_name != args.node:
             continue
         for device in slice_.devices:

@@ -21,6 +21,7 @@ from dradriver.cli._dra_inputs import (
     Cluster,
     Document,
     add_inventory_flags,
+    check_node,
     default_class_directory,
     extended_resource_claims,
     inventory_from_args,
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     claims = parsed(claim_docs, parse_claim)
     classes = {c.name: c for c in parsed(class_docs, parse_device_class)}
     slices = parsed(slice_docs, parse_slice)
+    check_node(slices, args.node)
     problems = _compile_problems(claim_docs, claims, class_docs, list(classes.values()), args.driver_name)
     if problems:
         return _report_compile_problems(args, problems)

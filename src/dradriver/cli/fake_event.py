@@ -53,7 +53,9 @@ def _xid(value: str) -> int:
     except ValueError:
         code = -1
     if not 0 <= code <= MAX_XID:
-        raise argparse.ArgumentTypeError(f"invalid XID {value[:40]!r}: must be an integer from 0 to {MAX_XID}")
+        raise argparse.ArgumentTypeError(
+            f"invalid XID {value[:40]!r}: must be an integer from 0 to {MAX_XID}"
+        )
     return code
 
 

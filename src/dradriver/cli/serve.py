@@ -122,6 +122,10 @@ def probe_address(value: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
 
+    if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
+        # As kubectl: a kubeconfig named explicitly must exist (KUBECONFIG entries may not).
+        raise CLIError(f"--kubeconfig {args.kubeconfig}: no such file")
+
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
         from dradriver.health.config import HealthConfigError, load_health_config

@@ -40,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore
 
     directory = state_dir(args)
+    if not directory.is_dir():
+        where = (
+            "--state-dir" if args.state_dir else "the state directory (--kubelet-plugins-dir/--driver-name)"
+        )
+        raise CLIError(
+            f"{where} {directory}: no such directory; has dradriver serve run on this node with these flags?"
+        )
     store = CheckpointStore(directory)
     try:
         checkpoint = store.load()

@@ -49,7 +49,12 @@ def is_dra_object(obj: Any) -> bool:
 def run(args: argparse.Namespace) -> int:
     from dradriver.allocation.validation import validate_object
 
-    documents = [doc for path in args.files for doc in read_documents(path)]
+    documents = []
+    for path in args.files:
+        found = read_documents(path)
+        if not found:
+            raise _common.CLIError(f"{path}: no objects in the file (empty, or only comments and '---')")
+        documents += found
     count = skipped = 0
     for doc in documents:
         kind = doc.obj.get("kind")

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from yaml import YAMLError
+from yaml import MarkedYAMLError, YAMLError
 from yaml.constructor import SafeConstructor
 from yaml.events import (
     AliasEvent,
@@ -192,6 +192,11 @@ def parse_yaml(text: str, limits: Limits = YAML_LIMITS) -> list[Any]:
     """Every document of a YAML stream as JSON-like data. Raises ParseError."""
     try:
         return _build(text, limits)
+    except MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = " ".join(part for part in (err.context, err.problem) if part)
+        raise ParseError(f"{where}invalid YAML: {what}") from None
     except YAMLError as err:
         raise ParseError("invalid YAML: " + " ".join(str(err).split())) from None
 

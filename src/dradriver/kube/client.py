@@ -235,7 +235,7 @@ class KubeClient:
                 if waited + delay > self.retry.budget:
                     raise
                 log.debug(
-                    "retrying API call", method=method, path=path, error=str(err), delay=round(delay, 3)
+                    "retrying API call", method=method, path=path, error=str(err), retry_in=round(delay, 3)
                 )
                 self._sleep(delay)
                 waited += delay
