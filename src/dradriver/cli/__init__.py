@@ -46,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs.configure(args.log_format, args.verbosity)
         code: int = args.run(args)
     except CLIError as err:
-        print_error(args.prog, str(err))
+        if args.log_format == "json":  # JSON from the first line to the last
+            logs.configure("json", args.verbosity)
+            logs.get_logger(component="cli").error(str(err), command=args.prog)
+        else:
+            print_error(args.prog, str(err))
         return err.exit_code
     except KeyboardInterrupt:
         return 130

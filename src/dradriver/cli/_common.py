@@ -223,6 +223,22 @@ def add_logging_flags(parser: argparse.ArgumentParser, default_format: str) -> N
     )
 
 
+#: `-o` means the same on every command that prints objects: a table for people (fits the
+#: terminal, or 80 columns without one), or the whole result as one JSON or YAML document.
+OUTPUT_FORMATS = ("table", "json", "yaml")
+
+
+def add_output_flag(parser: argparse.ArgumentParser, default: str = "table") -> None:
+    env_flag(
+        parser,
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default,
+        help="table (for people), or the whole result as one json or yaml document",
+    )
+
+
 def add_driver_name_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--driver-name", type=driver_name, default=DEFAULT_DRIVER_NAME, help="DRA driver name")
 

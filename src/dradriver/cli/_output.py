@@ -37,3 +37,15 @@ def dump_yaml_documents(documents: Sequence[Any]) -> str:
         default_flow_style=False,
         explicit_start=True,
     )
+
+
+def write_document(data: Any, fmt: str, *, compact: bool = False) -> None:
+    """`-o json` or `-o yaml`: the same document either way, on stdout."""
+    import sys
+
+    if fmt == "yaml":
+        sys.stdout.write(dump_yaml(data))
+    elif compact:  # the C encoder: several times faster than the indenting one on big results
+        sys.stdout.write(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(dump_json(data))

@@ -7,7 +7,6 @@ reported per device), 2 when it does not compile or the input is invalid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -40,13 +39,7 @@ def register(subparsers: Any) -> None:
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
     add_inventory_flags(evaluate)
-    add_output_flag(evaluate)
-
-
-def add_output_flag(parser: argparse.ArgumentParser) -> None:
-    _common.env_flag(
-        parser, "-o", "--output", choices=["table", "json"], default="table", help="output format"
-    )
+    _common.add_output_flag(evaluate)
 
 
 def _run_without_subcommand(args: argparse.Namespace) -> int:
@@ -96,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         "error": sum(1 for r in rows if r["error"] is not None),
     }
     show_hints = hints if (summary["error"] or not summary["true"]) else []
-    if args.output == "json":
-        _print_json(
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(
             {
                 "schemaVersion": JSON_SCHEMA_VERSION,
                 "expression": args.expression,
@@ -105,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                 "devices": rows,
                 "summary": summary,
                 "hints": [{"message": h.message, "corrected": h.corrected} for h in show_hints],
-            }
+            },
+            args.output,
         )
     else:
         _print_table(args.expression, rows, summary, show_hints)
@@ -113,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -> int:
-    if args.output == "json":
-        _print_json(
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(
             {
                 "schemaVersion": JSON_SCHEMA_VERSION,
                 "expression": args.expression,
@@ -122,7 +120,8 @@ def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -
                 "devices": [],
                 "summary": {"true": 0, "false": 0, "error": 0},
                 "hints": [{"message": h.message, "corrected": h.corrected} for h in hints],
-            }
+            },
+            args.output,
         )
         return 2
     print(f"{args.prog}: error: the expression does not compile:", file=sys.stderr)
@@ -130,11 +129,6 @@ def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -
     for hint in hints:
         print(f"hint: {hint.message}\n  try: {hint.corrected}", file=sys.stderr)
     return 2
-
-
-def _print_json(payload: dict[str, Any]) -> None:
-    json.dump(payload, sys.stdout, indent=2)
-    sys.stdout.write("\n")
 
 
 def _print_table(

@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--driver-root",
-        type=existing_directory,
+        type=absolute_path,
         default=Path("/"),
         help="the NVIDIA driver's root on the host (/run/nvidia/driver with the GPU operator)",
     )
@@ -122,6 +122,10 @@ def probe_address(value: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
 
+    driver_root_mount: Path = args.driver_root_mount or args.driver_root
+    if not args.fake_gpus and not driver_root_mount.is_dir():
+        flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
+        raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
     if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
         # As kubectl: a kubeconfig named explicitly must exist (KUBECONFIG entries may not).
         raise CLIError(f"--kubeconfig {args.kubeconfig}: no such file")
@@ -150,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        driver_root_mount=args.driver_root_mount or args.driver_root,
+        driver_root_mount=driver_root_mount,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         health=health,
