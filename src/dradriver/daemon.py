@@ -381,7 +381,7 @@ class Daemon:
         from dradriver.discovery import open_library
         from dradriver.files.write import ensure_directory
         from dradriver.health.taints import with_taints
-        from dradriver.slices import render_slices
+        from dradriver.slices import render_node_slices
 
         config = self.config
         for flag, directory in (("--cdi-dir", config.cdi_dir), ("--state-dir", config.state_dir)):
@@ -403,7 +403,7 @@ class Daemon:
         client = self._connect()
 
         def desired() -> list[dict[str, Any]]:
-            return render_slices(
+            return render_node_slices(
                 with_taints(devices, self._taints()),
                 node_name=config.node_name,
                 driver_name=config.driver_name,
