@@ -67,13 +67,18 @@ def _standard_fields_first(_logger: Any, _method: str, event: dict[str, Any]) ->
     return front | event
 
 
+def clip_text(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was cut (for logs, errors, messages)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def clip(value: Any, depth: int = 0) -> Any:
     """`value` with long strings cut, long lists and maps shortened, deep nesting summarized;
     anything that is not JSON data becomes its (clipped) text."""
     if isinstance(value, str):
-        if len(value) <= MAX_VALUE_CHARS:
-            return value
-        return f"{value[:MAX_VALUE_CHARS]}... ({len(value) - MAX_VALUE_CHARS} more characters)"
+        return clip_text(value, MAX_VALUE_CHARS)
     if value is None or isinstance(value, bool | int | float):
         return value
     if depth >= _MAX_NESTING:

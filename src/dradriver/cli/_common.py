@@ -43,8 +43,11 @@ class _FromEnv:
         return repr(self.default)
 
 
-def _clip(text: str, limit: int = 100) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+def _clip(text: str) -> str:
+    """Flag values are echoed in errors; a huge one (from the environment, say) is cut."""
+    from dradriver.logs import clip_text
+
+    return clip_text(text, 100)
 
 
 class Parser(argparse.ArgumentParser):
@@ -195,7 +198,7 @@ def existing_directory(value: str) -> Path:
 def driver_name(value: str) -> str:
     """argparse type for --driver-name."""
     if (err := driver_name_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid driver name {value!r}: {err}")
+        raise argparse.ArgumentTypeError(f"invalid driver name {_clip(value)!r}: {err}")
     return value
 
 
@@ -308,7 +311,7 @@ def add_command(
 def node_name(value: str) -> str:
     """argparse type for --node-name: the API server checks node names as DNS subdomains."""
     if (err := dns_subdomain_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid node name {value!r}: {err}")
+        raise argparse.ArgumentTypeError(f"invalid node name {_clip(value)!r}: {err}")
     return value
 
 
