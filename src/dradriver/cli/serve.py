@@ -119,6 +119,27 @@ def probe_address(value: str) -> str:
     return value
 
 
+def _check_input_files(args: argparse.Namespace) -> None:
+    """Files named on the command line are read before the sockets come up: bad input is one
+    line and exit 2 with nothing created (built-in profiles need no check)."""
+    if args.kubeconfig:  # as kubectl: a kubeconfig named explicitly must exist and parse
+        from dradriver.files import FileInputError, load_document
+
+        try:
+            load_document(Path(args.kubeconfig).expanduser())
+        except FileInputError as err:
+            raise CLIError(f"--kubeconfig {err}") from None
+    if args.fake_gpus:
+        from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
+
+        if args.fake_gpus in builtin_profile_names():
+            return  # ours, and loading it costs the sockets-first start-up 0.1 s of imports
+        try:
+            open_library(args.fake_gpus).close()
+        except DiscoveryError as err:
+            raise CLIError(f"--fake-gpus: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
 
@@ -126,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.fake_gpus and not driver_root_mount.is_dir():
         flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
         raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
-    if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
-        # As kubectl: a kubeconfig named explicitly must exist (KUBECONFIG entries may not).
-        raise CLIError(f"--kubeconfig {args.kubeconfig}: no such file")
+    _check_input_files(args)
 
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
