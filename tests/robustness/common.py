@@ -13,6 +13,7 @@ from pathlib import Path
 
 #: A hang is a failure: nothing this suite runs may take anywhere near this long.
 HANG_SECONDS = 60
+REPO = Path(__file__).resolve().parents[2]
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -35,7 +36,7 @@ def dradriver(
         text=True,
         timeout=HANG_SECONDS,
         env=clean_env(env),
-        cwd=cwd,
+        cwd=cwd or REPO,
         check=False,
     )
 

@@ -74,8 +74,7 @@ class Parser(argparse.ArgumentParser):
         if found is None:
             return value.default
         name, raw = found
-        flag = max(action.option_strings, key=len)
-        where = f"argument {flag} (from ${name})"
+        where = f"argument {'/'.join(action.option_strings)} (from ${name})"  # as argparse names it
         if isinstance(action, argparse._StoreTrueAction):
             switch = raw.strip().lower()
             if switch not in _TRUE | _FALSE:
