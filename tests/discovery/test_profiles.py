@@ -167,7 +167,7 @@ def test_invalid_profile_names_the_file_and_field(tmp_path: Path, data: Any, mes
 
 
 def test_missing_profile_file(tmp_path: Path) -> None:
-    with pytest.raises(DiscoveryError, match=r"invalid fake GPU profile .*nope\.yaml: cannot read: No such file"):
+    with pytest.raises(DiscoveryError, match=r"fake GPU profile .*nope\.yaml: cannot read: No such file"):
         open_library(str(tmp_path / "nope.yaml"))
 
 

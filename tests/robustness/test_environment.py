@@ -91,7 +91,7 @@ def test_a_bad_variable_is_the_error_its_flag_would_be(
     line = assert_one_line_failure(from_env, f"argument {flags} (from ${variable})")
     if value != "maybe":  # a switch takes no value on the command line
         flag_line = assert_one_line_failure(
-            dradriver(*args, flags.split("/")[-1], value), f"argument {flags}"
+            dradriver(*args, flags.rsplit("/", maxsplit=1)[-1], value), f"argument {flags}"
         )
         # The same check and the same words, plus where the value came from.
         assert (

@@ -129,7 +129,7 @@ COMMANDS: dict[str, Command] = {
         str(f),
         "--fake-gpus",
         "t4x4",
-    ],  # fmt: skip
+    ],
     "cel eval --slices": lambda f: ["cel", "eval", "-e", "true", "--slices", str(f)],
     "slices --fake-gpus": lambda f: ["slices", "--fake-gpus", str(f)],
     "discover --fake-gpus": lambda f: ["discover", "--fake-gpus", str(f)],
@@ -190,7 +190,8 @@ def test_validate_names_the_real_problem() -> None:
         result = dradriver("validate", str(claim))
         assert result.returncode == 1
         assert result.stdout.splitlines() == [
-            f'{claim}:1:spec.devices.requests[0].exactly.count: Invalid value: "two": must be an integer, not a string',
+            f"{claim}:1:spec.devices.requests[0].exactly.count: "
+            'Invalid value: "two": must be an integer, not a string',
             f"{claim}:1:spec.devices.requests[1].exactly.count: Invalid value: 99999999999999999999: "
             "must fit in a 64-bit integer (int64)",
             f"{claim}:1:spec.devices.requests[2].exactly.count: Invalid value: -1: must be greater than zero",
