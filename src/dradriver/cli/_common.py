@@ -64,7 +64,12 @@ class Parser(argparse.ArgumentParser):
         for action in self._actions:
             value = getattr(parsed, action.dest, None)
             if isinstance(value, _FromEnv):
-                setattr(parsed, action.dest, self._resolve(action, value))
+                value = self._resolve(action, value)
+                if value is None and getattr(action, "env_required", False):
+                    names = " or ".join(f"${n}" for n in getattr(action, "env_names", ()))
+                    flags = "/".join(action.option_strings)
+                    self.error(f"the following arguments are required: {flags} (or {names})")
+                setattr(parsed, action.dest, value)
             elif value is None and isinstance(getattr(action, "env", None), _FromEnv):
                 setattr(parsed, action.dest, self._resolve(action, action.env))  # type: ignore[attr-defined]
         return parsed, extras
@@ -117,13 +122,17 @@ def env_flag(
     long_flag = next(f for f in flags if f.startswith("--"))
     names = [env_name(long_flag), *fallback_env]
     shown = f"; default {default}" if default not in (None, "", False) else ""
-    parser.add_argument(
+    # A required flag is satisfied by its variable too, so argparse must not demand the flag.
+    required = bool(kwargs.pop("required", False))
+    action = parser.add_argument(
         *flags,
         type=type,
         default=_FromEnv(names, default),
         help=f"{help} (env {' or '.join(names)}{shown})",
         **kwargs,
     )
+    action.env_required = required  # type: ignore[attr-defined]
+    action.env_names = names  # type: ignore[attr-defined]
 
 
 def env_switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
