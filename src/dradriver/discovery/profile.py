@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from dradriver.discovery.errors import DiscoveryError
+from dradriver.fieldpath import field_path
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
@@ -199,16 +200,9 @@ class FakeProfile(_Model):
         return out
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    path = _field_path(first["loc"])
+    path = field_path(first["loc"])
     message = str(first["msg"]).removeprefix("Value error, ")
     # Our own validators start their message with the nested field they blame: join the paths.
     if path and _NESTED_FIELD.match(message):

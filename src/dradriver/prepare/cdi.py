@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.files.write import ensure_directory, fsync_directory, is_temp_name, write_atomically
+from dradriver.files.write import ensure_directory, fsync_directory, is_temp_name, write_files_atomically
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -238,17 +238,34 @@ class CdiDirectory:
     def file_for(self, claim_uid: str) -> Path:
         return self.path / spec_file_name(self._driver_name, claim_uid)
 
-    def write(self, claim_uid: str, spec: Mapping[str, Any], *, sync: bool = True) -> Path:
-        """Validate and write a claim's spec; `sync=False` leaves fsyncing the directory to
-        one `sync()` after a batch."""
-        problems = validate(spec)
-        if problems:
-            raise InvalidSpecError("; ".join(problems))
-        ensure_directory(self.path)
-        target = self.file_for(claim_uid)
-        data = json.dumps(spec, indent=2).encode() + b"\n"
-        write_atomically(target, data, mode=SPEC_FILE_MODE, sync_directory=sync)
-        return target
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+        """Validate and write one claim's spec; InvalidSpecError or OSError if it cannot be."""
+        error = self.write_many({claim_uid: spec}).get(claim_uid)
+        if error is not None:
+            raise error
+        return self.file_for(claim_uid)
+
+    def write_many(self, specs: Mapping[str, Mapping[str, Any]]) -> dict[str, InvalidSpecError | OSError]:
+        """Validate and write the specs of many claims (keyed by UID) in one batch; returns
+        the error of each claim whose spec could not be written."""
+        errors: dict[str, InvalidSpecError | OSError] = {}
+        files: dict[str, bytes] = {}
+        for claim_uid, spec in specs.items():
+            if problems := validate(spec):
+                errors[claim_uid] = InvalidSpecError("; ".join(problems))
+            else:  # compact: the C encoder, ten times faster than an indenting one
+                files[claim_uid] = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+        if not files:
+            return errors
+        try:
+            ensure_directory(self.path)
+        except OSError as err:
+            return errors | dict.fromkeys(files, err)
+        names = {self.file_for(uid).name: uid for uid in files}
+        failed = write_files_atomically(
+            self.path, {name: files[uid] for name, uid in names.items()}, mode=SPEC_FILE_MODE
+        )
+        return errors | {names[name]: err for name, err in failed.items()}
 
     def remove(self, claim_uid: str, *, sync: bool = True) -> bool:
         target = self.file_for(claim_uid)

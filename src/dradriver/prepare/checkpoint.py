@@ -89,11 +89,13 @@ def checksum(data: Any) -> str:
 
 
 def encode(checkpoint: CheckpointData) -> bytes:
-    return _document(checkpoint.model_dump(mode="json"))
+    return _document(canonical(checkpoint.model_dump(mode="json")))
 
 
-def _document(data: dict[str, Any]) -> bytes:
-    return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum(data), "data": data}).encode()
+def _document(data: bytes) -> bytes:
+    """The file for canonical `data`: it is serialized once, and checksummed as written."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return b'{"version":%d,"checksum":"%s","data":%s}' % (CHECKPOINT_VERSION, digest.encode(), data)
 
 
 def decode(raw: bytes) -> CheckpointData:
@@ -119,8 +121,8 @@ class CheckpointStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILE_NAME
-        # Records are immutable: each is converted to JSON once, not on every save of the file.
-        self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
+        # Records are immutable: each is serialized once, not on every save of the file.
+        self._fragments: dict[str, tuple[ClaimRecord, bytes]] = {}
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
@@ -144,15 +146,17 @@ class CheckpointStore:
             path.unlink(missing_ok=True)
 
     def save(self, checkpoint: CheckpointData) -> None:
-        """Write the whole checkpoint (same bytes as `encode`), converting only changed records."""
-        claims = {}
+        """Write the whole checkpoint (the same bytes as `encode`), serializing only new records:
+        the canonical form of the data is the canonical form of each record, in UID order."""
+        fragments = {}
         for uid, record in checkpoint.claims.items():
-            cached = self._dumped.get(uid)
+            cached = self._fragments.get(uid)
             if cached is None or cached[0] is not record:
-                cached = (record, record.model_dump(mode="json"))
-            claims[uid] = cached
-        self._dumped = claims
-        data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
+                cached = (record, canonical(record.model_dump(mode="json")))
+            fragments[uid] = cached
+        self._fragments = fragments
+        claims = b",".join(canonical(uid) + b":" + fragments[uid][1] for uid in sorted(fragments))
+        data = b'{"boot_id":%s,"claims":{%s}}' % (canonical(checkpoint.boot_id), claims)
         ensure_directory(self.path.parent)
         write_atomically(self.path, _document(data), mode=FILE_MODE)
 

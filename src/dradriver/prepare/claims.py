@@ -36,6 +36,8 @@ class ClaimsUnavailableError(ClaimUnusableError):
 class ClaimSource(Protocol):
     #: True when a missing claim really means it was deleted (so stale state may be collected).
     authoritative: bool
+    #: True when each get is a network request (worth having several in flight).
+    remote: bool
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]: ...
 
@@ -44,6 +46,7 @@ class NoClaimSource:
     """Node-only mode: there is nothing to fetch claims from."""
 
     authoritative = False
+    remote = False
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         raise ClaimsUnavailableError(
@@ -77,6 +80,7 @@ class DirectoryClaimSource:
     """
 
     authoritative = False
+    remote = False
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
@@ -188,6 +192,7 @@ class ApiClaimSource:
     """ResourceClaims from the API server (resource.k8s.io/v1), one GET each, as the Go helper does."""
 
     authoritative = True
+    remote = True
 
     def __init__(self, client: KubeClient) -> None:
         self._client = client

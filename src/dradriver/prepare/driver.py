@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,13 @@ from dradriver.prepare.sharing import SharingControl, SharingError
 
 #: Claims of one call are fetched with this many requests in flight.
 FETCH_CONCURRENCY = 8
+
+#: Calls with more claims than this log one "prepared claims" line instead of one per claim
+#: (each still at debug level): a 3,000-claim call would otherwise spend a second logging.
+LOG_EACH_CLAIM_UP_TO = 100
+
+#: Prepared devices by the silicon they are on (see GpuDriver._holders).
+_Holders = dict[str, list[tuple[ClaimRecord, DeviceRecord]]]
 
 log = logs.get_logger(component="prepare")
 
@@ -242,7 +250,9 @@ class GpuDriver:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
         while a claim that cannot be used (no claim source, a malformed object, an unreadable
         claim file) is that claim's error."""
-        if len(refs) > 1:
+        if (
+            len(refs) > 1 and self.claims.remote
+        ):  # requests in flight together; local reads are cheaper in turn
             return list(self._fetcher.map(self._fetch, refs))
         return [self._fetch(r) for r in refs]
 
@@ -292,37 +302,66 @@ class GpuDriver:
         started = self._start(planned, replaced, results)
         completed: list[ClaimRecord] = []
         failed: list[ClaimRecord] = []
+        specs: dict[str, dict[str, Any]] = {}
         for record, plan, spec_devices in started:
             ref = plan.claim
-            try:
-                if plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
-                    common = self._common + self._apply_sharing(ref, plan.devices)
-                    spec = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), tuple(spec_devices), common))
-                    self._cdi.write(ref.uid, spec, sync=False)
-            except (SharingError, cdi.InvalidSpecError, OSError) as err:
-                self._release(record)
-                failed.append(record)
-                log.warning("prepare failed, rolled back", claim=str(ref), error=str(err))
-                results[ref.uid] = PrepareResult(error=f"claim {ref}: {err}")
+            if not plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
                 continue
-            completed.append(record.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
+            try:
+                common = self._common + self._apply_sharing(ref, plan.devices)
+            except SharingError as err:
+                self._fail(record, err, failed, results)
+                continue
+            specs[ref.uid] = cdi.render(
+                cdi.ClaimSpec(cdi.kind(self.driver_name), tuple(spec_devices), common)
+            )
+        written = self._cdi.write_many(specs)
+        rolled_back = {record.uid for record in failed}
+        for record, _, _ in started:
+            if record.uid in rolled_back:
+                continue
+            if (error := written.get(record.uid)) is not None:
+                self._fail(record, error, failed, results)
+            else:
+                completed.append(record.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
+        if failed:
+            self._cdi.sync()  # the specs of rolled-back claims are gone for good
         if started:
-            self._cdi.sync()
             with self._state_lock:
                 for record in failed:
                     self._state.claims.pop(record.uid, None)
                 for record in completed:
                     self._state.claims[record.uid] = record
                 self._store.save(self._state)
+        # One line per claim, unless a call carries so many that one line for all says more.
+        each = log.info if len(completed) <= LOG_EACH_CLAIM_UP_TO else log.debug
         for record in completed:
-            log.info(
+            each(
                 "prepared",
                 claim=f"{record.namespace}/{record.name}",
                 uid=record.uid,
                 devices=[d.device for d in record.devices],
             )
             results[record.uid] = _result(record)
+        if len(completed) > LOG_EACH_CLAIM_UP_TO:
+            log.info(
+                "prepared claims", count=len(completed), claims=[f"{r.namespace}/{r.name}" for r in completed]
+            )
         return results
+
+    def _fail(
+        self,
+        record: ClaimRecord,
+        error: Exception,
+        failed: list[ClaimRecord],
+        results: dict[str, PrepareResult],
+    ) -> None:
+        """Roll a started claim back (its record is forgotten with the batch's last write)."""
+        ref = ClaimRef(record.namespace, record.name, record.uid)
+        self._release(record)
+        failed.append(record)
+        log.warning("prepare failed, rolled back", claim=str(ref), error=str(error))
+        results[record.uid] = PrepareResult(error=f"claim {ref}: {error}")
 
     def _cdi_device(self, ref: ClaimRef, device: PlannedDevice) -> cdi.CdiDevice:
         return cdi.CdiDevice(
@@ -342,28 +381,32 @@ class GpuDriver:
         with self._state_lock:
             for uid in replaced:
                 self._state.claims.pop(uid, None)
+            holders = self._holders()
             for plan, spec_devices in planned:
                 ref = plan.claim
-                conflict = self._first_conflict(plan)
+                conflict = self._first_conflict(plan, holders)
                 if conflict is not None:
                     results[ref.uid] = PrepareResult(error=conflict)
                     continue
                 record = self._record(plan)
                 self._state.claims[ref.uid] = record
+                self._hold(holders, record)
                 started.append((record, plan, spec_devices))
             if started or replaced:
                 self._store.save(self._state)
         return started
 
     def _record(self, plan: ClaimPlan) -> ClaimRecord:
+        """The PrepareStarted record of a plan; built without re-validating what the plan
+        already guarantees (a thousandth of a second per claim on a thousand-claim call)."""
         ref = plan.claim
-        return ClaimRecord(
+        return ClaimRecord.model_construct(
             uid=ref.uid,
             namespace=ref.namespace,
             name=ref.name,
             state=ClaimState.PREPARE_STARTED,
             devices=tuple(
-                DeviceRecord(
+                DeviceRecord.model_construct(
                     pool=d.pool,
                     device=d.name,
                     request_names=d.requests,
@@ -376,12 +419,14 @@ class GpuDriver:
                 for d in plan.devices
             ),
             cdi_file=str(self._cdi.file_for(ref.uid)) if plan.devices else "",
+            prepared_at=datetime.now(UTC),
+            recovered=False,
         )
 
-    def _first_conflict(self, plan: ClaimPlan) -> str | None:
+    def _first_conflict(self, plan: ClaimPlan, holders: _Holders) -> str | None:
         ref = plan.claim
         for device in plan.devices:
-            holder = self._conflict(ref.uid, device)
+            holder = self._conflict(ref.uid, device, holders)
             if holder is not None:
                 return (
                     f"claim {ref}: device {device.name} is already prepared for claim "
@@ -389,17 +434,36 @@ class GpuDriver:
                 )
         return None
 
-    def _conflict(self, uid: str, device: PlannedDevice) -> ClaimRecord | None:
+    def _silicon(self, device_name: str) -> str:
+        """What two devices must share to overlap: the GPU (by minor) a GPU or MIG device is on."""
+        hardware = self._hardware_of(device_name)
+        if isinstance(hardware, Gpu):
+            return f"gpu {hardware.minor}"
+        if isinstance(hardware, MigDevice):
+            return f"gpu {hardware.parent_minor}"
+        return f"device {device_name}"
+
+    def _holders(self) -> _Holders:
+        """Every prepared device by the silicon it is on: conflict checks look at a handful of
+        devices instead of every prepared one (O(claims) per call, not O(claims²))."""
+        holders: _Holders = {}
+        for record in self._state.claims.values():
+            self._hold(holders, record)
+        return holders
+
+    def _hold(self, holders: _Holders, record: ClaimRecord) -> None:
+        for held in record.devices:
+            if not held.admin_access:
+                holders.setdefault(self._silicon(held.device), []).append((record, held))
+
+    def _conflict(self, uid: str, device: PlannedDevice, holders: _Holders) -> ClaimRecord | None:
         if device.admin_access:
             return None
-        for other in self._state.claims.values():
-            if other.uid == uid:
+        for other, held in holders.get(self._silicon(device.name), []):
+            if other.uid == uid or (device.share_id is not None and held.share_id is not None):
                 continue
-            for held in other.devices:
-                if held.admin_access or (device.share_id is not None and held.share_id is not None):
-                    continue
-                if held.device == device.name or overlaps(self._hardware_of(held.device), device.hardware):
-                    return other
+            if held.device == device.name or overlaps(self._hardware_of(held.device), device.hardware):
+                return other
         return None
 
     def _hardware_of(self, name: str) -> Hardware | None:

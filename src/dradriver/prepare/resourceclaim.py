@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
+from dradriver.fieldpath import field_path
+
 
 def _null_is_empty(value: Any) -> Any:
     """JSON null for a list is an empty list (Go's nil slice)."""
@@ -79,13 +81,6 @@ class ClaimFormatError(ValueError):
     """The claim object has a field of the wrong type; the message names the field."""
 
 
-def _path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
 def decode_claim(raw: Any) -> ResourceClaim:
     """The typed claim; ClaimFormatError naming the first bad field (and how many more)."""
     if not isinstance(raw, Mapping):
@@ -95,4 +90,4 @@ def decode_claim(raw: Any) -> ResourceClaim:
     except ValidationError as err:
         first = err.errors(include_url=False, include_input=False)[0]
         more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise ClaimFormatError(f"{_path(first['loc'])}: {first['msg']}{more}") from None
+        raise ClaimFormatError(f"{field_path(first['loc'])}: {first['msg']}{more}") from None
