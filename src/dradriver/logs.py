@@ -186,6 +186,7 @@ def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING if level < VERBOSITY_DEBUG else logging.DEBUG)
+    logging.captureWarnings(False)  # re-install: a harness may have restored showwarning since
     logging.captureWarnings(True)
     if fmt == "json":
         _log_uncaught_exceptions()

@@ -69,6 +69,9 @@ _CORE = "tag:yaml.org,2002:"
 _MERGE = object()
 _NO_KEY = object()
 _MEMO_MAX = 10_000
+#: First characters of plain scalars that may be something other than a string (PyYAML's
+#: implicit resolvers, YAML 1.1: null, bool, int, float, timestamp, merge).
+_RESOLVABLE = frozenset(Resolver.yaml_implicit_resolvers)
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
@@ -231,7 +234,9 @@ def _build(text: str, limits: Limits) -> list[Any]:
         if kind is ScalarEvent:
             tag = event.tag
             if tag is None:
-                value = scalars.plain(event.value, event.start_mark) if event.implicit[0] else event.value
+                value = event.value
+                if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
+                    value = scalars.plain(value, event.start_mark)
             elif tag == "!":
                 value = event.value
             else:
