@@ -84,6 +84,8 @@ class ServeProcess:
         self.env = inherited | {"PYTHONUNBUFFERED": "1"} | (env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = root / "serve.log"
+        if claims_from_files:
+            self.claims_dir.mkdir(exist_ok=True)
 
     @property
     def registration_socket(self) -> Path:
@@ -97,7 +99,7 @@ class ServeProcess:
     def lock_file(self) -> Path:
         return self.plugins_dir / self.driver / "serve.lock"
 
-    def start(self, wait: bool = True) -> ServeProcess:
+    def start(self, wait: bool = True, *, umask: int = -1) -> ServeProcess:
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dradriver", "serve", *self.args],
@@ -105,6 +107,7 @@ class ServeProcess:
             stderr=subprocess.STDOUT,
             env=self.env,
             text=True,
+            umask=umask,
         )
         if wait:
             wait_for(self.registration_socket.exists, 20, f"{self.registration_socket} (log: {self.log()})")

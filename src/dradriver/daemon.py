@@ -7,9 +7,11 @@ the kubelet can already register us. Calls that arrive before that finishes wait
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,23 +24,24 @@ from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
 from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
+from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet
     from dradriver.discovery import DeviceLibrary
     from dradriver.health.config import HealthConfig
-    from dradriver.health.monitor import HealthMonitor
     from dradriver.health.targets import HealthTargets
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
-    from dradriver.prepare.stale import StaleClaimCollector
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
 INIT_WAIT_SECONDS = 30.0
+#: After --shutdown-grace, this long for the last clean-up before the process exits regardless.
+HARD_EXIT_MARGIN_SECONDS = 0.5
 
 log = logs.get_logger(component="daemon")
 
@@ -120,20 +123,25 @@ class Daemon:
         self._fatal = ""
         self._signal: str | None = None
         self._publisher: SliceController | None = None
-        self._collector: StaleClaimCollector | None = None
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
-        self._health: HealthMonitor | None = None
         self._health_targets: HealthTargets | None = None
         self._node_events: NodeEventSender | None = None
+        # What start-up has started, stopped in reverse order; guarded so that a signal at any
+        # moment of start-up stops exactly what runs (see `_started`).
+        self._lifecycle = threading.Lock()
+        self._stopping = False
+        self._stops: list[tuple[str, Callable[[], None]]] = []
 
     def run(self) -> int:
         # Before anything binds: a SIGTERM during start-up must still clean up.
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        if (early := pending_stop_signal()) is not None:
+            self._on_signal(early, None)
         try:
             self.server.start()
         except StartupError as err:
-            print(f"dradriver serve: error: {err}", file=sys.stderr)
+            self._report_fatal(str(err))
             return 1
         logs.configure(self.config.log_format, self.config.verbosity)
         log.info(
@@ -144,29 +152,73 @@ class Daemon:
             dra_socket=str(self.paths.dra_socket),
             registration_socket=str(self.paths.registration_socket),
         )
-        probes = self._start_probes()
-        threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
+        probes = None
+        try:
+            probes = self._start_probes()
+        except OSError as err:  # the port is taken, or the address is not ours
+            self._fail(
+                f"--metrics-address {self.config.metrics_address}: cannot listen: {err.strerror or err}"
+            )
+        else:
+            threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
         while not self._stop.wait(1.0):
             pass
-        log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
-        if self._collector is not None:
-            self._collector.stop()
-        if self._publisher is not None:
+        return self._shutdown(probes)
+
+    def _shutdown(self, probes: ProbeServer | None) -> int:
+        """Stop everything within --shutdown-grace; whatever is still stuck then (a call blocked
+        on I/O) cannot keep the process: it is gone within the grace plus one second."""
+        grace = self.config.shutdown_grace
+        deadline = time.monotonic() + grace
+        code = 1 if self._fatal else 0
+        _hard_exit_after(deadline + HARD_EXIT_MARGIN_SECONDS, code, self.server.abandon)
+        log.info("shutting down", signal=self._signal, grace_seconds=grace)
+        with self._lifecycle:
+            self._stopping = True
+            stops = list(reversed(self._stops))
+        self.driver.fail("the plugin is shutting down")  # calls waiting for start-up return now
+
+        def stop_components() -> None:
             # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
             # while a restart (upgrade, crash) re-adopts them with zero writes.
-            self._publisher.stop()
-        if self._health is not None:
-            self._health.stop()
-        if self._node_events is not None:
-            self._node_events.close()
-        self.server.stop(self.config.shutdown_grace)
+            for name, stop in stops:
+                try:
+                    stop()
+                except Exception as err:
+                    log.warning("stopping a component failed", component_name=name, error=str(err))
+
+        stopper = threading.Thread(target=stop_components, name="stop-components", daemon=True)
+        stopper.start()
+        self.server.stop(grace)
+        stopper.join(max(0.0, deadline - time.monotonic()))
         if probes is not None:
             probes.stop()
         log.info("stopped; sockets and lock removed")
         if self._fatal:
-            print(f"dradriver serve: error: {self._fatal}", file=sys.stderr)
-            return 1
-        return 0
+            self._report_fatal(self._fatal)
+        return code
+
+    def _report_fatal(self, message: str) -> None:
+        """The one line that says why serve stops (a JSON record in --log-format json)."""
+        if self.config.log_format == "json":
+            logs.configure("json", self.config.verbosity)
+            log.error("dradriver serve failed", error=message)
+        else:
+            print(f"dradriver serve: error: {message}", file=sys.stderr)
+
+    def _fail(self, message: str) -> None:
+        self._fatal = self._fatal or message
+        self._stop.set()
+
+    def _started(self, name: str, stop: Callable[[], None]) -> None:
+        """Record a started component; if shutdown has begun meanwhile, stop it at once and end
+        start-up (the shutdown did not see it)."""
+        with self._lifecycle:
+            if not self._stopping:
+                self._stops.append((name, stop))
+                return
+        stop()
+        raise _StartupInterruptedError
 
     def readiness_problem(self) -> str | None:
         """Ready once the kubelet has accepted our registration, the driver is built and, with a
@@ -232,10 +284,12 @@ class Daemon:
     def _publish(self, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> None:
         from dradriver.publish import SliceController
 
-        self._publisher = SliceController(
+        publisher = SliceController(
             client, driver_name=self.config.driver_name, node_name=self.config.node_name, desired=desired
         )
-        self._publisher.start()
+        publisher.start()
+        self._publisher = publisher
+        self._started("publisher", publisher.stop)
 
     def _created_gpu_instances(self) -> frozenset[tuple[str, int]]:
         """MIG devices an earlier run made for claims, from the checkpoint (recovery settles them).
@@ -317,14 +371,14 @@ class Daemon:
             self._node_events = NodeEventSender(
                 client, node_name=self.config.node_name, component=self.config.driver_name
             )
+            self._started("node-events", self._node_events.close)
             sinks += [
                 taints,
                 effects.NodeEventSink(self._node_events, self.config.driver_name, config.taint_effect),
             ]
-        self._health = HealthMonitor(
-            source=source, targets=targets, config=config, sinks=sinks, metrics=metrics
-        )
-        self._health.start()
+        monitor = HealthMonitor(source=source, targets=targets, config=config, sinks=sinks, metrics=metrics)
+        monitor.start()
+        self._started("health", monitor.stop)
         return taints.taints
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -334,20 +388,28 @@ class Daemon:
     def _initialize(self) -> None:
         try:
             self.driver.set(self._build_driver())
+        except _StartupInterruptedError:
+            return
         except Exception as err:
-            log.exception("initialization failed")
-            self._fatal = str(err)
+            if not isinstance(err, OSError | ValueError):
+                log.exception("initialization failed")
             self.driver.fail(str(err))
-            self._stop.set()
+            self._fail(str(err))
 
     def _build_driver(self) -> Driver:
         """Discovery, the device model and the GPU driver, built once the sockets are up."""
         from dradriver.devicemodel import build_devices
         from dradriver.discovery import open_library
+        from dradriver.files.write import ensure_directory
         from dradriver.health.taints import with_taints
-        from dradriver.slices import render_slices
+        from dradriver.slices import render_node_slices
 
         config = self.config
+        for flag, directory in (("--cdi-dir", config.cdi_dir), ("--state-dir", config.state_dir)):
+            try:
+                ensure_directory(directory)
+            except OSError as err:
+                raise OSError(f"{flag} {directory}: cannot create: {err.strerror or err}") from None
         library = open_library(
             config.fake_gpus, driver_root=config.driver_root_mount, proc_root=config.proc_root
         )
@@ -362,12 +424,12 @@ class Daemon:
             inventory, driver_name=config.driver_name, partitionable=config.partitionable, created=created
         )
         for warning in devices.warnings:
-            log.warning("device model", detail=warning)
+            log.warning("device model", reason=warning)
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
         client = self._connect()
 
         def desired() -> list[dict[str, Any]]:
-            return render_slices(
+            return render_node_slices(
                 with_taints(devices, self._taints()),
                 node_name=config.node_name,
                 driver_name=config.driver_name,
@@ -413,14 +475,16 @@ class Daemon:
             boot_id=read_boot_id(),
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
         )
+        self._started("driver", driver.close)
         recovery = driver.recover()
         if self._health_targets is not None:
             self._health_targets.created = driver.created_instances
         if driver.claims.authoritative:
             from dradriver.prepare.stale import StaleClaimCollector
 
-            self._collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
-            self._collector.start()
+            collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
+            collector.start()
+            self._started("stale-claims", collector.stop)
         if config.metrics_address:
             self._install_metrics(
                 driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}
@@ -442,3 +506,24 @@ def _metrics_exposition() -> bytes:
     from dradriver import metrics
 
     return metrics.exposition()
+
+
+class _StartupInterruptedError(Exception):
+    """Shutdown began while start-up was still starting things."""
+
+
+def _hard_exit_after(deadline: float, code: int, cleanup: Callable[[], None]) -> None:
+    """Exit the process at `deadline` (monotonic) even if threads are stuck: threads blocked on
+    I/O cannot be interrupted, and the interpreter would wait for them forever at exit."""
+
+    def watchdog() -> None:
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        try:
+            cleanup()
+            log.warning("shutdown grace period over: exiting with calls still running")
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    threading.Thread(target=watchdog, name="hard-exit", daemon=True).start()

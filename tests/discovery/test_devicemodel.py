@@ -269,10 +269,14 @@ def test_invalid_driver_name_is_rejected() -> None:
 
 def test_the_published_attribute_table_is_what_the_device_model_writes() -> None:
     """devicemodel.attributes (what tools without devices rely on) equals what build_devices
-    publishes over every built-in profile, both modes, plus a MIG GPU with an addressing mode."""
-    gh200 = replace(_inventory("dgx-h100-mig").gpus[0], addressing_mode="ATS")
+    publishes over every built-in profile, both modes, plus GPUs with an addressing mode: one in
+    MIG mode (its MIG devices carry it) and one not (offered whole)."""
+    gpus = _inventory("dgx-h100-mig").gpus
+    gh200 = replace(gpus[0], addressing_mode="ATS")
+    assert not gpus[-1].mig_enabled
+    whole = replace(gpus[-1], addressing_mode="ATS")
     inventories = [_inventory(p) for p in builtin_profile_names()]
-    inventories.append(NodeInventory("580.65.06", "13.0", (gh200,)))
+    inventories.append(NodeInventory("580.65.06", "13.0", (gh200, whole)))
     seen: dict[tuple[str, str], set[str]] = {}
     capacities: dict[str, set[str]] = {}
     for inventory in inventories:

@@ -108,7 +108,7 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         (gpu3,) = [d for d in report["devices"] if d["device"] == "gpu-3"]
         assert (gpu3["health"], gpu3["reason"], gpu3["message"]) == ("UNHEALTHY", "79", message)
         table = status(serve).stdout
-        assert "Device health: 1 of 8 devices not healthy (source: fake)" in table
+        assert "device health: 1 of 8 devices not healthy (source: fake)" in table
         assert "XID 79 (GPU has fallen off the bus)" in table
 
         recovered = stream.wait("gpu-3", Health.HEALTHY, timeout=60)

@@ -145,7 +145,7 @@ class NvmlServe:
         args = ["--partitionable", "--proc-root", str(self.proc)]
         args += ["--metrics-address", f"127.0.0.1:{self.metrics_port}"]
         self.serve = ServeProcess(root, args, env, fake_gpus=None)
-        self.serve.claims_dir.mkdir()
+        self.serve.claims_dir.mkdir(exist_ok=True)
         self.checkpoint = CheckpointStore(self.serve.plugins_dir / DRIVER)
 
     def write_config(self, extra: str = "") -> None:

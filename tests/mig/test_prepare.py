@@ -172,6 +172,7 @@ def test_a_claim_gone_from_the_api_server_gets_its_mig_device_destroyed(
 
     class Gone:
         authoritative = True
+        remote = True
 
         def get(self, namespace: str, name: str) -> Any:
             raise ClaimNotFoundError(f"{namespace}/{name} not found")
@@ -283,7 +284,7 @@ def test_serve_on_fake_gpus_creates_mig_devices_and_keeps_them_across_a_restart(
 
     with short_tmpdir() as root:
         serve = ServeProcess(root, ["--partitionable"], fake_gpus="a100-mig-empty")
-        serve.claims_dir.mkdir()
+        serve.claims_dir.mkdir(exist_ok=True)
         refs = []
         for n, device in ((20, "gpu-0-mig-3g40gb-4"), (21, "gpu-0-mig-4g40gb-0")):
             (serve.claims_dir / f"{n}.yaml").write_text(yaml.safe_dump(mig_claim(n, device)))

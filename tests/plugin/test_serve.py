@@ -215,7 +215,7 @@ def test_env_vars_set_flags() -> None:
     ("args", "message"),
     [
         (["--driver-name", "Bad_Name"], "invalid driver name 'Bad_Name'"),
-        (["--verbosity", "loud"], "invalid int value"),
+        (["--verbosity", "loud"], "invalid verbosity 'loud'"),
         (["--metrics-address", "nowhere"], "invalid address"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],
@@ -283,8 +283,10 @@ def test_metrics_follow_calls_devices_and_registration() -> None:
         refs = write_claims(serve, range(3))
         kubeletclient.register(serve.registration_socket)
         with kubeletclient.DRAClient(serve.dra_socket) as client:
-            wait_for(
-                lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "devices"
+            wait_for(  # http_get, not scrape: the probe server may not listen yet
+                lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in http_get(port, "/metrics")[1],
+                20,
+                "devices",
             )
             client.prepare(refs)
             bad = ClaimRef("default", "nope", "not-a-uid")

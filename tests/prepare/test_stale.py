@@ -18,6 +18,7 @@ class ApiLike:
     """An authoritative claim source whose answers the test controls."""
 
     authoritative = True
+    remote = True
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], Mapping[str, Any]] = {}

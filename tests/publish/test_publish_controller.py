@@ -14,7 +14,7 @@ import pytest
 
 from dradriver.kube import KubeClient, load_client
 from dradriver.publish import SliceController, delete_node_slices
-from dradriver.slices import build_node_slices
+from dradriver.slices import InvalidSlicesError, build_node_slices, validate_node_pool
 from tests.helpers import wait_for, write_gpu_profile
 from tests.publish.apiservers import TEST_DRIVER, Backend
 from tests.publish.fakeslices import desired_slices, fake_devices
@@ -24,7 +24,8 @@ Json = dict[str, Any]
 
 
 class Devices:
-    """The node's device set, changeable by a test; renders the desired slices."""
+    """The node's device set, changeable by a test; renders the desired slices and, as
+    `render_node_slices` does, refuses a pool that fails `validate_node_pool`."""
 
     def __init__(self, node: str, count: int, **kw: Any) -> None:
         self.node = node
@@ -32,7 +33,10 @@ class Devices:
         self.counters = bool(kw.get("counters"))
 
     def __call__(self) -> list[Json]:
-        return desired_slices(self.devices, driver=TEST_DRIVER, node=self.node, counters=self.counters)
+        slices = desired_slices(self.devices, driver=TEST_DRIVER, node=self.node, counters=self.counters)
+        if findings := validate_node_pool(slices, driver=TEST_DRIVER, node=self.node):
+            raise InvalidSlicesError(findings)
+        return slices
 
 
 @pytest.fixture
@@ -306,7 +310,7 @@ def test_invalid_desired_slices_are_not_published(
     devices.devices.append(dict(devices.devices[0]))  # a duplicate device name
     controller = start(backend.client(), node, devices)
     wait_for(
-        lambda: "must be unique in the pool" in (controller.status.last_error or ""),
+        lambda: "Duplicate value: device name 'gpu-0'" in (controller.status.last_error or ""),
         10,
         "the invalid-pool error",
     )

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.names import int64_error
+
 RESOURCE_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 EXACT_COUNT = "ExactCount"
@@ -53,6 +55,13 @@ def _str(value: Any, where: str, *, required: bool = True) -> str:
         return ""
     if not isinstance(value, str):
         raise InputError(f"{where}: must be a string")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if (problem := int64_error(value)) is not None:
+        raise InputError(f"{where}: {problem}")
+    assert isinstance(value, int)
     return value
 
 
@@ -201,8 +210,10 @@ def _device_request(raw: Mapping[str, Any], name: str, where: str) -> DeviceRequ
         count = 0
     else:
         count = 1 if count_raw is None else count_raw
-        if type(count) is not int or count < 1:
-            raise InputError(f"{where}.count: must be a positive integer, not {count_raw!r}")
+        if (problem := int64_error(count)) is not None:
+            raise InputError(f"{where}.count: {problem}")
+        if count < 1:
+            raise InputError(f"{where}.count: must be greater than zero, not {count}")
     admin = raw.get("adminAccess")
     if admin is not None and not isinstance(admin, bool):
         raise InputError(f"{where}.adminAccess: must be a boolean")
@@ -376,9 +387,9 @@ def parse_slice(obj: Mapping[str, Any]) -> Slice:
         name=name,
         driver=driver,
         pool=pool_name,
-        generation=int(pool.get("generation") or 0),
-        slice_count=int(pool.get("resourceSliceCount") or 1),
-        node_name=str(spec.get("nodeName") or ""),
+        generation=_int(pool.get("generation") or 0, f"{ref}: spec.pool.generation"),
+        slice_count=_int(pool.get("resourceSliceCount") or 1, f"{ref}: spec.pool.resourceSliceCount"),
+        node_name=_str(spec.get("nodeName"), f"{ref}: spec.nodeName", required=False),
         all_nodes=bool(spec.get("allNodes") or False),
         node_selector=spec.get("nodeSelector"),
         devices=tuple(devices),

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.allocation.model import API_VERSIONS, RESOURCE_GROUP
-from dradriver.names import dns_label_error, dns_subdomain_error, driver_name_error, qualified_name_error
+from dradriver.names import (
+    dns_label_error,
+    dns_subdomain_error,
+    driver_name_error,
+    int64_error,
+    qualified_name_error,
+)
 
 DEVICE_REQUESTS_MAX = 32  # DeviceRequestsMaxSize = AllocationResultsMaxSize
 DEVICE_SELECTORS_MAX = 32
@@ -180,6 +186,9 @@ class _Checker:
                     toleration.get("value"),
                     "value must be empty when `operator` is 'Exists'",
                 )
+            seconds = toleration.get("tolerationSeconds")
+            if seconds is not None and (err := int64_error(seconds)) is not None:
+                self.invalid(f"{path}[{i}].tolerationSeconds", seconds, err)
             effect = toleration.get("effect")
             if effect and effect not in TOLERATION_EFFECTS:
                 self.add(
@@ -197,10 +206,12 @@ class _Checker:
         mode = raw.get("allocationMode") or "ExactCount"
         count = raw.get("count")
         if mode == "All":
-            if count not in (None, 0):
+            if count is not None and (count != 0 or type(count) is not int):
                 self.invalid(f"{path}.count", count, "must not be specified when allocationMode is 'All'")
         elif mode == "ExactCount":
-            if count is not None and (type(count) is not int or count <= 0):
+            if count is not None and (err := int64_error(count)) is not None:
+                self.invalid(f"{path}.count", count, err)
+            elif count is not None and count <= 0:
                 self.invalid(f"{path}.count", count, "must be greater than zero")
         else:
             self.add(

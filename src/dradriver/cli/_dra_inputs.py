@@ -8,7 +8,6 @@ objects came from.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,30 +42,28 @@ def _flatten(value: Any) -> Iterator[Any]:
 
 def read_documents(path: str) -> list[Document]:
     """All objects in a YAML or JSON file; CLIError naming the file on unreadable input."""
+    from dradriver.files import FileInputError, load_documents
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise CLIError(f"{path}: cannot read: {err.strerror or err}") from None
-    return parse_documents(text, path)
+        raw = load_documents(path)
+    except FileInputError as err:
+        raise CLIError(str(err)) from None
+    return _objects(raw, path)
 
 
 def parse_documents(text: str, source: str) -> list[Document]:
-    """All objects in YAML or JSON text (`source` names it: a path, or `-` for stdin)."""
-    raw: list[Any]
-    stripped = text.lstrip()
-    if source.endswith(".json") or stripped.startswith(("{", "[")):
-        try:
-            raw = [json.loads(text)]
-        except json.JSONDecodeError as err:
-            raise CLIError(f"{source}: invalid JSON: {err}") from None
-    else:
-        import yaml
+    """All objects in YAML or JSON text (`source` names it, e.g. `-` for stdin), read by the same
+    safe loader as files."""
+    from dradriver.files import FileInputError, parse_text
 
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        try:
-            raw = list(yaml.load_all(text, Loader=loader))
-        except yaml.YAMLError as err:
-            raise CLIError(f"{source}: invalid YAML: {str(err).splitlines()[0]}") from None
+    try:
+        raw = parse_text(text, source, json_text=True if source.endswith(".json") else None)
+    except FileInputError as err:
+        raise CLIError(str(err)) from None
+    return _objects(raw, source)
+
+
+def _objects(raw: list[Any], source: str) -> list[Document]:
     documents: list[Document] = []
     for item in _flatten(raw):
         if not isinstance(item, Mapping):
@@ -256,25 +253,6 @@ class Cluster:
         return [doc for doc in claims if (doc.obj.get("status") or {}).get("allocation")]
 
 
-def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
-    """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
-    import os
-
-    from dradriver.cli._common import env_name
-
-    name = env_name(flag)
-    from_env = os.environ.get(name, "").split()
-    parser.add_argument(
-        flag,
-        dest=dest,
-        nargs="+",
-        action="extend",
-        metavar="FILE",
-        default=from_env or None,
-        help=f"{help} (env {name}, space-separated)",
-    )
-
-
 def add_inventory_flags(parser: Any) -> None:
     """--fake-gpus (with --partitionable) / --slices / --cluster (mutually exclusive) plus --node."""
     from dradriver.cli._common import (
@@ -282,6 +260,7 @@ def add_inventory_flags(parser: Any) -> None:
         add_kubeconfig_flag,
         add_partitionable_flag,
         env_flag,
+        env_list_flag,
         env_switch,
     )
 
@@ -299,6 +278,16 @@ def add_inventory_flags(parser: Any) -> None:
         metavar="NAME",
         help="only devices of this node (default: every node in the inventory; the fake GPU node name)",
     )
+
+
+def check_node(slices: Sequence[Any], node: str | None) -> None:
+    """--node must name a node of the inventory (unless some slices serve every node): a typo
+    would otherwise be an empty result that looks like an answer."""
+    if not node or any(s.node_name == node or not s.node_name for s in slices):
+        return
+    nodes = sorted({s.node_name for s in slices})
+    shown = ", ".join(nodes[:10]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 10 else "")
+    raise CLIError(f"--node {node}: no device of the inventory is on this node (nodes: {shown or 'none'})")
 
 
 def inventory_from_args(args: Any) -> InventorySource:

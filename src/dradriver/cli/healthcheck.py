@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dradriver.cli._common import add_command, add_driver_name_flag, add_plugins_dir_flag, env_flag
+from dradriver.cli._common import (
+    add_command,
+    add_driver_name_flag,
+    add_plugins_dir_flag,
+    env_flag,
+    positive_duration,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -26,7 +32,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--timeout",
-        type=float,
+        type=positive_duration,
         default=5.0,
         metavar="SECONDS",
         help="how long to wait for the answer",

@@ -18,8 +18,9 @@ from dradriver.cli._common import (
     add_partitionable_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
-    driver_root_mount,
+    duration,
     env_flag,
+    existing_directory,
     state_dir,
 )
 
@@ -56,7 +57,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--claims-dir",
-        type=absolute_path,
+        type=existing_directory,
         metavar="DIR",
         help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
         "(node-only set-ups, the demo and tests)",
@@ -73,7 +74,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--stale-claim-grace",
-        type=float,
+        type=duration,
         default=300.0,
         metavar="SECONDS",
         help="unprepare a prepared claim once its ResourceClaim has been gone from the API server this long",
@@ -81,10 +82,11 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
+        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish; the process is gone "
+        "within this plus one second, whatever is still running",
     )
     env_flag(
         parser,
@@ -113,8 +115,35 @@ def probe_address(value: str) -> str:
     return value
 
 
+def _check_input_files(args: argparse.Namespace) -> None:
+    """Files named on the command line are read before the sockets come up: bad input is one
+    line and exit 2 with nothing created (built-in profiles need no check)."""
+    if args.kubeconfig:  # as kubectl: a kubeconfig named explicitly must exist and parse
+        from dradriver.files import FileInputError, load_document
+
+        try:
+            load_document(Path(args.kubeconfig).expanduser())
+        except FileInputError as err:
+            raise CLIError(f"--kubeconfig {err}") from None
+    if args.fake_gpus:
+        from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
+
+        if args.fake_gpus in builtin_profile_names():
+            return  # ours, and loading it costs the sockets-first start-up 0.1 s of imports
+        try:
+            open_library(args.fake_gpus).close()
+        except DiscoveryError as err:
+            raise CLIError(f"--fake-gpus: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
+
+    driver_root_mount: Path = args.driver_root_mount or args.driver_root
+    if not args.fake_gpus and not driver_root_mount.is_dir():
+        flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
+        raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
+    _check_input_files(args)
 
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
@@ -140,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        driver_root_mount=driver_root_mount(args),
+        driver_root_mount=driver_root_mount,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         health=health,

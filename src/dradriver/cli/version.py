@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import sys
 from typing import Any
 
 from dradriver.cli import _common
-from dradriver.cli.cel import add_output_flag
 
 
 def register(subparsers: Any) -> None:
@@ -19,7 +16,7 @@ def register(subparsers: Any) -> None:
         help="show the version, the commit it was built from, and the Kubernetes and DRA APIs it speaks",
         run=run,
     )
-    add_output_flag(parser)
+    _common.add_output_flag(parser)
 
 
 def version_info() -> dict[str, Any]:
@@ -51,8 +48,10 @@ def version_info() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     info = version_info()
-    if args.output == "json":
-        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(info, args.output)
         return 0
     kubernetes, dra = info["kubernetes"], info["dra"]
     print(f"dradriver {info['version']} (commit {info['commit']}, tree {info['treeState']})")

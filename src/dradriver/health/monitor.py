@@ -134,7 +134,7 @@ class HealthMonitor:
                 **where,
             )
             return []
-        log.warning("fatal GPU event", problem=assessment.problem.message, devices=list(devices), **where)
+        log.warning("fatal GPU event", reason=assessment.problem.message, devices=list(devices), **where)
         return self._tracker.observe(devices, assessment.problem, now)
 
     def _recheck(self, now: float) -> list[Transition]:
@@ -149,7 +149,7 @@ class HealthMonitor:
                 results[gpu] = self._source.check(gpu)
             changes += self._tracker.rechecked(device, results[gpu], now, self._wall())
         for gpu, failure in results.items():
-            log.info("GPU re-checked", gpu=gpu, passed=failure is None, failure=failure)
+            log.info("GPU re-checked", gpu=gpu, passed=failure is None, error=failure)
         return changes
 
     def _apply(self, changes: Sequence[Transition]) -> None:

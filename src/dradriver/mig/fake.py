@@ -79,7 +79,7 @@ class FakeMigControl:
     def _save(self) -> None:
         if self.state_file is None:
             return
-        from dradriver.atomicfile import write_atomically
+        from dradriver.files.write import write_atomically
 
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.state_file, json.dumps(self._state.model_dump()).encode(), mode=0o600)

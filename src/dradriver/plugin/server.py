@@ -4,13 +4,19 @@ Start-up follows the Go `kubeletplugin` helper: take the instance lock, remove s
 serve the DRA socket, then the registration socket (so the DRA services are up by the time the
 kubelet reacts to registration). A watchdog re-creates a socket that was deleted under us (the
 kubelet's plugin directories wiped), and `stop` drains in-flight calls before removing everything.
+
+Whoever can connect to the DRA socket can prepare claims, so its mode never depends on the
+umask: each socket is bound inside a fresh private (0700) directory, set to SOCKET_MODE there,
+and only then renamed into place. The lock file is opened without following symlinks.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import stat
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -22,18 +28,24 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
+from dradriver.files.write import ensure_directory
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
-#: sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
+#: sun_path is 108 bytes including the terminating NUL; each socket is first bound in a private
+#: directory beside it, whose name (`.b` and 8 random characters) must fit too.
+_STAGING_PREFIX = ".b"
+MAX_SOCKET_PATH_BYTES = 107 - len(_STAGING_PREFIX) - 8 - 1
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
 MAX_WORKERS = 16
 #: How often the watchdog checks that our sockets still exist.
 WATCH_INTERVAL_SECONDS = 1.0
 #: In-flight calls on a DRA server whose socket vanished get this long before it is torn down.
 RESTART_GRACE_SECONDS = 2.0
+#: The kubelet (root) is the only client of our sockets.
+SOCKET_MODE = 0o600
+LOCK_FILE_MODE = 0o644
 
 log = logs.get_logger(component="server")
 
@@ -77,14 +89,15 @@ class InstanceLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(self._path.parent)
         while True:
-            handle = self._path.open("a+")
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
+            handle = os.fdopen(fd, "r+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 handle.seek(0)
-                owner = handle.read().strip() or "unknown"
+                owner = handle.read(64).strip() or "unknown"
                 handle.close()
                 raise StartupError(
                     f"another dradriver serve (pid {owner}) holds {self._path}; "
@@ -94,6 +107,7 @@ class InstanceLock:
             if self._path.exists() and os.stat(self._path).st_ino == os.fstat(handle.fileno()).st_ino:
                 break
             handle.close()
+        os.fchmod(handle.fileno(), LOCK_FILE_MODE)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -115,12 +129,20 @@ class _SocketServer:
         self.path = path
         self.server = server
         _remove_stale_socket(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(path.parent)
+        # Bound where nobody else can reach it, given its mode, then moved into place.
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=path.parent))
         try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as err:
-            raise StartupError(f"cannot listen on {path}: {err}") from err
-        server.start()
+            bound = staging / path.name
+            try:
+                server.add_insecure_port(f"unix://{bound}")
+            except RuntimeError as err:
+                raise StartupError(f"cannot listen on {path}: {err}") from err
+            server.start()
+            os.chmod(bound, SOCKET_MODE)
+            os.rename(bound, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         self.inode = os.stat(path).st_ino
 
     def still_there(self) -> bool:
@@ -132,6 +154,9 @@ class _SocketServer:
 
     def stop(self, grace: float | None) -> None:
         self.server.stop(grace).wait()
+        self.remove()
+
+    def remove(self) -> None:
         if self.still_there():
             self.path.unlink(missing_ok=True)
 
@@ -192,14 +217,22 @@ class PluginServer:
         self._restart_lock = threading.Lock()
 
     def start(self) -> None:
+        """Take the lock and bring both sockets up; StartupError (with nothing left behind) if not."""
         self.paths.check()
-        self._lock.acquire()
+        try:
+            self._lock.acquire()
+        except OSError as err:
+            raise StartupError(
+                f"cannot take the lock {self.paths.lock_file}: {err.strerror or err}"
+            ) from None
         try:
             self._dra = self._serve_dra()
             self._reg = self._serve_registration()
-        except BaseException:
+        except BaseException as err:
             self._stop_sockets(grace=0)
             self._lock.release()
+            if isinstance(err, OSError):
+                raise StartupError(f"cannot create the plugin sockets: {err}") from None
             raise
         self._watchdog = threading.Thread(target=self._watch, name="socket-watchdog", daemon=True)
         self._watchdog.start()
@@ -211,6 +244,14 @@ class PluginServer:
             self._watchdog.join()
         self._board.close()  # ends health streams so they do not hold up the drain
         self._stop_sockets(grace)
+        self._lock.release()
+
+    def abandon(self) -> None:
+        """Remove our sockets and lock without waiting for anything: the last act of a process
+        that exits with calls still running."""
+        for server in (self._reg, self._dra):
+            if server is not None:
+                server.remove()
         self._lock.release()
 
     def liveness_problem(self) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dradriver.devicemodel import PossibleMig
 from dradriver.discovery import Gpu, MigDevice
@@ -28,6 +27,7 @@ from dradriver.prepare.config import (
     effective,
     our_configs,
 )
+from dradriver.prepare.resourceclaim import AllocationResult, DeviceAllocation, ResourceClaim
 
 #: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Published = Gpu | MigDevice | PossibleMig
@@ -62,36 +62,36 @@ class ClaimPlan:
 
 
 def plan_claim(
-    claim: Mapping[str, Any],
+    claim: ResourceClaim,
     ref: ClaimRef,
     *,
     driver_name: str,
     pool_name: str,
     devices: Mapping[str, Published],
 ) -> ClaimPlan:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    allocated = allocation.get("devices") or {}
+    allocation = claim.status.allocation
+    allocated = allocation.devices if allocation is not None else DeviceAllocation()
     try:
-        configs = our_configs(allocated.get("config") or [], driver_name)
+        configs = our_configs(allocated.config, driver_name)
     except ConfigError as err:
         raise PlanError(f"claim {ref}: invalid opaque config: {err}") from None
 
-    grouped: dict[tuple[str, str | None], list[Mapping[str, Any]]] = {}
-    for result in allocated.get("results") or []:
-        if result.get("driver") != driver_name:
+    grouped: dict[tuple[str, str | None], list[AllocationResult]] = {}
+    for result in allocated.results:
+        if result.driver != driver_name:
             continue
-        if result.get("pool") != pool_name:
+        if result.pool != pool_name:
             raise PlanError(
-                f"claim {ref}: request {result.get('request')!r} was allocated device "
-                f"{result.get('device')!r} in pool {result.get('pool')!r}, "
+                f"claim {ref}: request {result.request!r} was allocated device "
+                f"{result.device!r} in pool {result.pool!r}, "
                 f"but this node's pool is {pool_name!r}"
             )
-        if result.get("device") not in devices:
+        if result.device not in devices:
             raise PlanError(
-                f"claim {ref}: request {result.get('request')!r} was allocated device "
-                f"{result.get('device')!r}, which this node does not have"
+                f"claim {ref}: request {result.request!r} was allocated device "
+                f"{result.device!r}, which this node does not have"
             )
-        grouped.setdefault((result["device"], result.get("shareID")), []).append(result)
+        grouped.setdefault((result.device, result.share_id), []).append(result)
 
     planned = [
         _plan_device(
@@ -134,13 +134,13 @@ def _plan_device(
     ref: ClaimRef,
     name: str,
     share_id: str | None,
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence[AllocationResult],
     *,
     pool: str,
     hardware: Published,
     configs: Sequence[ScopedConfig],
 ) -> PlannedDevice:
-    requests = tuple(dict.fromkeys(str(r.get("request", "")) for r in results))
+    requests = tuple(dict.fromkeys(r.request for r in results))
     kind = _config_kind(hardware)
     for scoped in configs:
         if (
@@ -162,7 +162,7 @@ def _plan_device(
         pool=pool,
         hardware=hardware,
         requests=requests,
-        admin_access=all(bool(r.get("adminAccess")) for r in results),
+        admin_access=all(bool(r.admin_access) for r in results),
         share_id=share_id,
         sharing=config.sharing if config is not None else None,
     )

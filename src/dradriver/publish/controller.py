@@ -26,13 +26,13 @@ from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
 from dradriver.publish.cache import SliceCache
 from dradriver.publish.reconcile import (
-    InvalidPoolError,
     Plan,
     content,
     contents_equal,
     fingerprint,
     plan_pool,
 )
+from dradriver.slices import InvalidSlicesError
 from dradriver.slices.compare import dropped_gates
 
 Json = dict[str, Any]
@@ -96,7 +96,7 @@ def delete_node_slices(client: KubeClient, *, driver_name: str, node_name: str) 
 class SliceController:
     """Publishes `desired()` as this node's pool and keeps it that way (see module docstring).
 
-    `desired()` returns full ResourceSlice objects in priority order (as `render_slices` makes
+    `desired()` returns full ResourceSlice objects in priority order (as `render_node_slices` makes
     them); the controller owns their names, owner reference and pool generation.
     """
 
@@ -261,7 +261,7 @@ class SliceController:
                 request = self._requested
             try:
                 plan = self._sync_once()
-            except InvalidPoolError as err:  # retried on the next resync, not in a loop
+            except InvalidSlicesError as err:  # retried on the next resync, not in a loop
                 self._log.error("not publishing: invalid desired ResourceSlices", error=str(err))
                 self._set_status(in_sync=False, last_error=str(err))
                 continue
