@@ -16,7 +16,7 @@ from typing import Any
 from lark import Token, Tree
 
 from dradriver.cel import ast
-from dradriver.cel.errors import CELCompileError
+from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError
 from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, UInt
 
 MAX_RECURSION_DEPTH = 250
@@ -165,18 +165,148 @@ def _cache_file() -> str | bool:
     return str(directory / f"cel-grammar-lark-{lark.__version__}.cache")
 
 
-def _syntax_message(err: Exception) -> str:
-    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+# ANTLR's names for CEL.g4's tokens, in the grammar's token order (how it lists expected sets).
+_ANTLR_TOKENS = (
+    ("__ANON_4", "'=='"),
+    ("__ANON_5", "'!='"),
+    ("IN", "'in'"),
+    ("LESSTHAN", "'<'"),
+    ("__ANON_2", "'<='"),
+    ("__ANON_3", "'>='"),
+    ("MORETHAN", "'>'"),
+    ("__ANON_1", "'&&'"),
+    ("__ANON_0", "'||'"),
+    ("LSQB", "'['"),
+    ("RSQB", "']'"),
+    ("LBRACE", "'{'"),
+    ("RBRACE", "'}'"),
+    ("LPAR", "'('"),
+    ("RPAR", "')'"),
+    ("DOT", "'.'"),
+    ("COMMA", "','"),
+    ("MINUS", "'-'"),
+    ("BANG", "'!'"),
+    ("QMARK", "'?'"),
+    ("COLON", "':'"),
+    ("PLUS", "'+'"),
+    ("STAR", "'*'"),
+    ("SLASH", "'/'"),
+    ("PERCENT", "'%'"),
+    ("BOOL_LIT", "'true'"),
+    ("BOOL_LIT", "'false'"),
+    ("NULL_LIT", "'null'"),
+    ("FLOAT_LIT", "NUM_FLOAT"),
+    ("INT_LIT", "NUM_INT"),
+    ("UINT_LIT", "NUM_UINT"),
+    ("STRING_LIT", "STRING"),
+    ("BYTES_LIT", "BYTES"),
+    ("IDENT", "IDENTIFIER"),
+)
+# Operators that may continue a complete operand: ANTLR's loop decisions never list them when a
+# rule fails on the token after the operand.
+_CONTINUATIONS = frozenset(
+    {"__ANON_0", "__ANON_1", "__ANON_2", "__ANON_3", "__ANON_4", "__ANON_5", "IN", "LESSTHAN", "MORETHAN"}
+    | {"PLUS", "STAR", "SLASH", "PERCENT", "QMARK"}
+)
+_CLOSERS = {"RPAR": ")", "RSQB": "]", "RBRACE": "}"}
+_MAX_SYNTAX_ERRORS = 10
 
-    if isinstance(err, UnexpectedToken):
-        if err.token.type == "$END":
-            return "Syntax error: mismatched input '<EOF>'"
-        return f"Syntax error: mismatched input '{err.token}'"
-    if isinstance(err, UnexpectedCharacters):
-        return f"Syntax error: token recognition error at: '{err.char}'"
-    if isinstance(err, UnexpectedEOF):
-        return "Syntax error: mismatched input '<EOF>'"
-    return "Syntax error: " + str(err).splitlines()[0]
+
+def _expected(accepted: set[str]) -> str:
+    if accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
+        accepted = accepted - _CONTINUATIONS
+    if "MLSTRING_LIT" in accepted:
+        accepted = accepted | {"STRING_LIT"}
+    names = [shown for name, shown in _ANTLR_TOKENS if name in accepted]
+    if not accepted or "$END" in accepted and not names:
+        return "<EOF>"
+    if len(names) == 1:
+        return names[0]
+    return "{" + ", ".join(names) + "}"
+
+
+def _parses(parser: Any, text: str) -> bool:
+    from lark.exceptions import LarkError
+
+    try:
+        parser.parse(text)
+    except LarkError:
+        return False
+    return True
+
+
+def _end_position(text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, int]]]:
+    """The syntax errors ANTLR's default error strategy reports for CEL.g4, for the usual slips.
+
+    Lexer errors drop the character and go on; an extra token is reported as "extraneous input"
+    and dropped; a single missing closing token at the end as "missing"; anything else as
+    "mismatched input ... expecting ..." (ANTLR's sets are recomputed from the LALR parser).
+    """
+    from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+    errors: list[tuple[str, tuple[int, int]]] = []
+    text = expression
+    while len(errors) < _MAX_SYNTAX_ERRORS:
+        try:
+            parser.parse(text)
+            return errors
+        except UnexpectedCharacters as err:
+            # ANTLR's lexer names what it consumed: '&' of an unfinished '&&' plus the next character.
+            shown = text[err.pos_in_stream : err.pos_in_stream + 2] if err.char in "&|" else err.char
+            errors.append((f"Syntax error: token recognition error at: '{shown}'", (err.line, err.column)))
+            text = text[: err.pos_in_stream] + " " + text[err.pos_in_stream + 1 :]
+            continue
+        except UnexpectedToken as err:
+            accepted = set(err.interactive_parser.accepts())
+            if accepted == {"RPAR", "COMMA"}:
+                accepted = {"RPAR"}  # call arguments: the `(',' expr)*` loop has already exited
+            if "$END" in accepted or not accepted:
+                accepted = {"$END"}  # after a whole expression, ANTLR's start rule wants EOF
+            token = err.token
+            if token.type == "$END":
+                position = _end_position(text)
+                if accepted == {"IDENT"} and text.rstrip().endswith("."):
+                    errors.append(("Syntax error: no viable alternative at input '.'", position))
+                    return errors
+                if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
+                    closer = _CLOSERS[next(iter(accepted))]
+                    if _parses(parser, text + closer):
+                        errors.append((f"Syntax error: missing '{closer}' at '<EOF>'", position))
+                        return errors
+                errors.append((f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position))
+                return errors
+            position = (token.line or 1, token.column or 1)
+            start = token.start_pos or 0
+            rest = text[: start] + " " * len(str(token)) + text[start + len(str(token)) :]
+            if _next_accepted(parser, text, token, accepted):
+                errors.append(
+                    (f"Syntax error: extraneous input '{token}' expecting {_expected(accepted)}", position)
+                )
+                text = rest
+                continue
+            errors.append((f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position))
+            return errors
+        except UnexpectedInput as err:
+            errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
+            return errors
+    return errors
+
+
+def _next_accepted(parser: Any, text: str, token: Any, expected: set[str]) -> bool:
+    """ANTLR's single-token deletion: the token after the offending one is one it expected."""
+    from lark.exceptions import LarkError
+
+    start = token.start_pos or 0
+    try:
+        following = next(iter(parser.lex(text[start + len(str(token)) :])), None)
+    except LarkError:
+        return False
+    return ("$END" if following is None else following.type) in expected
 
 
 class CELSyntaxError(Exception):
@@ -189,40 +319,47 @@ class CELSyntaxError(Exception):
 
 
 def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
-    """`ERROR: <input>:1:5: message` plus the source line and a caret, as cel-go prints issues."""
+    """`ERROR: <input>:1:5: message` plus the source line and a caret, as cel-go prints issues
+    (common/error.go: characters wider than one UTF-8 byte become full-width dots and carets)."""
     line, column = pos
-    lines = expression.splitlines() or [""]
-    source = lines[line - 1] if 0 < line <= len(lines) else ""
-    caret = "." * max(column - 1, 0) + "^"
-    return f"ERROR: <input>:{line}:{column}: {message}\n | {source}\n | {caret}"
+    lines = expression.split("\n")
+    text = f"ERROR: <input>:{line}:{column}: {message}"
+    if not 0 < line <= len(lines) or len(lines[line - 1].encode()) > 16384:
+        return text
+    source = lines[line - 1].replace("\t", " ")
+    before = source[: max(column - 1, 0)]
+    dots = "".join("\uff0e" if len(ch.encode()) > 1 else "." for ch in before)
+    at = source[column - 1 : column] if column >= 1 else ""
+    caret = "\uff3e" if at and len(at.encode()) > 1 else "^"
+    return f"{text}\n | {source}\n | {dots}{caret}"
 
 
 def parse(expression: str) -> ast.Expr:
     """Parse and expand macros; raises CELCompileError on any syntax problem."""
-    from lark.exceptions import LarkError, UnexpectedInput
+    from lark.exceptions import LarkError
 
     parser = _lark_parser()
     try:
         with _parser_lock:
             tree = parser.parse(expression)
-    except UnexpectedInput as err:
-        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
+    except LarkError:
+        with _parser_lock:
+            errors = _syntax_errors(parser, expression) or [("Syntax error", (1, 1))]
         raise CELCompileError(
-            format_issue(expression, _syntax_message(err), pos), expression=expression
-        ) from None
-    except LarkError as err:
-        raise CELCompileError(
-            format_issue(expression, _syntax_message(err), (1, 1)), expression=expression
+            COMPILATION_FAILED + "\n".join(format_issue(expression, message, pos) for message, pos in errors),
+            expression=expression,
         ) from None
     try:
         return _Builder(expression).build(tree)
     except CELSyntaxError as issue:
         raise CELCompileError(
-            format_issue(expression, issue.message, issue.pos), expression=expression
+            COMPILATION_FAILED
+            + format_issue(expression, issue.message, issue.pos), expression=expression
         ) from None
     except RecursionError:
         raise CELCompileError(
-            format_issue(expression, f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", (1, 1)),
+            COMPILATION_FAILED
+            + format_issue(expression, f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", (1, 1)),
             expression=expression,
         ) from None
 
@@ -265,6 +402,7 @@ def _pos(node: _Node) -> tuple[int, int]:
 class _Builder:
     def __init__(self, expression: str) -> None:
         self.expression = expression
+        self._operators: list[Token] | None = None
         self.depth = 0
         self.expr_depth = 0
         self.line_starts = [0]
@@ -366,7 +504,29 @@ class _Builder:
             # VisitLogicalNot / VisitNegate drop an even number of operators entirely.
             return operand
         function = ast.LOGICAL_NOT if ops[0] == "unary_not" else ast.NEGATE
-        return ast.Call(function, [operand], pos=_pos(tree))
+        return ast.Call(function, [operand], pos=self._operator_position(node, len(ops)))
+
+    def _operator_position(self, operand: _Node, count: int) -> tuple[int, int]:
+        """cel-go reports `!_` and `-_` at the first of the operators: the `count` operator tokens
+        right before the operand (only blanks and opening parentheses between)."""
+        first = _first_token(operand)
+        if first is None or first.start_pos is None:
+            return _pos(operand)
+        if self._operators is None:
+            # The tree drops the operator tokens; the lexer still knows where they are.
+            lexer = _lark_parser()
+            with _parser_lock:
+                tokens = list(lexer.lex(self.expression))
+            self._operators = [t for t in tokens if t.type in ("BANG", "MINUS")]
+        start = first.start_pos
+        candidates = [t for t in self._operators if t.end_pos is not None and t.end_pos <= start]
+        adjacent = [
+            i for i, t in enumerate(candidates) if not self.expression[t.end_pos : start].strip(" \t\r\n(!-")
+        ]
+        if not adjacent:
+            return _pos(operand)
+        token = candidates[max(adjacent[-1] - count + 1, 0)]
+        return (token.line or 1, token.column or 1)
 
     # -- members ------------------------------------------------------------------------
 
