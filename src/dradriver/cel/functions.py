@@ -18,6 +18,7 @@ from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
+    ComputedQuantity,
     INT64_MIN,
     UINT64_MAX,
     TypeValue,
@@ -765,7 +766,7 @@ def is_quantity(s: Any) -> bool:
 
 
 def _quantity(value: Any, function: str, *others: Any) -> Quantity:
-    if type(value) is not Quantity:
+    if not isinstance(value, Quantity):
         raise no_such_overload(function, value, *others)
     return value
 
@@ -792,20 +793,20 @@ def is_integer(q: Any) -> bool:
 def quantity_add(q: Any, other: Any) -> Quantity:
     base = _quantity(q, "add", other)
     if type(other) is int:
-        return base.add(Quantity.from_int(other))
-    return base.add(_quantity(other, "add", q))
+        return ComputedQuantity.of(base.add(Quantity.from_int(other)))
+    return ComputedQuantity.of(base.add(_quantity(other, "add", q)))
 
 
 def quantity_sub(q: Any, other: Any) -> Quantity:
     base = _quantity(q, "sub", other)
     if type(other) is int:
-        return base.sub(Quantity.from_int(other))
-    return base.sub(_quantity(other, "sub", q))
+        return ComputedQuantity.of(base.sub(Quantity.from_int(other)))
+    return ComputedQuantity.of(base.sub(_quantity(other, "sub", q)))
 
 
 def _ordered(a: Any, b: Any, function: str) -> int:
     ta, tb = type(a), type(b)
-    if ta is Quantity and tb is Quantity:
+    if isinstance(a, Quantity) and isinstance(b, Quantity):
         return cast(int, a.compare(b))
     if ta is Semver and tb is Semver:
         return cast(int, a.compare(b))
@@ -883,9 +884,12 @@ CostFn = Callable[[Sequence[Any]], int]
 
 
 def _traversal(value: Any) -> int:
-    """apiserver traversalCost: strings by length, lists element by element, others 1."""
-    if isinstance(value, str | bytes):
-        return math.ceil(len(value) * STRING_TRAVERSAL_COST_FACTOR)
+    """apiserver traversalCost: strings by byte length (truncated, not rounded up), lists
+    element by element, others 1."""
+    if isinstance(value, str):
+        return int(len(value.encode()) * STRING_TRAVERSAL_COST_FACTOR)
+    if isinstance(value, bytes):
+        return int(len(value) * STRING_TRAVERSAL_COST_FACTOR)
     if is_list(value):
         return sum(_traversal(item) for item in value)
     if isinstance(value, Mapping):

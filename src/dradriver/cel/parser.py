@@ -119,12 +119,20 @@ def _lark_parser() -> Any:
                 parser="lalr",
                 start="expr",
                 g_regex_flags=re.M,
-                lexer_callbacks={"IDENT": celpy.celparser.CELParser.ambiguous_literals},
+                lexer_callbacks={"IDENT": _boolean_literal},
                 maybe_placeholders=False,
                 priority="invert",
                 cache=_cache_file(),
             )
         return _parser
+
+
+def _boolean_literal(token: Token) -> Token:
+    """`true`/`false` lex as identifiers in cel-python's grammar; make them literals, keeping
+    their position (celpy's own callback drops it, and errors must point at them)."""
+    if token.value in ("true", "false"):
+        return Token.new_borrow_pos("BOOL_LIT", token.value, token)
+    return token
 
 
 # cel-go's grammar allows a trailing comma in list and map literals (`'[' listInit? ','? ']'`);
@@ -256,10 +264,19 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
             parser.parse(text)
             return errors
         except UnexpectedCharacters as err:
-            # ANTLR's lexer names what it consumed: '&' of an unfinished '&&' plus the next character.
-            shown = text[err.pos_in_stream : err.pos_in_stream + 2] if err.char in "&|" else err.char
+            # ANTLR's lexer names what it consumed up to the character it failed on and goes on
+            # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
+            # up to the end of its line (or of the input).
+            start = err.pos_in_stream
+            end = start + 1
+            if err.char in "&|":
+                end = start + 2
+            elif err.char in "'\"":
+                newline = text.find("\n", start)
+                end = len(text) if newline < 0 else newline + 1
+            shown = text[start:end]
             errors.append((f"Syntax error: token recognition error at: '{shown}'", (err.line, err.column)))
-            text = text[: err.pos_in_stream] + " " + text[err.pos_in_stream + 1 :]
+            text = text[:start] + "".join(ch if ch == "\n" else " " for ch in text[start:end]) + text[end:]
             continue
         except UnexpectedToken as err:
             accepted = set(err.interactive_parser.accepts())

@@ -23,6 +23,7 @@ from dradriver.cel.program import (
     Activation,
     Compiler,
     Eval,
+    ProgramError,
     UnsupportedFunctionError,
 )
 from dradriver.cel.values import type_name
@@ -171,7 +172,7 @@ def _compile(expression: str, cost_limit: int) -> Selector:
             ),
             expression=expression,
         ) from None
-    except EvalError as err:
+    except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
     return Selector(expression, program, compiler.slot_count, result_type, cost_limit)
 
