@@ -18,6 +18,7 @@ from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
+    ArgumentMismatch,
     ComputedQuantity,
     INT64_MIN,
     UINT64_MAX,
@@ -30,7 +31,9 @@ from dradriver.cel.values import (
     go_format_float,
     is_list,
     no_such_overload,
+    overload_signature,
     size_of,
+    type_name,
     type_value_of,
 )
 from dradriver.quantity import Quantity, QuantityError
@@ -607,7 +610,7 @@ def list_sum(items: Any, zero: Any = 0) -> Any:
         return zero
     total = seq[0]
     if type(total) not in (int, UInt, float):
-        raise EvalError("no such overload")
+        raise no_such_overload("sum", items)
     for item in seq[1:]:
         total = add(total, item)
     return total
@@ -953,7 +956,7 @@ def _sets(factor: int) -> CostFn:
     return lambda args: CALL_COST + size_of(args[0]) * size_of(args[1]) * factor
 
 
-RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
+_IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "_+_": (add, _both_strings),
     "_-_": (subtract, None),
     "_*_": (multiply, None),
@@ -1023,6 +1026,54 @@ RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "major": (semver_major, None),
     "minor": (semver_minor, None),
     "patch": (semver_patch, None),
+}
+
+# How a call with arguments of the wrong runtime type fails, per cel-go binding style:
+# operators bound once for the whole function with an operand trait (common/stdlib/standard.go
+# SingletonBinaryBinding) say "no such overload: _+_" when the first operand lacks the trait and
+# leave the rest to the operand's own method ("no such overload"); other standard functions
+# (type guards disabled) say "no such overload"; library functions, guarded, name the function
+# and every argument's type.
+_TRAITS = {
+    "_+_": {"int", "uint", "double", "string", "bytes", "list", "google.protobuf.Duration", "google.protobuf.Timestamp"},
+    "_-_": {"int", "uint", "double", "google.protobuf.Duration", "google.protobuf.Timestamp"},
+    "_*_": {"int", "uint", "double"},
+    "_/_": {"int", "uint", "double"},
+    "_%_": {"int", "uint"},
+    "-_": {"int", "double", "bool", "google.protobuf.Duration"},
+    "size": {"string", "bytes", "list", "map"},
+    "matches": {"string"},
+    **dict.fromkeys(
+        ("_<_", "_<=_", "_>_", "_>=_"),
+        {"int", "uint", "double", "string", "bytes", "bool", "google.protobuf.Duration", "google.protobuf.Timestamp"},
+    ),
+}
+_PLAIN = frozenset({"!_", "@in", "contains", "startsWith", "endsWith"})
+
+
+def bound(name: str, impl: Callable[..., Any], *, plain: bool = False) -> Callable[..., Any]:
+    """`impl` with cel-go's wording for arguments of the wrong type; `plain` for a call that
+    cel-go's planner replaced (`matches` with a constant pattern: "no such overload")."""
+    traits = _TRAITS.get(name)
+    plain = plain or name in _PLAIN
+
+    def call(*args: Any) -> Any:
+        try:
+            return impl(*args)
+        except ArgumentMismatch:
+            if plain:
+                raise EvalError("no such overload") from None
+            if traits is not None:
+                if args and type_name(args[0]) in traits:
+                    raise EvalError("no such overload") from None
+                raise EvalError(f"no such overload: {name}") from None
+            raise EvalError(overload_signature(name, args)) from None
+
+    return call
+
+
+RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
+    name: (bound(name, impl), cost) for name, (impl, cost) in _IMPLEMENTATIONS.items()
 }
 
 # Functions whose cost depends on their arguments; evaluation checks the budget before running them.

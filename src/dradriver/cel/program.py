@@ -21,7 +21,7 @@ from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
 from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, compile_regex
+from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, bound, compile_regex, matches
 from dradriver.cel.values import (
     EMPTY_MAP,
     DefaultingMap,
@@ -402,6 +402,8 @@ class Compiler:
             pattern = args[1].value
             if isinstance(pattern, str):
                 compile_regex(pattern)
+                if name == "matches":
+                    impl = bound("matches", matches, plain=True)
         constants = [self.constant(arg) for arg in args]
         if name in _FOLDABLE and all(c is not _NOT_CONSTANT and not isinstance(c, _ConstantMap) for c in constants):
             return _folded(impl, cost_fn, constants)
@@ -907,7 +909,7 @@ def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
     zero: Any = 0
     if len(overloads) == 1:
         zero = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}.get(overloads[0].id, 0)
-    return lambda items: list_sum(items, zero)
+    return bound("sum", lambda items: list_sum(items, zero))
 
 
 def _type_value_name(ty: t.Type) -> str:

@@ -110,8 +110,19 @@ def type_value_of(value: object) -> TypeValue:
     return TypeValue(type_name(value))
 
 
+class ArgumentMismatch(EvalError):
+    """An argument of the wrong runtime type. How cel-go words it depends on how the function is
+    bound (functions.RUNTIME applies the rule), so the message here is only a placeholder."""
+
+
 def no_such_overload(function: str, *args: object) -> EvalError:
-    return EvalError(f"no such overload: {function}({', '.join(type_name(a) for a in args)})")
+    del function, args
+    return ArgumentMismatch("no such overload")
+
+
+def overload_signature(function: str, args: tuple[object, ...]) -> str:
+    """decls.MaybeNoSuchOverload: the function and the runtime types of all its arguments."""
+    return f"no such overload: {function}({', '.join(type_name(a) for a in args)})"
 
 
 def is_list(value: object) -> bool:
