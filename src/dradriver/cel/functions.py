@@ -1076,5 +1076,27 @@ RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     name: (bound(name, impl), cost) for name, (impl, cost) in _IMPLEMENTATIONS.items()
 }
 
+# cel-go's CostTracker prices these by the overload the checker resolved (runtimecost.go
+# costCall): with a single known overload its size-based cost, otherwise (dyn operands, several
+# candidate overloads) one unit.
+_STRING_PAIR = _both_strings
+OVERLOAD_COSTS: dict[str, CostFn] = {
+    "add_string": _STRING_PAIR,
+    "add_bytes": _STRING_PAIR,
+    **dict.fromkeys(
+        [f"{op}_{kind}" for op in ("less", "less_equals", "greater", "greater_equals") for kind in ("string", "bytes")],
+        _shorter_string,
+    ),
+    "in_list": lambda args: size_of(args[1]),
+    "string_to_bytes": _first_string,
+    "bytes_to_string": _first_string,
+    "starts_with_string": _first_string,
+    "ends_with_string": _first_string,
+    "contains_string": _contains,
+    "matches_string": _regex,
+}
+OVERLOAD_PRICED = frozenset({"_+_", "_<_", "_<=_", "_>_", "_>=_", "@in", "bytes", "string", "startsWith", "endsWith"})
+OVERLOAD_PRICED |= {"contains", "matches"}
+
 # Functions whose cost depends on their arguments; evaluation checks the budget before running them.
-SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None)
+SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None) | OVERLOAD_PRICED

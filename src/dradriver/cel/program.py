@@ -21,7 +21,7 @@ from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
 from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, bound, compile_regex, matches
+from dradriver.cel.functions import OVERLOAD_COSTS, OVERLOAD_PRICED, RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, bound, compile_regex, matches
 from dradriver.cel.values import (
     EMPTY_MAP,
     DefaultingMap,
@@ -395,6 +395,9 @@ class Compiler:
         if name not in RUNTIME:
             raise UnsupportedFunctionError(name, e.pos)
         impl, cost_fn = RUNTIME[name]
+        if name in OVERLOAD_PRICED:
+            ids = [overload.id for overload in self.check.overloads.get(e, [])]
+            cost_fn = OVERLOAD_COSTS.get(ids[0]) if len(ids) == 1 else None
         if name == "sum":
             impl = _typed_sum(self.check.overloads.get(e, []))
         if name in ("matches", "find", "findAll") and len(args) == 2 and isinstance(args[1], ast.Literal):
