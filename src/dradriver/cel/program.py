@@ -412,25 +412,25 @@ class Compiler:
             return _folded(impl, cost_fn, constants)
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None
-        if len(compiled) == 1:
+        if len(compiled) == 1 and not sized:
             (only,) = compiled
-            if not sized:
 
-                def unary(a: Activation) -> Any:
-                    value = impl(only(a))
-                    a.cost += 1
-                    return value
+            def unary(a: Activation) -> Any:
+                value = only(a)  # an error propagates: cel-go charges the call on an error too
+                a.cost += 1
+                return impl(value)
 
-                return unary
+            return _charging_errors(unary, compiled, None)
         if len(compiled) == 2 and not sized:
             first, second = compiled
 
             def binary(a: Activation) -> Any:
-                value = impl(first(a), second(a))
+                x = first(a)
+                y = second(a)
                 a.cost += 1
-                return value
+                return impl(x, y)
 
-            return binary
+            return _charging_errors(binary, compiled, None)
         assert cost_fn is not None or not sized
 
         def call(a: Activation) -> Any:
@@ -443,7 +443,7 @@ class Compiler:
                 check_budget(a)
             return impl(*values)
 
-        return call
+        return _charging_errors(call, compiled, cost_fn)
 
     def _set_membership(self, args: list[ast.Expr]) -> Eval | None:
         """maybeOptimizeSetMembership: `x in [constants]` is false for an empty list (x is never
@@ -548,7 +548,7 @@ class Compiler:
                 a.cost += 1
                 return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
-            return simple_equality
+            return _charging_errors(simple_equality, [left, right], _eq_cost_of)
         if left_type == t.STRING and right_type == t.STRING:
 
             def string_equality(a: Activation) -> bool:
@@ -556,7 +556,7 @@ class Compiler:
                 a.cost += _string_eq_cost(lhs, rhs)
                 return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
-            return string_equality
+            return _charging_errors(string_equality, [left, right], _eq_cost_of)
 
         def equality(a: Activation) -> bool:
             lhs, rhs = left(a), right(a)
@@ -564,7 +564,7 @@ class Compiler:
             result = equal(lhs, rhs)
             return (not result) if negate else result
 
-        return equality
+        return _charging_errors(equality, [left, right], _eq_cost_of)
 
     def _index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
         fused = self._fused_path(e)
@@ -771,6 +771,39 @@ def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None
     return constant
 
 
+def _charging_errors(fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]], int] | None) -> Eval:
+    """cel-go evaluates every argument of a strict call and charges the call even when an argument
+    or the call itself fails (an error value counts as size 1); then the first error is returned.
+    `fast` handles the common case; after an error the arguments are evaluated again (they are
+    pure) to spend exactly what cel-go spends."""
+
+    def evaluate(a: Activation) -> Any:
+        cost = a.cost
+        try:
+            return fast(a)
+        except EvalError as failure:
+            a.cost = cost
+            values: list[Any] = []
+            error: EvalError | None = None
+            for arg in args:
+                try:
+                    values.append(arg(a))
+                except EvalError as err:
+                    error = error or err
+                    values.append(None)
+            try:
+                a.cost += 1 if cost_fn is None else cost_fn(values)
+            except (TypeError, AttributeError, EvalError):
+                a.cost += 1
+            raise (error or failure) from None
+
+    return evaluate
+
+
+def _eq_cost_of(values: list[Any]) -> int:
+    return _eq_cost(values[0], values[1])
+
+
 def _string_eq_cost(lhs: Any, rhs: Any) -> int:
     shortest = min(len(lhs), len(rhs)) if type(lhs) is str and type(rhs) is str else 1
     return -(-shortest // 10) if shortest else 0
@@ -875,8 +908,8 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
         error: str | None = None
         for item in iterate(collection):
             slots[var_slot] = item
-            a.cost += 1
             if predicate is not None:
+                # `keep ? accu + [x] : accu`: the `accu` branch is resolved without cost.
                 try:
                     keep = predicate(a)
                 except EvalError as err:
@@ -888,7 +921,7 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
                         error = error or "no such overload"
                     check_budget(a)
                     continue
-            a.cost += LIST_CREATE_COST + 1
+            a.cost += 1 + LIST_CREATE_COST + 1  # accu, [..], +
             if transform is None:
                 a.cost += 1  # the iteration variable, as the element of `accu + [x]`
                 out.append(item)

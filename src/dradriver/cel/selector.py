@@ -11,6 +11,7 @@ from typing import Any
 from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issues_text, validate_aggregates, walk
+from dradriver.cel.cost import estimate_cost
 from dradriver.cel.decls import declarations
 from dradriver.cel.device import CELDevice, to_cel_device
 from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError, CELRuntimeError, CostLimitError, EvalError
@@ -46,14 +47,23 @@ class Evaluation:
 class Selector:
     """A compiled DRA selector expression. Immutable; safe to share between threads."""
 
-    __slots__ = ("_program", "_slot_count", "cost_limit", "expression", "result_type")
+    __slots__ = ("_program", "_slot_count", "cost_limit", "estimated_cost", "expression", "result_type")
 
     def __init__(
-        self, expression: str, program: Eval, slot_count: int, result_type: t.Type, cost_limit: int
+        self,
+        expression: str,
+        program: Eval,
+        slot_count: int,
+        result_type: t.Type,
+        cost_limit: int,
+        estimated_cost: int,
     ) -> None:
         self.expression = expression
         self.result_type = result_type
         self.cost_limit = cost_limit
+        # The API server's worst-case estimate (cel-go EstimateCost with the DRA size estimator);
+        # it rejects a selector above COST_LIMIT when the class or claim is created.
+        self.estimated_cost = estimated_cost
         self._program = program
         self._slot_count = slot_count
 
@@ -174,7 +184,8 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         ) from None
     except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
-    return Selector(expression, program, compiler.slot_count, result_type, cost_limit)
+    estimated = estimate_cost(root, checked)
+    return Selector(expression, program, compiler.slot_count, result_type, cost_limit, estimated)
 
 
 def _to_bool_error(value: object) -> str:
