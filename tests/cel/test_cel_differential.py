@@ -85,7 +85,7 @@ def our_validation(expression: str) -> list[dict[str, str]]:
     }
     return [
         {"field": f.path, "message": f"{f.path}: {f.message}"}
-        for f in validate_object(device_class, DRIVER, hints=False)
+        for f in validate_object(device_class, DRIVER)
     ]
 
 

@@ -244,6 +244,8 @@ def _parses(parser: Any, text: str) -> bool:
 
 
 def _end_position(text: str) -> tuple[int, int]:
+    if not text:
+        return 1, 0  # ANTLR's EOF token of an empty input sits before the first column
     lines = text.split("\n")
     return len(lines), len(lines[-1]) + 1
 
@@ -341,7 +343,7 @@ def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
     line, column = pos
     lines = expression.split("\n")
     text = f"ERROR: <input>:{line}:{column}: {message}"
-    if not 0 < line <= len(lines) or len(lines[line - 1].encode()) > 16384:
+    if not expression or not 0 < line <= len(lines) or len(lines[line - 1].encode()) > 16384:
         return text
     source = lines[line - 1].replace("\t", " ")
     before = source[: max(column - 1, 0)]

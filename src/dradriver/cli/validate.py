@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         for finding in findings:
             print(f"{doc.where}:{finding.path}: {finding.message}")
+            for hint in getattr(finding, "hints", ()):
+                print(f"  hint: {hint}")
         count += len(findings)
     checked = len(documents) - skipped
     note = f" ({skipped} other object(s) not checked)" if skipped else ""
