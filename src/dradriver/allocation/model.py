@@ -146,8 +146,12 @@ class Request:
 
 @dataclass(frozen=True)
 class MatchAttribute:
+    """A claim constraint: `matchAttribute` (one value across the devices of `requests`) or,
+    with `distinct`, `distinctAttribute` (no two of them share a value)."""
+
     attribute: str
     requests: tuple[str, ...]
+    distinct: bool = False
 
 
 @dataclass(frozen=True)
@@ -288,18 +292,19 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     constraints = []
     for i, c in enumerate(_list(devices.get("constraints"), f"{where}.constraints")):
         constraint = _mapping(c, f"{where}.constraints[{i}]")
-        attribute = constraint.get("matchAttribute")
+        field_name = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
+        attribute = constraint.get(field_name)
         if not attribute:
-            if constraint.get("distinctAttribute"):
-                raise InputError(
-                    f"{where}.constraints[{i}].distinctAttribute: not supported by the simulator yet"
-                )
-            raise InputError(f"{where}.constraints[{i}]: matchAttribute is required")
+            raise InputError(f"{where}.constraints[{i}]: matchAttribute or distinctAttribute is required")
         requests_of = tuple(
             str(r) for r in _list(constraint.get("requests"), f"{where}.constraints[{i}].requests")
         )
         constraints.append(
-            MatchAttribute(_str(attribute, f"{where}.constraints[{i}].matchAttribute"), requests_of)
+            MatchAttribute(
+                _str(attribute, f"{where}.constraints[{i}].{field_name}"),
+                requests_of,
+                distinct=field_name == "distinctAttribute",
+            )
         )
     config = tuple(
         _mapping(c, f"{where}.config[{i}]")

@@ -17,7 +17,7 @@ driver and name, slices by name, devices in slice order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,15 @@ class AllocationError(Exception):
     """The scheduler would fail with this error (a CEL error, a missing class, ...)."""
 
 
+class _Exceeded:
+    """errAllocationResultMaxSizeExceeded while searching (more than 32 results for a claim)."""
+
+
+_EXCEEDED = _Exceeded()
+_Outcome = bool | _Exceeded
+_Frame = Generator[tuple[int, int, int, int, bool, tuple[int, int]], _Outcome | None, _Outcome]
+
+
 # -- pools ------------------------------------------------------------------------------------------
 
 
@@ -134,6 +143,15 @@ class _Pool:
     def devices(self) -> Iterable[Device]:
         for slice_ in self.slices:
             yield from slice_.devices
+
+    @property
+    def device_list(self) -> list[Device]:
+        """Devices in allocation order (slices by name, devices in slice order), computed once."""
+        cached: list[Device] | None = self.__dict__.get("_device_list")
+        if cached is None:
+            cached = list(self.devices())
+            self.__dict__["_device_list"] = cached
+        return cached
 
 
 def _targets_node(slice_: Slice, node: str | None) -> bool:
@@ -233,13 +251,44 @@ class _MatchState:
             self.value = value
             self.count = 1
             return True
-        if value != self.value:
+        if value[0] == "other" or value != self.value:
             return False
         self.count += 1
         return True
 
     def remove(self, base: str, sub: str) -> None:
         if self.applies(base, sub):
+            self.count -= 1
+
+
+class _DistinctState(_MatchState):
+    """distinctAttributeConstraint, including its bookkeeping by request name: a later device of
+    the same request replaces the earlier one's value, and removing a device forgets the
+    request's value (constraint.go; what the scheduler does, so what we do)."""
+
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        super().__init__(attribute, requests)
+        self.values: dict[str, tuple[str, Any]] = {}
+
+    def add(self, base: str, sub: str, device: Device) -> bool:
+        if not self.applies(base, sub):
+            return True
+        value = lookup_attribute(device, self.attribute)
+        if value is None:
+            return False
+        if self.count == 0:
+            self.values[base] = value
+            self.count = 1
+            return True
+        if value[0] == "other" or any(value == seen for seen in self.values.values()):
+            return False
+        self.values[base] = value
+        self.count += 1
+        return True
+
+    def remove(self, base: str, sub: str) -> None:
+        if self.applies(base, sub):
+            self.values.pop(base, None)
             self.count -= 1
 
 
@@ -257,7 +306,7 @@ def lookup_attribute(device: Device, qualified: str) -> tuple[str, Any] | None:
     for kind in ("string", "int", "bool", "version"):
         if raw.get(kind) is not None:
             return kind, raw[kind]
-    return None
+    return "other", None  # a list value: present, but equal to nothing
 
 
 @dataclass(frozen=True)
@@ -267,7 +316,7 @@ class _Inventory:
     classes: Mapping[str, DeviceClass]
     pools: list[_Pool]
     preallocated: set[str]
-    cel_devices: dict[str, CELDevice]
+    outcomes: _Outcomes
 
 
 class _Allocator:
@@ -276,12 +325,13 @@ class _Allocator:
         self.classes = inventory.classes
         self.pools = inventory.pools
         self.preallocated = inventory.preallocated
-        self.cel_devices = inventory.cel_devices
+        self.outcomes = inventory.outcomes
         self.request_data: dict[tuple[int, int, int], _RequestData] = {}
         self.allocating: dict[str, set[int]] = {}
         self.results: list[list[AllocatedDevice]] = [[] for _ in claims]
         self.constraints: list[list[_MatchState]] = [
-            [_MatchState(c.attribute, c.requests) for c in claim.constraints] for claim in claims
+            [(_DistinctState if c.distinct else _MatchState)(c.attribute, c.requests) for c in claim.constraints]
+            for claim in claims
         ]
         self.consumed: dict[str, dict[str, dict[str, Quantity]]] = {}
         self.matches: dict[tuple[str, tuple[int, int, int]], bool] = {}
@@ -355,7 +405,7 @@ class _Allocator:
 
     def _selectors_match(self, device: Device, selectors: Sequence[str], owner: str) -> bool:
         for i, expression in enumerate(selectors):
-            outcome = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            outcome = self.outcomes.of(expression, device)
             if outcome[0] == "error":
                 kind = "CEL compile error" if outcome[2] else "CEL runtime error"
                 raise AllocationError(f"{owner}: selector #{i}: {kind}: {outcome[1]}")
@@ -368,42 +418,74 @@ class _Allocator:
     def in_use(self, device_id: str) -> bool:
         return device_id in self.preallocated or bool(self.allocating.get(device_id))
 
-    def allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+    def allocate(self) -> bool:
+        """allocateOne from the first claim, run on an explicit stack: one frame per device
+        allocated, so thousands of claims need no Python recursion."""
+        stack = [self._allocate_one(0, 0, 0, 0, False, (0, 0))]
+        answer: _Outcome | None = None  # None starts a new frame; then the callee's outcome
+        while stack:
+            try:
+                call = stack[-1].send(answer)
+            except StopIteration as done:
+                stack.pop()
+                answer = done.value
+                continue
+            stack.append(self._allocate_one(*call))
+            answer = None
+        return answer is True
+
+    def _allocate_one(
+        self, ci: int, ri: int, si: int, di: int, in_subrequest: bool, start: tuple[int, int]
+    ) -> _Frame:
+        """allocator_incubating.go allocateOne; `yield args` stands for the recursive call.
+
+        Returns True, False or _EXCEEDED (errAllocationResultMaxSizeExceeded, which a claim
+        boundary turns into False and which makes firstAvailable try the next subrequest)."""
         if ci >= len(self.claims):
             return True
         claim = self.claims[ci]
         if ri >= len(claim.requests):
-            return self.allocate_one(ci + 1, 0, 0, 0, False)
+            outcome = yield (ci + 1, 0, 0, 0, False, (0, 0))
+            return False if outcome is _EXCEEDED else outcome
         key = (ci, ri, si)
         data = self.request_data[key]
         if not in_subrequest and data.parent is not None:
+            all_exceeded = True
             sub = 0
             while (ci, ri, sub) in self.request_data:
-                if self.allocate_one(ci, ri, sub, di, True):
-                    self.request_data[(ci, ri, 0)].selected_sub = sub
-                    return True
+                outcome = yield (ci, ri, sub, di, True, (0, 0))
                 sub += 1
-            return False
+                if outcome is _EXCEEDED:
+                    continue
+                all_exceeded = False
+                if outcome is True:
+                    self.request_data[(ci, ri, 0)].selected_sub = sub - 1
+                    return True
+            return _EXCEEDED if all_exceeded else False
         request = data.request
         if request.mode == ALL and not data.all_devices:
             return False
         if di >= data.num_devices:
-            return self.allocate_one(ci, ri + 1, 0, 0, False)
+            return (yield (ci, ri + 1, 0, 0, False, (0, 0)))
         if len(self.results[ci]) + data.num_devices - di > MAX_RESULTS_PER_CLAIM:
-            return False
+            return _EXCEEDED
         if request.mode == ALL:
             pool, device = data.all_devices[di]
             undo = self.allocate_device(ci, key, pool, device, must=True)
             if undo is None:
                 return False
-            if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
-                return True
-            undo()
-            return False
-        for pool in self.pools:
+            outcome = yield (ci, ri, si, di + 1, in_subrequest, (0, 0))
+            if outcome is not True:
+                undo()
+                return False if outcome is False else outcome
+            return True
+        first_pool, first_device = start
+        for pool_index in range(first_pool, len(self.pools)):
+            pool = self.pools[pool_index]
             if pool.incomplete or pool.invalid:
                 continue
-            for device in pool.devices():
+            offset = first_device if pool_index == first_pool else 0
+            for device_index, device in enumerate(pool.device_list[offset:], start=offset):
                 if request.admin_access:
                     if ci in self.allocating.get(device.id, ()):
                         continue
@@ -414,9 +496,14 @@ class _Allocator:
                 undo = self.allocate_device(ci, key, pool, device, must=False)
                 if undo is None:
                     continue
-                if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
+                # The next device of this request is searched after this one: combinations, not
+                # permutations.
+                outcome = yield (ci, ri, si, di + 1, in_subrequest, (pool_index, device_index + 1))
+                if outcome is True:
                     return True
                 undo()
+                if outcome is _EXCEEDED:
+                    return _EXCEEDED
         return False
 
     def allocate_device(
@@ -505,6 +592,60 @@ def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
     return False
 
 
+class _Outcomes:
+    """Selector outcomes per (expression, device), computed once: many claims share selectors."""
+
+    def __init__(self, cel_devices: dict[str, CELDevice]) -> None:
+        self.cel_devices = cel_devices
+        self._memo: dict[tuple[str, str], tuple[str, str, bool]] = {}
+        self._verdicts: dict[
+            tuple[str, int, tuple[str, ...]],
+            tuple[list[SelectorOutcome], bool, tuple[str | None, str] | None],
+        ] = {}
+
+    def verdict(
+        self, device: Device, device_class: DeviceClass | None, request: DeviceRequest
+    ) -> tuple[list[SelectorOutcome], bool, tuple[str | None, str] | None]:
+        """One device against a class and a request's selectors, lazily as the scheduler does:
+        the outcomes (shared by every claim asking the same), whether all matched, and the error
+        (owner None: the claim's own selector)."""
+        # Classes live as long as the simulation: their identity is a key (their config is not hashable).
+        key = (device.id, id(device_class), request.selectors)
+        found = self._verdicts.get(key)
+        if found is not None:
+            return found
+        outcomes: list[SelectorOutcome] = []
+        matches = True
+        error: tuple[str | None, str] | None = None
+        groups: list[tuple[str, Sequence[str], str | None]] = []
+        if device_class is not None:
+            groups.append((f"class {device_class.name}", device_class.selectors, f"class {device_class.name}"))
+        groups.append(("request", request.selectors, None))
+        for source, selectors, owner in groups:
+            for i, expression in enumerate(selectors):
+                if not matches or error:
+                    outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
+                    continue
+                outcome, message, compile_error = self.of(expression, device)
+                outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
+                if outcome == "error":
+                    kind = "CEL compile error" if compile_error else "CEL runtime error"
+                    error = (owner, f"selector #{i}: {kind}: {message}")
+                elif outcome == "false":
+                    matches = False
+        found = (outcomes, matches, error)
+        self._verdicts[key] = found
+        return found
+
+    def of(self, expression: str, device: Device) -> tuple[str, str, bool]:
+        key = (expression, device.id)
+        found = self._memo.get(key)
+        if found is None:
+            found = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            self._memo[key] = found
+        return found
+
+
 def evaluate_selector(expression: str, device: CELDevice, driver: str) -> tuple[str, str, bool]:
     """("true"|"false"|"error", message, is_compile_error) for one selector on one device."""
     try:
@@ -552,13 +693,14 @@ def simulate_node(
             )
         else:
             pending.append(claim)
-    inventory = _Inventory(classes, pools, preallocated, cel_devices)
+    outcomes = _Outcomes(cel_devices)
+    inventory = _Inventory(classes, pools, preallocated, outcomes)
     allocator = _Allocator(pending, inventory)
     error: str | None = None
     satisfiable = False
     try:
         allocator.prepare()
-        satisfiable = allocator.allocate_one(0, 0, 0, 0, False)
+        satisfiable = allocator.allocate()
     except AllocationError as err:
         error = str(err)
     pending_reports = [ClaimReport(claim) for claim in pending]
@@ -566,7 +708,7 @@ def simulate_node(
         for report, results in zip(pending_reports, allocator.results, strict=True):
             report.results = list(results)
     for position, report in enumerate(pending_reports):
-        report.requests = _explain_requests(allocator, position, pools, cel_devices)
+        report.requests = _explain_requests(allocator, position, pools, outcomes)
     reason = None
     if not satisfiable and error is None:
         reason = _diagnose(pending, inventory, pending_reports)
@@ -578,7 +720,7 @@ def simulate_node(
 
 
 def _explain_requests(
-    allocator: _Allocator, ci: int, pools: list[_Pool], cel_devices: dict[str, CELDevice]
+    allocator: _Allocator, ci: int, pools: list[_Pool], outcomes: _Outcomes
 ) -> list[RequestReport]:
     """Every device against every request of claim `ci`, for the report (not lazily)."""
     claim = allocator.claims[ci]
@@ -594,7 +736,7 @@ def _explain_requests(
             report.selected = not request.first_available or (data is not None and data.selected_sub == si)
             for pool in pools:
                 for device in pool.devices():
-                    report.devices.append(_verdict(device, device_class, sub, claim, cel_devices))
+                    report.devices.append(_verdict(device, device_class, sub, claim, outcomes))
             reports.append(report)
     return reports
 
@@ -604,32 +746,16 @@ def _verdict(
     device_class: DeviceClass | None,
     request: DeviceRequest,
     claim: Claim,
-    cel_devices: dict[str, CELDevice],
+    evaluated: _Outcomes,
 ) -> DeviceVerdict:
-    outcomes: list[SelectorOutcome] = []
-    matches = True
-    error: str | None = None
-    groups: list[tuple[str, Sequence[str], str]] = []
-    if device_class is not None:
-        groups.append((f"class {device_class.name}", device_class.selectors, f"class {device_class.name}"))
-    groups.append(("request", request.selectors, f"claim {claim.ref}"))
-    for source, selectors, owner in groups:
-        for i, expression in enumerate(selectors):
-            if not matches or error:
-                outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
-                continue
-            outcome, message, compile_error = evaluate_selector(
-                expression, cel_devices[device.id], device.driver
-            )
-            outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
-            if outcome == "error":
-                kind = "CEL compile error" if compile_error else "CEL runtime error"
-                error = f"{owner}: selector #{i}: {kind}: {message}"
-            elif outcome == "false":
-                matches = False
+    outcomes, matches, error = evaluated.verdict(device, device_class, request)
+    if error is not None and error[0] is None:
+        text: str | None = f"claim {claim.ref}: {error[1]}"
+    else:
+        text = None if error is None else f"{error[0]}: {error[1]}"
     if device_class is None:
-        error = error or f"device class {request.device_class} not found"
-    return DeviceVerdict(device.id, outcomes, matches and error is None, error)
+        text = text or f"device class {request.device_class} not found"
+    return DeviceVerdict(device.id, outcomes, matches and text is None, text)
 
 
 def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[ClaimReport]) -> str:
@@ -658,7 +784,7 @@ def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[Clai
 def _allocates(claims: Sequence[Claim], inventory: _Inventory) -> bool:
     trial = _Allocator(claims, inventory)
     trial.prepare()
-    return trial.allocate_one(0, 0, 0, 0, False)
+    return trial.allocate()
 
 
 def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> str:
