@@ -336,7 +336,11 @@ class Device:
 
     @property
     def id(self) -> str:
-        return f"{self.driver}/{self.pool}/{self.name}"
+        found: str | None = self.__dict__.get("_id")
+        if found is None:
+            found = f"{self.driver}/{self.pool}/{self.name}"
+            object.__setattr__(self, "_id", found)
+        return found
 
 
 @dataclass(frozen=True)

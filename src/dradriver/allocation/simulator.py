@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from dradriver.allocation.model import (
@@ -135,6 +136,18 @@ class _Pool:
     incomplete: bool = False
     invalid: str | None = None
     counters: dict[str, dict[str, Quantity]] = field(default_factory=dict)
+    _available: dict[tuple[str, str], int | Fraction] | None = None
+
+    @property
+    def available(self) -> dict[tuple[str, str], int | Fraction]:
+        """Counter totals by (counter set, counter), as exact numbers."""
+        if self._available is None:
+            self._available = {
+                (set_name, counter): _number(value)
+                for set_name, counters in self.counters.items()
+                for counter, value in counters.items()
+            }
+        return self._available
 
     @property
     def id(self) -> str:
@@ -206,6 +219,12 @@ def gather_pools(slices: Sequence[Slice], node: str | None) -> tuple[list[_Pool]
                 parsed_set.update(parsed)
         pools.append(pool)
     return pools, warnings
+
+
+def _number(quantity: Quantity) -> int | Fraction:
+    """A quantity as an exact number; an int when it is whole (most counters), which is faster."""
+    value = quantity.exact()
+    return value.numerator if value.denominator == 1 else value
 
 
 def _counter_value(value: Any) -> Any:
@@ -333,8 +352,9 @@ class _Allocator:
             [(_DistinctState if c.distinct else _MatchState)(c.attribute, c.requests) for c in claim.constraints]
             for claim in claims
         ]
-        self.consumed: dict[str, dict[str, dict[str, Quantity]]] = {}
-        self.matches: dict[tuple[str, tuple[int, int, int]], bool] = {}
+        self.consumed: dict[str, dict[tuple[str, str], int | Fraction]] = {}
+        self._consumptions: dict[str, list[tuple[tuple[str, str], int | Fraction]]] = {}
+        self.matches: dict[tuple[int, int, int], dict[str, bool]] = {}
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
 
@@ -392,15 +412,15 @@ class _Allocator:
     # -- selectors (isSelectable / selectorsMatch) -------------------------------------------------
 
     def selectable(self, device: Device, key: tuple[int, int, int], data: _RequestData) -> bool:
-        cache_key = (device.id, key)
-        cached = self.matches.get(cache_key)
+        cache = self.matches.setdefault(key, {})
+        cached = cache.get(device.id)
         if cached is not None:
             return cached
         claim = self.claims[key[0]]
         result = self._selectors_match(
             device, data.device_class.selectors, f"class {data.device_class.name}"
         ) and self._selectors_match(device, data.request.selectors, f"claim {claim.ref}")
-        self.matches[cache_key] = result
+        cache[device.id] = result
         return result
 
     def _selectors_match(self, device: Device, selectors: Sequence[str], owner: str) -> bool:
@@ -485,13 +505,19 @@ class _Allocator:
             if pool.incomplete or pool.invalid:
                 continue
             offset = first_device if pool_index == first_pool else 0
+            matching = self.matches.setdefault(key, {})
+            preallocated, allocating = self.preallocated, self.allocating
             for device_index, device in enumerate(pool.device_list[offset:], start=offset):
+                device_id = device.id
                 if request.admin_access:
-                    if ci in self.allocating.get(device.id, ()):
+                    if ci in allocating.get(device_id, ()):
                         continue
-                elif self.in_use(device.id):
+                elif device_id in preallocated or allocating.get(device_id):
                     continue
-                if not self.selectable(device, key, data):
+                selectable = matching.get(device_id)
+                if selectable is None:
+                    selectable = self.selectable(device, key, data)
+                if not selectable:
                     continue
                 undo = self.allocate_device(ci, key, pool, device, must=False)
                 if undo is None:
@@ -518,12 +544,12 @@ class _Allocator:
         elif self.in_use(device.id):
             return None
         consumption = device.body.get("consumesCounters") or []
-        if consumption and not self._take_counters(pool, consumption):
+        if consumption and not self._take_counters(pool, device):
             return None
         base, sub = (data.parent.name, request.name) if data.parent else (request.name, "")
         if _taint_blocks(device, request):
             if consumption:
-                self._release_counters(pool, consumption)
+                self._release_counters(pool, device)
             return None
         added: list[_MatchState] = []
         for constraint in self.constraints[ci]:
@@ -536,7 +562,7 @@ class _Allocator:
                 for previous in added:
                     previous.remove(base, sub)
                 if consumption:
-                    self._release_counters(pool, consumption)
+                    self._release_counters(pool, device)
                 return None
             added.append(constraint)
         self.allocating.setdefault(device.id, set()).add(ci)
@@ -550,37 +576,42 @@ class _Allocator:
                 constraint.remove(base, sub)
             self.allocating[device.id].discard(ci)
             if consumption:
-                self._release_counters(pool, consumption)
+                self._release_counters(pool, device)
             del self.results[ci][count - 1 :]
 
         return undo
 
-    def _take_counters(self, pool: _Pool, consumption: Sequence[Any]) -> bool:
+    def _consumption(self, device: Device) -> list[tuple[tuple[str, str], int | Fraction]]:
+        """What a device consumes, parsed once per simulation."""
+        found = self._consumptions.get(device.id)
+        if found is None:
+            found = []
+            for entry in device.body.get("consumesCounters") or []:
+                if not isinstance(entry, Mapping):
+                    continue
+                set_name = str(entry.get("counterSet", ""))
+                for counter, value in (entry.get("counters") or {}).items():
+                    found.append(((set_name, counter), _number(Quantity.parse(str(_counter_value(value))))))
+            self._consumptions[device.id] = found
+        return found
+
+    def _take_counters(self, pool: _Pool, device: Device) -> bool:
+        """The device's consumption fits what is left of each counter it uses (partitionable devices)."""
         consumed = self.consumed.setdefault(pool.id, {})
-        self._add_counters(consumed, consumption, sign=1)
-        for set_name, counters in consumed.items():
-            for counter, used in counters.items():
-                available = pool.counters.get(set_name, {}).get(counter)
-                if available is None or available.compare(used) < 0:
-                    self._add_counters(consumed, consumption, sign=-1)
-                    return False
+        available = pool.available
+        wanted = self._consumption(device)
+        for key, amount in wanted:
+            total = available.get(key)
+            if total is None or consumed.get(key, 0) + amount > total:
+                return False
+        for key, amount in wanted:
+            consumed[key] = consumed.get(key, 0) + amount
         return True
 
-    def _release_counters(self, pool: _Pool, consumption: Sequence[Any]) -> None:
-        self._add_counters(self.consumed.setdefault(pool.id, {}), consumption, sign=-1)
-
-    @staticmethod
-    def _add_counters(
-        consumed: dict[str, dict[str, Quantity]], consumption: Sequence[Any], *, sign: int
-    ) -> None:
-        for entry in consumption:
-            if not isinstance(entry, Mapping):
-                continue
-            counter_set = consumed.setdefault(str(entry.get("counterSet", "")), {})
-            for counter, value in (entry.get("counters") or {}).items():
-                amount = Quantity.parse(str(_counter_value(value)))
-                current = counter_set.get(counter, Quantity.from_int(0))
-                counter_set[counter] = current.add(amount) if sign > 0 else current.sub(amount)
+    def _release_counters(self, pool: _Pool, device: Device) -> None:
+        consumed = self.consumed[pool.id]
+        for key, amount in self._consumption(device):
+            consumed[key] -= amount
 
 
 def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
