@@ -354,6 +354,7 @@ class _Allocator:
         ]
         self.consumed: dict[str, dict[tuple[str, str], int | Fraction]] = {}
         self._consumptions: dict[str, list[tuple[tuple[str, str], int | Fraction]]] = {}
+        self._left: dict[str, dict[tuple[str, str], int | Fraction]] = {}
         self.matches: dict[tuple[int, int, int], dict[str, bool]] = {}
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
@@ -595,14 +596,29 @@ class _Allocator:
             self._consumptions[device.id] = found
         return found
 
+    def _available(self, pool: _Pool) -> dict[tuple[str, str], int | Fraction]:
+        """checkAvailableCounters: the pool's counters less what allocated devices consume
+        (devices of earlier claims; admin-access results are not allocated devices)."""
+        found = self._left.get(pool.id)
+        if found is None:
+            found = dict(pool.available)
+            for device in pool.device_list:
+                if device.id in self.preallocated:
+                    for key, amount in self._consumption(device):
+                        if key in found:
+                            found[key] -= amount
+            self._left[pool.id] = found
+        return found
+
     def _take_counters(self, pool: _Pool, device: Device) -> bool:
-        """The device's consumption fits what is left of each counter it uses (partitionable devices)."""
+        """The device's consumption fits what is left of each counter it uses (partitionable
+        devices); like the scheduler, a counter the pool does not define is not checked."""
         consumed = self.consumed.setdefault(pool.id, {})
-        available = pool.available
+        available = self._available(pool)
         wanted = self._consumption(device)
         for key, amount in wanted:
             total = available.get(key)
-            if total is None or consumed.get(key, 0) + amount > total:
+            if total is not None and consumed.get(key, 0) + amount > total:
                 return False
         for key, amount in wanted:
             consumed[key] = consumed.get(key, 0) + amount
