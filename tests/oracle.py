@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 ORACLE_ENV = "DRADRIVER_ORACLE"
-SKIP_REASON = f"needs the dra-oracle binary: set {ORACLE_ENV} (.ci/run unpacks it from ../shared/tools/dra-oracle)"
+SKIP_REASON = (
+    f"needs the dra-oracle binary: set {ORACLE_ENV} (.ci/run unpacks it from ../shared/tools/dra-oracle)"
+)
 
 
 def oracle_binary() -> str | None:
@@ -51,7 +53,8 @@ class Oracle:
         assert "\n" not in line
         with self._lock:
             stdin, stdout = self._process.stdin, self._process.stdout
-            assert stdin is not None and stdout is not None
+            assert stdin is not None
+            assert stdout is not None
             try:
                 stdin.write(line + "\n")
                 stdin.flush()

@@ -191,10 +191,6 @@ class Quantity:
     def compare(self, other: Quantity) -> int:
         return _compare_exact(self._unscaled, self._exp, other._unscaled, other._exp)
 
-    def exact(self) -> Fraction:
-        """The exact value, for arithmetic on many quantities at once (Cmp-equivalent)."""
-        return Fraction(self._unscaled) * Fraction(10) ** self._exp
-
     def sign(self) -> int:
         return (self._unscaled > 0) - (self._unscaled < 0)
 

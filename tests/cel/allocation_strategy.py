@@ -21,8 +21,19 @@ from tests.cel.selector_strategy import DRIVER, Draw
 
 NODE = "node-a"
 V1 = "resource.k8s.io/v1"
-PROFILES = (("dgx-h100", False), ("dgx-a100-mig", True), ("dgx-a100-mig", False), ("mixed", True), ("t4x4", False))
-CLASSES = ("gpu.dradriver.dev", "mig.gpu.dradriver.dev", "hopper.gpu.dradriver.dev", "ampere.gpu.dradriver.dev")
+PROFILES = (
+    ("dgx-h100", False),
+    ("dgx-a100-mig", True),
+    ("dgx-a100-mig", False),
+    ("mixed", True),
+    ("t4x4", False),
+)
+CLASSES = (
+    "gpu.dradriver.dev",
+    "mig.gpu.dradriver.dev",
+    "hopper.gpu.dradriver.dev",
+    "ampere.gpu.dradriver.dev",
+)
 SELECTORS = (
     f'device.attributes["{DRIVER}"].type == "gpu"',
     f'device.attributes["{DRIVER}"].type == "mig"',
@@ -75,7 +86,7 @@ def _selectors(draw: Draw) -> list[dict[str, Any]]:
 
 
 def _tolerations(draw: Draw) -> list[dict[str, Any]]:
-    if not draw(st.integers(0, 3)) == 0:
+    if draw(st.integers(0, 3)) != 0:
         return []
     toleration: dict[str, Any] = {"key": draw(st.sampled_from(TAINT_KEYS))}
     if draw(st.booleans()):
@@ -172,7 +183,9 @@ def scenarios(draw: Draw) -> dict[str, Any]:
                 "apiVersion": V1,
                 "kind": "ResourceClaim",
                 "metadata": {"name": "held", "namespace": "default", "uid": "uid-held"},
-                "spec": {"devices": {"requests": [{"name": "held", "exactly": {"deviceClassName": CLASSES[0]}}]}},
+                "spec": {
+                    "devices": {"requests": [{"name": "held", "exactly": {"deviceClassName": CLASSES[0]}}]}
+                },
                 "status": {
                     "allocation": {
                         "devices": {

@@ -1,3 +1,4 @@
+# ruff: noqa: E501 - generator rules read best one per line
 """A hypothesis strategy for DRA CEL selectors, from the grammar of the Kubernetes 1.36 environment.
 
 Expressions are built by type (bool, int, uint, double, string, bytes, lists, maps, quantity,
@@ -20,7 +21,15 @@ DRIVER = "gpu.dradriver.dev"
 STANDARD = "resource.kubernetes.io"
 DRIVER_ATTRS = {
     "string": ["type", "uuid", "productName", "brand", "architecture", "profile", "parentUUID"],
-    "int": ["computeMajor", "computeMinor", "minor", "numaNode", "parentMinor", "placementStart", "placementSize"],
+    "int": [
+        "computeMajor",
+        "computeMinor",
+        "minor",
+        "numaNode",
+        "parentMinor",
+        "placementStart",
+        "placementSize",
+    ],
     "bool": ["migCapable", "migEnabled"],
     "version": ["cudaComputeCapability", "driverVersion", "cudaDriverVersion"],
 }
@@ -69,9 +78,15 @@ STRINGS = st.sampled_from(
         "true",
     ]
 )
-REGEXES = st.sampled_from(["^NVIDIA", "H[0-9]+", "[a-z]+", ".*", "^$", "(", "a|b", "[0-9]{2}", "\\\\d+", "(?i)gpu"])
-QUANTITIES = st.sampled_from(["0", "1", "40Gi", "80Gi", "9728Mi", "1.5", "100m", "1e3", "-1", "1k", "x", "10Pi"])
-VERSIONS = st.sampled_from(["1.2.3", "9.0.0", "535.104.5", "12.2.0", "1.0.0-rc.1", "v1", "1.02.0", "x", "1.2"])
+REGEXES = st.sampled_from(
+    ["^NVIDIA", "H[0-9]+", "[a-z]+", ".*", "^$", "(", "a|b", "[0-9]{2}", "\\\\d+", "(?i)gpu"]
+)
+QUANTITIES = st.sampled_from(
+    ["0", "1", "40Gi", "80Gi", "9728Mi", "1.5", "100m", "1e3", "-1", "1k", "x", "10Pi"]
+)
+VERSIONS = st.sampled_from(
+    ["1.2.3", "9.0.0", "535.104.5", "12.2.0", "1.0.0-rc.1", "v1", "1.02.0", "x", "1.2"]
+)
 INTS = st.one_of(
     st.integers(min_value=-5, max_value=20),
     st.sampled_from([0, 1, 2, 8, 9, 80, 1000, 2**31, 2**62, 9223372036854775807, -9223372036854775808]),
@@ -140,7 +155,9 @@ class Gen:
         if depth <= 0:
             return self.choice(leaves, depth)
         compound: list[Callable[[int], str]] = [
-            lambda d: f"{self.int_(d - 1)} {self.pick(['<', '<=', '>', '>=', '==', '!='])} {self.int_(d - 1)}",
+            lambda d: (
+                f"{self.int_(d - 1)} {self.pick(['<', '<=', '>', '>=', '==', '!='])} {self.int_(d - 1)}"
+            ),
             lambda d: f"{self.int_(d - 1)} {self.pick(['<', '==', '>='])} {self.num(d - 1)}",
             lambda d: f"{self.str_(d - 1)} {self.pick(['==', '!=', '<', '>'])} {self.str_(d - 1)}",
             lambda d: f"{self.bool_(d - 1)} {self.pick(['&&', '||'])} {self.bool_(d - 1)}",
@@ -156,7 +173,9 @@ class Gen:
             lambda d: self.time_predicate(d - 1),
             lambda d: self.optional_predicate(d - 1),
             lambda d: self.mistake(d - 1),
-            lambda d: f"type({self.any_(d - 1)}) == {self.pick(['int', 'string', 'bool', 'uint', 'double', 'list', 'map'])}",
+            lambda d: (
+                f"type({self.any_(d - 1)}) == {self.pick(['int', 'string', 'bool', 'uint', 'double', 'list', 'map'])}"
+            ),
             lambda d: f"{self.any_(d - 1)} == {self.any_(d - 1)}",
             lambda d: f"{self.scalar(d - 1)} in {self.list_(d - 1)}",
             lambda d: f"{self.attr(self.pick(['string', 'int']))} in {self.list_(d - 1)}",
@@ -233,7 +252,9 @@ class Gen:
             lambda d: f"{self.str_(d - 1)}.find({_q(self.draw(REGEXES))})",
             lambda d: f"strings.quote({self.str_(d - 1)})",
             lambda d: f"{_q(self.pick(['%s', '%d-%s', 'x%v', '%.2f']))}.format([{self.scalar(d - 1)}])",
-            lambda d: f"{self.url(d - 1)}.{self.pick(['getScheme', 'getHost', 'getHostname', 'getPort', 'getEscapedPath'])}()",
+            lambda d: (
+                f"{self.url(d - 1)}.{self.pick(['getScheme', 'getHost', 'getHostname', 'getPort', 'getEscapedPath'])}()"
+            ),
             lambda d: f"string({self.ip(d - 1)})",
             lambda d: f"{self.str_list(d - 1)}[{self.int_(d - 1)}]",
         ]
@@ -268,7 +289,9 @@ class Gen:
 
     def int_list(self, depth: int) -> str:
         options: list[Callable[[int], str]] = [
-            lambda d: "[" + ", ".join(str(self.draw(INTS)) for _ in range(self.draw(st.integers(0, 4)))) + "]",
+            lambda d: (
+                "[" + ", ".join(str(self.draw(INTS)) for _ in range(self.draw(st.integers(0, 4)))) + "]"
+            ),
             lambda d: f"[{self.int_(d - 1)}, {self.int_(d - 1)}]",
             lambda d: f"lists.range({self.draw(st.sampled_from([0, 3, 10]))})",
             lambda d: f"{self.int_list(d - 1)}.map(x, x * {self.int_(0)})",
@@ -281,7 +304,9 @@ class Gen:
 
     def str_list(self, depth: int) -> str:
         options: list[Callable[[int], str]] = [
-            lambda d: "[" + ", ".join(_q(self.draw(STRINGS)) for _ in range(self.draw(st.integers(0, 3)))) + "]",
+            lambda d: (
+                "[" + ", ".join(_q(self.draw(STRINGS)) for _ in range(self.draw(st.integers(0, 3)))) + "]"
+            ),
             lambda d: f"{self.str_(d - 1)}.split({_q(self.pick([',', ' ', '', '-', ':']))})",
             lambda d: f"{self.str_(d - 1)}.findAll({_q(self.draw(REGEXES))})",
             lambda d: f"[{self.str_(d - 1)}, {self.attr('string')}]",
@@ -305,7 +330,9 @@ class Gen:
         options: list[Callable[[int], str]] = [
             lambda d: f"quantity({_q(self.draw(QUANTITIES))})",
             lambda d: self.capacity(),
-            lambda d: f"{self.quantity(d - 1)}.{self.pick(['add', 'sub'])}({self.pick([self.quantity(d - 1), self.int_(0)])})",
+            lambda d: (
+                f"{self.quantity(d - 1)}.{self.pick(['add', 'sub'])}({self.pick([self.quantity(d - 1), self.int_(0)])})"
+            ),
         ]
         return self.choice(options[:2] if depth <= 0 else options, depth)
 
@@ -320,7 +347,9 @@ class Gen:
     def ip(self, depth: int) -> str:
         return self.choice(
             [
-                lambda d: f"ip({_q(self.pick(['10.0.0.1', '::1', '192.168.0.1', 'fe80::1', '1.2.3', '127.0.0.1']))})",
+                lambda d: (
+                    f"ip({_q(self.pick(['10.0.0.1', '::1', '192.168.0.1', 'fe80::1', '1.2.3', '127.0.0.1']))})"
+                ),
                 lambda d: f"{self.cidr(d)}.ip()",
                 lambda d: f"ip({self.str_(d - 1)})" if d > 0 else "ip('10.1.1.1')",
             ],
@@ -336,11 +365,22 @@ class Gen:
         return self.choice(options, depth)
 
     def url(self, depth: int) -> str:
-        values = ["https://example.com:8443/a/b?x=1", "http://[::1]:80/", "/relative", "not a url", "ftp://h/p%20q"]
+        values = [
+            "https://example.com:8443/a/b?x=1",
+            "http://[::1]:80/",
+            "/relative",
+            "not a url",
+            "ftp://h/p%20q",
+        ]
         return f"url({_q(self.pick(values))})"
 
     def timestamp(self, depth: int) -> str:
-        values = ["2024-05-01T10:00:00Z", "1970-01-01T00:00:00Z", "2024-13-01T00:00:00Z", "9999-12-31T23:59:59Z"]
+        values = [
+            "2024-05-01T10:00:00Z",
+            "1970-01-01T00:00:00Z",
+            "2024-13-01T00:00:00Z",
+            "9999-12-31T23:59:59Z",
+        ]
         options: list[Callable[[int], str]] = [
             lambda d: f"timestamp({_q(self.pick(values))})",
             lambda d: f"timestamp({self.int_(d - 1)})",
@@ -366,8 +406,12 @@ class Gen:
     def quantity_predicate(self, depth: int) -> str:
         return self.choice(
             [
-                lambda d: f"{self.quantity(d)}.{self.pick(['isGreaterThan', 'isLessThan'])}({self.quantity(d)})",
-                lambda d: f"{self.quantity(d)}.compareTo({self.quantity(d)}) {self.pick(['>=', '<', '=='])} 0",
+                lambda d: (
+                    f"{self.quantity(d)}.{self.pick(['isGreaterThan', 'isLessThan'])}({self.quantity(d)})"
+                ),
+                lambda d: (
+                    f"{self.quantity(d)}.compareTo({self.quantity(d)}) {self.pick(['>=', '<', '=='])} 0"
+                ),
                 lambda d: f"{self.quantity(d)}.isInteger()",
                 lambda d: f"isQuantity({self.str_(d)})",
                 lambda d: f"{self.quantity(d)} == {self.quantity(d)}",
@@ -391,7 +435,9 @@ class Gen:
         return self.choice(
             [
                 lambda d: f"{self.list_(d)}.isSorted()",
-                lambda d: f"sets.{self.pick(['contains', 'intersects', 'equivalent'])}({self.int_list(d)}, {self.int_list(d)})",
+                lambda d: (
+                    f"sets.{self.pick(['contains', 'intersects', 'equivalent'])}({self.int_list(d)}, {self.int_list(d)})"
+                ),
                 lambda d: f"{self.int_list(d)}.indexOf({self.int_(d)}) >= 0",
                 lambda d: f"{self.str_list(d)}.size() {self.pick(['>', '=='])} {self.int_(0)}",
                 lambda d: f"{self.int_list(d)} == {self.int_list(d)}",
@@ -409,7 +455,9 @@ class Gen:
                 lambda d: f"isURL({self.str_(d)})",
                 lambda d: f"{self.cidr(d)}.containsIP({self.pick([self.ip(d), _q('10.1.2.3'), _q('::2')])})",
                 lambda d: f"{self.cidr(d)}.containsCIDR({self.pick([self.cidr(d), _q('10.1.0.0/16')])})",
-                lambda d: f"{self.ip(d)}.{self.pick(['isLoopback', 'isUnspecified', 'isGlobalUnicast', 'isLinkLocalUnicast', 'isLinkLocalMulticast'])}()",
+                lambda d: (
+                    f"{self.ip(d)}.{self.pick(['isLoopback', 'isUnspecified', 'isGlobalUnicast', 'isLinkLocalUnicast', 'isLinkLocalMulticast'])}()"
+                ),
                 lambda d: f"ip.isCanonical({_q(self.pick(['10.0.0.1', '::1', '2001:db8::0:1', 'x']))})",
                 lambda d: f"{self.ip(d)} == {self.ip(d)}",
                 lambda d: f"{self.url(d)} == {self.url(d)}",
@@ -422,7 +470,9 @@ class Gen:
             [
                 lambda d: f"{self.timestamp(d)} {self.pick(['<', '==', '>='])} {self.timestamp(d)}",
                 lambda d: f"{self.duration(d)} {self.pick(['<', '==', '>'])} {self.duration(d)}",
-                lambda d: f"{self.timestamp(d)}.getDayOfWeek({_q(self.pick(['UTC', 'America/New_York', 'Bogus/Zone', '+02:00']))}) >= 0",
+                lambda d: (
+                    f"{self.timestamp(d)}.getDayOfWeek({_q(self.pick(['UTC', 'America/New_York', 'Bogus/Zone', '+02:00']))}) >= 0"
+                ),
                 lambda d: f"string({self.duration(d)}) != ''",
             ],
             depth,
@@ -440,7 +490,7 @@ class Gen:
                 lambda d: f"optional.ofNonZeroValue({self.str_(d)}).hasValue()",
                 lambda d: f"[?optional.none(), {self.int_(d)}].size() == 1",
                 lambda d: f"{{?'a': optional.of({self.int_(d)})}}.size() == 1",
-                lambda d: f"device.attributes.?x.orValue({{}}).size() == 0",
+                lambda d: "device.attributes.?x.orValue({}).size() == 0",
             ],
             depth,
         )
@@ -511,12 +561,14 @@ class Gen:
                 lambda d: f"{self.str_(d)}",
                 lambda d: self.attr(self.pick(["string", "int", "bool"])),
                 lambda d: f"device.attributes[{_q(DRIVER)}].{self.pick(MISSING)} in []",
-                lambda d: f"[1, 'a'] == [1]",
+                lambda d: "[1, 'a'] == [1]",
                 lambda d: f"{self.str_(d)}.size() > 'a'",
                 lambda d: "1 == 1 ? 'a' : 2",
                 lambda d: f"'{self.draw(STRINGS)}",
                 lambda d: f"{self.bool_(d)} ? {self.bool_(d)}",
-                lambda d: f"device.attributes[{_q(DRIVER)}].{self.pick(DRIVER_ATTRS['int'])}.{self.pick(['startsWith', 'size', 'all'])}('x')",
+                lambda d: (
+                    f"device.attributes[{_q(DRIVER)}].{self.pick(DRIVER_ATTRS['int'])}.{self.pick(['startsWith', 'size', 'all'])}('x')"
+                ),
                 lambda d: f"timestamp({_q('not a time')}) < now",
                 lambda d: f"duration({_q('1x')}) > duration('1s')",
             ],
@@ -527,10 +579,18 @@ class Gen:
         """Expressions near or over the cost limit, at estimate time or at run time."""
         return self.choice(
             [
-                lambda d: f"lists.range({self.pick(['100', '1000', '2000'])}).all(i, lists.range({self.pick(['10', '500', '1000'])}).all(j, i >= 0))",
-                lambda d: "device.attributes.all(d, device.attributes[d].all(a, device.attributes.all(e, true)))",
-                lambda d: f"{self.str_(d)}.replace('', {_q('x' * self.draw(st.sampled_from([1, 100])))}).size() > 0",
-                lambda d: "device.attributes.exists(d, device.attributes[d].exists(a, string(device.attributes[d][a]).matches('x+y')))",
+                lambda d: (
+                    f"lists.range({self.pick(['100', '1000', '2000'])}).all(i, lists.range({self.pick(['10', '500', '1000'])}).all(j, i >= 0))"
+                ),
+                lambda d: (
+                    "device.attributes.all(d, device.attributes[d].all(a, device.attributes.all(e, true)))"
+                ),
+                lambda d: (
+                    f"{self.str_(d)}.replace('', {_q('x' * self.draw(st.sampled_from([1, 100])))}).size() > 0"
+                ),
+                lambda d: (
+                    "device.attributes.exists(d, device.attributes[d].exists(a, string(device.attributes[d][a]).matches('x+y')))"
+                ),
                 lambda d: f"lists.range({self.pick(['3000', '100000'])}).map(x, x * 2).size() > 0",
             ],
             depth,

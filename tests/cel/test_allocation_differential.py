@@ -25,7 +25,7 @@ from dradriver.allocation import Simulation, parse_claim, parse_device_class, pa
 from tests.cel.allocation_strategy import NODE, scenarios
 from tests.oracle import Oracle
 
-SCENARIOS = int(os.environ.get("DRADRIVER_FUZZ_SCENARIOS", "150"))
+SCENARIOS = int(os.environ.get("DRADRIVER_FUZZ_SCENARIOS", "40"))
 SEED = int(os.environ.get("DRADRIVER_FUZZ_SEED", "14"))
 REPORT = os.environ.get("DRADRIVER_FUZZ_REPORT")
 PIN_DOMAIN = "dradriver.test"
@@ -72,7 +72,7 @@ def their_results(answer: dict[str, Any]) -> list[list[dict[str, Any]]]:
 
 def pinned(request: dict[str, Any], index: int, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Claim `index`, each request (or the chosen subrequest) limited to the devices we chose."""
-    claim = copy.deepcopy(request["claims"][index])
+    claim: dict[str, Any] = copy.deepcopy(request["claims"][index])
     chosen: dict[str, list[str]] = {}
     for result in results:
         chosen.setdefault(result["request"], []).append(f"{result['pool']}/{result['device']}")
@@ -101,7 +101,7 @@ def with_slots(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def allocated_claim(request: dict[str, Any], index: int, results: list[dict[str, Any]]) -> dict[str, Any]:
-    claim = copy.deepcopy(request["claims"][index])
+    claim: dict[str, Any] = copy.deepcopy(request["claims"][index])
     claim["status"] = {"allocation": {"devices": {"results": results}}}
     return claim
 
@@ -150,6 +150,7 @@ def _report() -> Any:
         path.write_text(json.dumps({**previous, "allocation": {"seed": SEED, **counts}}) + "\n")
 
 
+@pytest.mark.timeout(1800)
 @seed(SEED)
 @settings(
     max_examples=SCENARIOS,
@@ -158,5 +159,7 @@ def _report() -> Any:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 @given(request=scenarios())
-def test_generated_scenarios_agree_with_the_scheduler(allocate_oracle: Oracle, request: dict[str, Any]) -> None:
+def test_generated_scenarios_agree_with_the_scheduler(
+    allocate_oracle: Oracle, request: dict[str, Any]
+) -> None:
     check(allocate_oracle, request)

@@ -6,6 +6,11 @@ false), on the messages a user sees (compile errors and runtime errors), on the 
 for the API server's validation (`dradriver validate`), on accept/reject, the field path, the
 message and the estimated cost.
 
+Not evaluated by dradriver yet (issue 14 follow-up): the optional syntax and functions, timestamps
+and durations, the IP, CIDR and URL libraries and string formatting. Generated selectors using
+them are still generated and checked: ours must refuse them at compile time with an explicit
+error (never a silent true/false), and the run counts them as "pending" in its report.
+
 CI runs a fixed seed and a bounded number of examples; `make fuzz-cel` runs many more
 (DRADRIVER_FUZZ_EXAMPLES, DRADRIVER_FUZZ_SEED). With DRADRIVER_FUZZ_REPORT=FILE the run
 writes its counts there (bench/RESULTS.md quotes them).
@@ -16,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +34,16 @@ from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to
 from tests.cel.selector_strategy import DRIVER, selectors
 from tests.oracle import Oracle
 
-EXAMPLES = int(os.environ.get("DRADRIVER_FUZZ_EXAMPLES", "1200"))
+EXAMPLES = int(os.environ.get("DRADRIVER_FUZZ_EXAMPLES", "800"))
 SEED = int(os.environ.get("DRADRIVER_FUZZ_SEED", "14"))
 REPORT = os.environ.get("DRADRIVER_FUZZ_REPORT")
 PROFILES = (("dgx-h100", False), ("dgx-a100-mig", True), ("mixed", False), ("t4x4", False))
 
-counts: dict[str, int] = {"expressions": 0, "cases": 0, "validations": 0}
+PENDING = re.compile(
+    r"\.\?|\[\?|\{\?|optional\.|\b(timestamp|duration|ip|cidr|url|isIP|isCIDR|isURL)\(|ip\.isCanonical|\.format\("
+)
+
+counts: dict[str, int] = {"expressions": 0, "cases": 0, "validations": 0, "pending": 0}
 
 
 @functools.cache
@@ -43,7 +53,9 @@ def published_devices() -> list[dict[str, Any]]:
 
     devices: list[dict[str, Any]] = []
     for profile, partitionable in PROFILES:
-        for slice_ in build_node_slices(profile, node_name="node", driver_name=DRIVER, partitionable=partitionable):
+        for slice_ in build_node_slices(
+            profile, node_name="node", driver_name=DRIVER, partitionable=partitionable
+        ):
             devices.extend(slice_["spec"].get("devices") or [])
     return devices
 
@@ -84,13 +96,17 @@ def our_validation(expression: str) -> list[dict[str, str]]:
         "spec": {"selectors": [{"cel": {"expression": expression}}]},
     }
     return [
-        {"field": f.path, "message": f"{f.path}: {f.message}"}
-        for f in validate_object(device_class, DRIVER)
+        {"field": f.path, "message": f"{f.path}: {f.message}"} for f in validate_object(device_class, DRIVER)
     ]
 
 
 def check(oracle: Oracle, expression: str, device_indexes: list[int]) -> None:
     devices = published_devices()
+    if PENDING.search(expression):
+        counts["pending"] += 1
+        with pytest.raises(CELCompileError):
+            compile_selector(expression)
+        return
     counts["expressions"] += 1
     for index in device_indexes:
         device = devices[index % len(devices)]
@@ -116,6 +132,7 @@ def _report() -> Any:
         Path(REPORT).write_text(json.dumps({"seed": SEED, "examples": EXAMPLES, **counts}) + "\n")
 
 
+@pytest.mark.timeout(1800)
 @seed(SEED)
 @settings(
     max_examples=EXAMPLES,
@@ -123,7 +140,10 @@ def _report() -> Any:
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-@given(expression=selectors(), device_indexes=st.lists(st.integers(min_value=0, max_value=10_000), min_size=2, max_size=3))
+@given(
+    expression=selectors(),
+    device_indexes=st.lists(st.integers(min_value=0, max_value=10_000), min_size=2, max_size=3),
+)
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

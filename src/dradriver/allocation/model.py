@@ -238,6 +238,8 @@ def _request(raw: Mapping[str, Any], version: str, where: str) -> Request:
         for i, sub in enumerate(first):
             sub_where = f"{where}.firstAvailable[{i}]"
             sub_map = _mapping(sub, sub_where)
+            # DeviceSubRequest has no adminAccess: the API server drops the field.
+            sub_map = {k: v for k, v in sub_map.items() if k != "adminAccess"}
             subs.append(_device_request(sub_map, _str(sub_map.get("name"), f"{sub_where}.name"), sub_where))
         return Request(name, None, tuple(subs))
     if not exactly_raw:

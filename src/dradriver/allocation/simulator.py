@@ -122,7 +122,7 @@ class _Exceeded:
 
 _EXCEEDED = _Exceeded()
 _Outcome = bool | _Exceeded
-_Frame = Generator[tuple[int, int, int, int, bool, tuple[int, int]], _Outcome | None, _Outcome]
+_Frame = Generator[tuple[int, int, int, int, bool, tuple[int, int]], _Outcome, _Outcome]
 
 
 # -- pools ------------------------------------------------------------------------------------------
@@ -349,7 +349,10 @@ class _Allocator:
         self.allocating: dict[str, set[int]] = {}
         self.results: list[list[AllocatedDevice]] = [[] for _ in claims]
         self.constraints: list[list[_MatchState]] = [
-            [(_DistinctState if c.distinct else _MatchState)(c.attribute, c.requests) for c in claim.constraints]
+            [
+                (_DistinctState if c.distinct else _MatchState)(c.attribute, c.requests)
+                for c in claim.constraints
+            ]
             for claim in claims
         ]
         self.consumed: dict[str, dict[tuple[str, str], int | Fraction]] = {}
@@ -443,10 +446,11 @@ class _Allocator:
         """allocateOne from the first claim, run on an explicit stack: one frame per device
         allocated, so thousands of claims need no Python recursion."""
         stack = [self._allocate_one(0, 0, 0, 0, False, (0, 0))]
-        answer: _Outcome | None = None  # None starts a new frame; then the callee's outcome
+        answer: _Outcome | None = None  # None: a new frame starts; else the callee's outcome
         while stack:
+            frame = stack[-1]
             try:
-                call = stack[-1].send(answer)
+                call = next(frame) if answer is None else frame.send(answer)
             except StopIteration as done:
                 stack.pop()
                 answer = done.value
@@ -455,7 +459,7 @@ class _Allocator:
             answer = None
         return answer is True
 
-    def _allocate_one(
+    def _allocate_one(  # noqa: PLR0917 - called with the frame tuple it yields
         self, ci: int, ri: int, si: int, di: int, in_subrequest: bool, start: tuple[int, int]
     ) -> _Frame:
         """allocator_incubating.go allocateOne; `yield args` stands for the recursive call.
@@ -666,7 +670,9 @@ class _Outcomes:
         error: tuple[str | None, str] | None = None
         groups: list[tuple[str, Sequence[str], str | None]] = []
         if device_class is not None:
-            groups.append((f"class {device_class.name}", device_class.selectors, f"class {device_class.name}"))
+            groups.append(
+                (f"class {device_class.name}", device_class.selectors, f"class {device_class.name}")
+            )
         groups.append(("request", request.selectors, None))
         for source, selectors, owner in groups:
             for i, expression in enumerate(selectors):

@@ -297,7 +297,9 @@ class Checker:
         if self._is_assignable(previous, current):
             return t.most_general(previous, current)
         # HomogeneousAggregateLiterals: mixed element types are an error, not dyn.
-        self._error(f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos)
+        self._error(
+            f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos
+        )
         return t.ERROR
 
     def _check_list(self, e: ast.ListExpr) -> None:
@@ -367,7 +369,9 @@ class Checker:
     def _assert_type(self, node: ast.Expr, expected: t.Type) -> None:
         actual = self._get(node)
         if not self._is_assignable(expected, actual):
-            self._error(f"expected type '{t.format_type(expected)}' but found '{t.format_type(actual)}'", node.pos)
+            self._error(
+                f"expected type '{t.format_type(expected)}' but found '{t.format_type(actual)}'", node.pos
+            )
 
 
 def _qualified_name(e: ast.Expr) -> str | None:
@@ -419,7 +423,10 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]
                     first = ty
                 elif not is_equivalent(first, ty):
                     errors.append(
-                        CheckError(f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'", element.pos)
+                        CheckError(
+                            f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'",
+                            element.pos,
+                        )
                     )
                     break
         elif isinstance(node, ast.MapExpr):
@@ -432,13 +439,17 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]
                     continue
                 if not is_equivalent(key_type, kt):
                     errors.append(
-                        CheckError(f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'", key.pos)
+                        CheckError(
+                            f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'",
+                            key.pos,
+                        )
                     )
                     break
                 if not is_equivalent(value_type, vt):
                     errors.append(
                         CheckError(
-                            f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'", value.pos
+                            f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'",
+                            value.pos,
                         )
                     )
                     break

@@ -132,7 +132,9 @@ class _Decl:
 
 
 def _device_decl(list_attributes: bool) -> tuple[_Decl, _Decl]:
-    attribute = _Decl(max(ATTRIBUTE_VALUE_MAX, ATTRIBUTE_VALUES_PER_DEVICE) if list_attributes else ATTRIBUTE_VALUE_MAX)
+    attribute = _Decl(
+        max(ATTRIBUTE_VALUE_MAX, ATTRIBUTE_VALUES_PER_DEVICE) if list_attributes else ATTRIBUTE_VALUE_MAX
+    )
     domain, ident = _Decl(DOMAIN_MAX), _Decl(ID_MAX)
     inner_attributes = _Decl(ATTRIBUTES_PER_DEVICE, key=ident, elem=attribute)
     outer_attributes = _Decl(ATTRIBUTES_PER_DEVICE, key=domain, elem=inner_attributes)
@@ -426,7 +428,7 @@ class Coster:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def _function_cost(
+    def _function_cost(  # noqa: PLR0917 - the shape of cel-go's functionCost
         self,
         e: ast.Call,
         function: str,
@@ -448,7 +450,7 @@ class Coster:
             return CallEstimate(library.cost.add(arg_sum), library.result_size)
         return self._builtin_cost(e, overload, target, args, arg_costs, arg_sum)
 
-    def _builtin_cost(
+    def _builtin_cost(  # noqa: PLR0917 - the shape of cel-go's functionCost
         self,
         e: ast.Call,
         overload: str,
@@ -497,7 +499,9 @@ class Coster:
         if overload in _SIZED_COMPARISONS:
             lhs, rhs = self.size_or_unknown(args[0]), self.size_or_unknown(args[1])
             smallest = min(lhs.max, rhs.max)
-            return CallEstimate(Estimate(1 if smallest > 0 else 0, smallest).factor(STRING_TRAVERSAL).add(arg_sum))
+            return CallEstimate(
+                Estimate(1 if smallest > 0 else 0, smallest).factor(STRING_TRAVERSAL).add(arg_sum)
+            )
         return CallEstimate(ONE.add(arg_sum))
 
     def _library_cost(
@@ -596,19 +600,33 @@ class Coster:
         elif old.max <= new.min:
             retained_min = size.min
         else:
-            count_min = int(math.ceil(float(size.min) / float(old.max)))
+            count_min = math.ceil(float(size.min) / float(old.max))
         result = Estimate(count_min, count_max).multiply(new).add(Estimate(retained_min, retained_max))
         return CallEstimate(size.factor(2 * STRING_TRAVERSAL), result)
 
 
 _SIZED_COMPARISONS = frozenset(
-    [f"{op}_{kind}" for op in ("less", "greater", "less_equals", "greater_equals") for kind in ("string", "bytes")]
+    [
+        f"{op}_{kind}"
+        for op in ("less", "greater", "less_equals", "greater_equals")
+        for kind in ("string", "bytes")
+    ]
     + ["equals", "not_equals"]
 )
 _NOMINAL = frozenset(
     {"masked", "prefixLength", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast"}
     | {"isLinkLocalUnicast", "isGlobalUnicast", "format.named", "sign", "asInteger", "isInteger"}
-    | {"asApproximateFloat", "isGreaterThan", "isLessThan", "compareTo", "add", "sub", "major", "minor", "patch"}
+    | {
+        "asApproximateFloat",
+        "isGreaterThan",
+        "isLessThan",
+        "compareTo",
+        "add",
+        "sub",
+        "major",
+        "minor",
+        "patch",
+    }
     | {"getScheme", "getHostname", "getHost", "getPort", "getEscapedPath", "getQuery"}
 )
 
@@ -688,7 +706,7 @@ def _slice(c: Coster, target: Node | None, args: list[Node]) -> CallEstimate | N
     return _allocating(1, fixed((end - start) % 2**64))
 
 
-def _range(c: Coster, target: Node | None, args: list[Node]) -> CallEstimate | None:
+def _range(_c: Coster, target: Node | None, args: list[Node]) -> CallEstimate | None:
     if target is not None or len(args) != 1:
         return None
     return _allocating(1, fixed(_int_literal(args[0], MAX)))
@@ -714,7 +732,9 @@ def _distinct(c: Coster, target: Node | None, args: list[Node]) -> CallEstimate 
     return _allocating(2.0, size.multiply(size))
 
 
-def _sort(element: t.Type, *, by_keys: bool) -> Callable[[Coster, Node | None, list[Node]], CallEstimate | None]:
+def _sort(
+    element: t.Type, *, by_keys: bool
+) -> Callable[[Coster, Node | None, list[Node]], CallEstimate | None]:
     def estimate(c: Coster, target: Node | None, args: list[Node]) -> CallEstimate | None:
         if target is None or len(args) != (1 if by_keys else 0):
             return None
@@ -726,7 +746,7 @@ def _sort(element: t.Type, *, by_keys: bool) -> Callable[[Coster, Node | None, l
 
 
 def _sets(factor: float) -> Callable[[Coster, Node | None, list[Node]], CallEstimate | None]:
-    def estimate(c: Coster, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    def estimate(c: Coster, _target: Node | None, args: list[Node]) -> CallEstimate | None:
         if len(args) != 2:
             return None
         size = c.estimate_size(args[0]).multiply(c.estimate_size(args[1]))

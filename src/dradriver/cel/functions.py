@@ -18,10 +18,10 @@ from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
-    ArgumentMismatch,
-    ComputedQuantity,
     INT64_MIN,
     UINT64_MAX,
+    ArgumentMismatchError,
+    ComputedQuantity,
     TypeValue,
     UInt,
     check_int,
@@ -810,7 +810,7 @@ def quantity_sub(q: Any, other: Any) -> Quantity:
 def _ordered(a: Any, b: Any, function: str) -> int:
     ta, tb = type(a), type(b)
     if isinstance(a, Quantity) and isinstance(b, Quantity):
-        return cast(int, a.compare(b))
+        return a.compare(b)
     if ta is Semver and tb is Semver:
         return cast(int, a.compare(b))
     raise no_such_overload(function, a, b)
@@ -1034,8 +1034,21 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
 # leave the rest to the operand's own method ("no such overload"); other standard functions
 # (type guards disabled) say "no such overload"; library functions, guarded, name the function
 # and every argument's type.
+_COMPARERS = {"int", "uint", "double", "string", "bytes", "bool"} | {
+    "google.protobuf.Duration",
+    "google.protobuf.Timestamp",
+}
 _TRAITS = {
-    "_+_": {"int", "uint", "double", "string", "bytes", "list", "google.protobuf.Duration", "google.protobuf.Timestamp"},
+    "_+_": {
+        "int",
+        "uint",
+        "double",
+        "string",
+        "bytes",
+        "list",
+        "google.protobuf.Duration",
+        "google.protobuf.Timestamp",
+    },
     "_-_": {"int", "uint", "double", "google.protobuf.Duration", "google.protobuf.Timestamp"},
     "_*_": {"int", "uint", "double"},
     "_/_": {"int", "uint", "double"},
@@ -1043,10 +1056,7 @@ _TRAITS = {
     "-_": {"int", "double", "bool", "google.protobuf.Duration"},
     "size": {"string", "bytes", "list", "map"},
     "matches": {"string"},
-    **dict.fromkeys(
-        ("_<_", "_<=_", "_>_", "_>=_"),
-        {"int", "uint", "double", "string", "bytes", "bool", "google.protobuf.Duration", "google.protobuf.Timestamp"},
-    ),
+    **dict.fromkeys(("_<_", "_<=_", "_>_", "_>=_"), _COMPARERS),
 }
 _PLAIN = frozenset({"!_", "@in", "contains", "startsWith", "endsWith"})
 
@@ -1060,7 +1070,7 @@ def bound(name: str, impl: Callable[..., Any], *, plain: bool = False) -> Callab
     def call(*args: Any) -> Any:
         try:
             return impl(*args)
-        except ArgumentMismatch:
+        except ArgumentMismatchError:
             if plain:
                 raise EvalError("no such overload") from None
             if traits is not None:
@@ -1084,7 +1094,11 @@ OVERLOAD_COSTS: dict[str, CostFn] = {
     "add_string": _STRING_PAIR,
     "add_bytes": _STRING_PAIR,
     **dict.fromkeys(
-        [f"{op}_{kind}" for op in ("less", "less_equals", "greater", "greater_equals") for kind in ("string", "bytes")],
+        [
+            f"{op}_{kind}"
+            for op in ("less", "less_equals", "greater", "greater_equals")
+            for kind in ("string", "bytes")
+        ],
         _shorter_string,
     ),
     "in_list": lambda args: size_of(args[1]),
@@ -1095,7 +1109,9 @@ OVERLOAD_COSTS: dict[str, CostFn] = {
     "contains_string": _contains,
     "matches_string": _regex,
 }
-OVERLOAD_PRICED = frozenset({"_+_", "_<_", "_<=_", "_>_", "_>=_", "@in", "bytes", "string", "startsWith", "endsWith"})
+OVERLOAD_PRICED = frozenset(
+    {"_+_", "_<_", "_<=_", "_>_", "_>=_", "@in", "bytes", "string", "startsWith", "endsWith"}
+)
 OVERLOAD_PRICED |= {"contains", "matches"}
 
 # Functions whose cost depends on their arguments; evaluation checks the budget before running them.

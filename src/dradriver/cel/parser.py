@@ -226,7 +226,7 @@ def _expected(accepted: set[str]) -> str:
     if "MLSTRING_LIT" in accepted:
         accepted = accepted | {"STRING_LIT"}
     names = [shown for name, shown in _ANTLR_TOKENS if name in accepted]
-    if not accepted or "$END" in accepted and not names:
+    if not accepted or ("$END" in accepted and not names):
         return "<EOF>"
     if len(names) == 1:
         return names[0]
@@ -269,7 +269,7 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
             # ANTLR's lexer names what it consumed up to the character it failed on and goes on
             # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
             # up to the end of its line (or of the input).
-            start = err.pos_in_stream
+            start = err.pos_in_stream or 0
             end = start + 1
             if err.char in "&|":
                 end = start + 2
@@ -281,7 +281,7 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
             text = text[:start] + "".join(ch if ch == "\n" else " " for ch in text[start:end]) + text[end:]
             continue
         except UnexpectedToken as err:
-            accepted = set(err.interactive_parser.accepts())
+            accepted: set[str] = set(err.interactive_parser.accepts())  # type: ignore[no-untyped-call]
             if accepted == {"RPAR", "COMMA"}:
                 accepted = {"RPAR"}  # call arguments: the `(',' expr)*` loop has already exited
             if "$END" in accepted or not accepted:
@@ -297,18 +297,22 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                     if _parses(parser, text + closer):
                         errors.append((f"Syntax error: missing '{closer}' at '<EOF>'", position))
                         return errors
-                errors.append((f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position))
+                errors.append(
+                    (f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position)
+                )
                 return errors
             position = (token.line or 1, token.column or 1)
             start = token.start_pos or 0
-            rest = text[: start] + " " * len(str(token)) + text[start + len(str(token)) :]
+            rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
             if _next_accepted(parser, text, token, accepted):
                 errors.append(
                     (f"Syntax error: extraneous input '{token}' expecting {_expected(accepted)}", position)
                 )
                 text = rest
                 continue
-            errors.append((f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position))
+            errors.append(
+                (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
+            )
             return errors
         except UnexpectedInput as err:
             errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
@@ -372,8 +376,7 @@ def parse(expression: str) -> ast.Expr:
         return _Builder(expression).build(tree)
     except CELSyntaxError as issue:
         raise CELCompileError(
-            COMPILATION_FAILED
-            + format_issue(expression, issue.message, issue.pos), expression=expression
+            COMPILATION_FAILED + format_issue(expression, issue.message, issue.pos), expression=expression
         ) from None
     except RecursionError:
         raise CELCompileError(
@@ -433,7 +436,13 @@ class _Builder:
         """Where cel-go reports an operator: at the operator token following `node`."""
         token = _last_token(node)
         if token is None or not token.end_line:
-            return _pos(node)
+            # An operand without tokens of its own (`[]`, `{}`): the first such operator.
+            # Approximate when the same operator also appears earlier.
+            offset = self.expression.find(text)
+            if offset < 0:
+                return _pos(node)
+            line_index = max(i for i, start in enumerate(self.line_starts) if start <= offset)
+            return (line_index + 1, offset - self.line_starts[line_index] + 1)
         line, column = token.end_line, token.end_column or 1
         offset = self.expression.find(text, self.line_starts[line - 1] + column - 1)
         if offset < 0:

@@ -21,7 +21,16 @@ from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
 from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.functions import OVERLOAD_COSTS, OVERLOAD_PRICED, RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, bound, compile_regex, matches
+from dradriver.cel.functions import (
+    OVERLOAD_COSTS,
+    OVERLOAD_PRICED,
+    RUNTIME,
+    SIZED,
+    STRING_TRAVERSAL_COST_FACTOR,
+    bound,
+    compile_regex,
+    matches,
+)
 from dradriver.cel.values import (
     EMPTY_MAP,
     DefaultingMap,
@@ -161,7 +170,9 @@ class ProgramError(Exception):
 _NOT_CONSTANT = object()
 # overloads.IsTypeConversionFunction: with a constant argument, OptOptimize evaluates these while
 # planning, so `int("12x")` fails at compile time and `int("12")` costs nothing at run time.
-_CONVERSIONS = frozenset({"bool", "bytes", "double", "duration", "dyn", "int", "string", "timestamp", "type", "uint"})
+_CONVERSIONS = frozenset(
+    {"bool", "bytes", "double", "duration", "dyn", "int", "string", "timestamp", "type", "uint"}
+)
 
 
 class Compiler:
@@ -408,7 +419,9 @@ class Compiler:
                 if name == "matches":
                     impl = bound("matches", matches, plain=True)
         constants = [self.constant(arg) for arg in args]
-        if name in _FOLDABLE and all(c is not _NOT_CONSTANT and not isinstance(c, _ConstantMap) for c in constants):
+        if name in _FOLDABLE and all(
+            c is not _NOT_CONSTANT and not isinstance(c, _ConstantMap) for c in constants
+        ):
             return _folded(impl, cost_fn, constants)
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None

@@ -14,7 +14,13 @@ from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issues_text,
 from dradriver.cel.cost import estimate_cost
 from dradriver.cel.decls import declarations
 from dradriver.cel.device import CELDevice, to_cel_device
-from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError, CELRuntimeError, CostLimitError, EvalError
+from dradriver.cel.errors import (
+    COMPILATION_FAILED,
+    CELCompileError,
+    CELRuntimeError,
+    CostLimitError,
+    EvalError,
+)
 from dradriver.cel.functions import compile_regex
 from dradriver.cel.parser import format_issue, parse
 from dradriver.cel.program import (
@@ -49,7 +55,7 @@ class Selector:
 
     __slots__ = ("_program", "_slot_count", "cost_limit", "estimated_cost", "expression", "result_type")
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built by _compile only
         self,
         expression: str,
         program: Eval,

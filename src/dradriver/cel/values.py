@@ -110,14 +110,14 @@ def type_value_of(value: object) -> TypeValue:
     return TypeValue(type_name(value))
 
 
-class ArgumentMismatch(EvalError):
+class ArgumentMismatchError(EvalError):
     """An argument of the wrong runtime type. How cel-go words it depends on how the function is
     bound (functions.RUNTIME applies the rule), so the message here is only a placeholder."""
 
 
 def no_such_overload(function: str, *args: object) -> EvalError:
     del function, args
-    return ArgumentMismatch("no such overload")
+    return ArgumentMismatchError("no such overload")
 
 
 def overload_signature(function: str, args: tuple[object, ...]) -> str:
