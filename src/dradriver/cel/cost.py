@@ -461,10 +461,11 @@ class Coster:
     ) -> CallEstimate:
         if overload in ("string_to_bytes", "bytes_to_string", "strings_quote") and len(args) == 1:
             size = self.size_or_unknown(args[0])
+            # Plain Go uint64 arithmetic here, which wraps around (an unknown size times 2 plus 2 is 0).
             result = {
-                "string_to_bytes": Estimate(size.min, _mul(size.max, 4)),
+                "string_to_bytes": Estimate(size.min, size.max * 4 % 2**64),
                 "bytes_to_string": Estimate(size.min // 4, size.max),
-                "strings_quote": Estimate(size.min + 2, _add(_mul(size.max, 2), 2)),
+                "strings_quote": Estimate((size.min + 2) % 2**64, (size.max * 2 + 2) % 2**64),
             }[overload]
             return CallEstimate(size.factor(STRING_TRAVERSAL).add(arg_sum), result)
         if overload in ("starts_with_string", "ends_with_string") and len(args) == 1:

@@ -63,12 +63,35 @@ def compile_regex(pattern: str) -> Any:
         compiled = re2.compile(pattern, options=options)
     except re2.error as err:
         detail = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
-        raise EvalError(f"error parsing regexp: {detail}") from None
+        raise EvalError(_go_regexp_error(detail, pattern)) from None
     with _regex_lock:
         if len(_regex_cache) > 1024:
             _regex_cache.clear()
         _regex_cache[pattern] = compiled
     return compiled
+
+
+# RE2's error codes in Go's regexp/syntax words.
+_GO_REGEXP_CODES = {
+    "missing )": "missing closing )",
+    "missing ]": "missing closing ]",
+    "trailing \\": "trailing backslash at end of expression",
+    "no argument for repetition operator": "missing argument to repetition operator",
+    "invalid named capture group": "invalid named capture",
+    "invalid perl operator": "invalid or unsupported Perl syntax",
+    "bad repetition operator": "invalid nested repetition operator",
+    "bad repetition count": "invalid repeat count",
+    "invalid repetition size": "invalid repeat count",
+}
+
+
+def _go_regexp_error(detail: str, pattern: str) -> str:
+    """`error parsing regexp: <code>: `<fragment>`` as Go's regexp.Compile reports it."""
+    code, _, fragment = detail.partition(": ")
+    go_code = _GO_REGEXP_CODES.get(code, code)
+    if go_code == "missing closing )":
+        fragment = pattern  # Go names the whole expression here
+    return f"error parsing regexp: {go_code}: `{fragment}`"
 
 
 def _find_all(compiled: Any, text: str, limit: int) -> list[str]:
