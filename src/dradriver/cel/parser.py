@@ -373,7 +373,15 @@ def parse(expression: str) -> ast.Expr:
             expression=expression,
         ) from None
     try:
-        return _Builder(expression).build(tree)
+        builder = _Builder(expression)
+        built = builder.build(tree)
+        if builder.errors:
+            issues = sorted(builder.errors, key=lambda issue: issue.pos)
+            raise CELCompileError(
+                COMPILATION_FAILED + "\n".join(format_issue(expression, i.message, i.pos) for i in issues),
+                expression=expression,
+            )
+        return built
     except CELSyntaxError as issue:
         raise CELCompileError(
             COMPILATION_FAILED + format_issue(expression, issue.message, issue.pos), expression=expression
@@ -425,6 +433,7 @@ class _Builder:
     def __init__(self, expression: str) -> None:
         self.expression = expression
         self._operators: list[Token] | None = None
+        self.errors: list[CELSyntaxError] = []
         self.depth = 0
         self.expr_depth = 0
         self.line_starts = [0]
@@ -463,7 +472,14 @@ class _Builder:
             raise CELSyntaxError("max recursion depth exceeded", _pos(tree))
         try:
             handler: Callable[[_Tree], ast.Expr] = getattr(self, "_" + tree.data)
-            return handler(tree)
+            try:
+                return handler(tree)
+            except CELSyntaxError as issue:
+                if "recursion" in issue.message or "depth" in issue.message:
+                    raise
+                # Like cel-go's parser: note the error, go on, report them all.
+                self.errors.append(issue)
+                return ast.Literal(None, pos=issue.pos)
         finally:
             self.depth -= 1
 
