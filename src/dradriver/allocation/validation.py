@@ -160,7 +160,11 @@ class _Checker:
                 compiled = compile_selector(expression)
             except CELCompileError as err:
                 hints = tuple(f"{h.message}; try: {h.corrected}" for h in hints_for(expression, self.driver))
-                self.invalid(expr_path, expression, err.message, hints)
+                if err.message.startswith("program instantiation failed"):
+                    # CompileCELExpression files these as internal errors (field.InternalError).
+                    self.add(expr_path, f"Internal error: {err.message}", hints)
+                else:
+                    self.invalid(expr_path, expression, err.message, hints)
                 continue
             if compiled.estimated_cost > COST_LIMIT:
                 self.add(

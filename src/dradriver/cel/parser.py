@@ -537,11 +537,26 @@ class _Builder:
         if len(set(ops)) > 1:
             # The grammar is `!+ member | -+ member`: mixing the two is a syntax error in cel-go.
             raise CELSyntaxError("Syntax error: mismatched input", _pos(tree))
-        literal = _bare_literal(node)
-        if ops[-1] == "unary_neg" and literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
-            # `literal: sign=MINUS? tok=NUM_INT`: the sign belongs to the literal itself.
+        literal = _bare_literal(node, signed=True)
+        if ops and ops[-1] == "unary_neg" and literal is not None and literal.startswith("-"):
+            # cel-python lexes `-1` as one token; in cel-go a run of `-` before a number is the
+            # unary rule's (`--1` is `1`), and only a lone `-` is the literal's own sign.
+            ops.append("unary_neg")
+            literal = Token(
+                literal.type,
+                literal[1:],
+                (literal.start_pos or 0) + 1,
+                literal.line,
+                (literal.column or 1) + 1,
+                literal.end_line,
+                literal.end_column,
+                literal.end_pos,
+            )
+        if ops == ["unary_neg"] and literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
             ops.pop()
             operand: ast.Expr = ast.Literal(_decode_literal(literal, sign="-"), pos=_pos(literal))
+        elif literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
+            operand = ast.Literal(_decode_literal(literal), pos=_pos(literal))
         else:
             operand = self.visit(node)
         if len(ops) % 2 == 0:
@@ -687,13 +702,14 @@ def _check_field_name(name: Token) -> None:
         raise CELSyntaxError("Syntax error: mismatched input 'in' expecting IDENTIFIER", _pos(name))
 
 
-def _bare_literal(node: _Node) -> Token | None:
-    """The literal token under a chain of single-child rules, if there is no parenthesis between."""
+def _bare_literal(node: _Node, *, signed: bool = False) -> Token | None:
+    """The literal token under a chain of single-child rules, if there is no parenthesis between
+    (a signed number token too, with `signed`)."""
     while isinstance(node, Tree) and node.data in _PASSTHROUGH and len(node.children) == 1:
         node = node.children[0]
     if isinstance(node, Tree) and node.data == "literal":
         token = node.children[0]
-        if isinstance(token, Token) and not token.startswith("-"):
+        if isinstance(token, Token) and (signed or not token.startswith("-")):
             return token
     return None
 
