@@ -296,11 +296,9 @@ class Checker:
             return current
         if self._is_assignable(previous, current):
             return t.most_general(previous, current)
-        # HomogeneousAggregateLiterals: mixed element types are an error, not dyn.
-        self._error(
-            f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos
-        )
-        return t.ERROR
+        # Mixed element types join to dyn here; ValidateHomogeneousAggregateLiterals reports them,
+        # but only for an expression that type-checked otherwise.
+        return t.DYN
 
     def _check_list(self, e: ast.ListExpr) -> None:
         elem: t.Type | None = None
