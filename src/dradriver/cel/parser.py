@@ -580,7 +580,7 @@ class _Builder:
         start = first.start_pos
         candidates = [t for t in self._operators if t.end_pos is not None and t.end_pos <= start]
         adjacent = [
-            i for i, t in enumerate(candidates) if not self.expression[t.end_pos : start].strip(" \t\r\n(!-")
+            i for i, t in enumerate(candidates) if not self.expression[t.end_pos : start].strip(" \t\r\n([{!-")
         ]
         if not adjacent:
             return _pos(operand)
