@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 #: Every runtime dependency, transitive ones included, pinned with hashes: what the image installs.
 LOCK := requirements.lock
 
-.PHONY: all demo test e2e image release lock lint proto bench clean
+.PHONY: all demo test e2e image release lock lint proto bench clean fuzz-cel
 
 all: test
 
@@ -50,6 +50,18 @@ lint: $(STAMP)
 # Regenerate the committed gRPC code after editing proto/dra/.
 proto: $(STAMP)
 	$(BIN)/python scripts/genproto.py
+
+# Long differential run against dra-oracle (DRADRIVER_ORACLE): selectors and allocation scenarios.
+# FUZZ_EXAMPLES, FUZZ_SCENARIOS and FUZZ_SEED set the size and seed; counts go to FUZZ_REPORT.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_SCENARIOS ?= 2000
+FUZZ_SEED ?= 14
+FUZZ_REPORT ?= fuzz-cel-report.json
+fuzz-cel: $(STAMP)
+	DRADRIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DRADRIVER_FUZZ_SCENARIOS=$(FUZZ_SCENARIOS) \
+	DRADRIVER_FUZZ_SEED=$(FUZZ_SEED) DRADRIVER_FUZZ_REPORT=$(FUZZ_REPORT) \
+	$(BIN)/python -m pytest -p no:cacheprovider -o timeout=0 \
+	tests/cel/test_cel_differential.py tests/cel/test_allocation_differential.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench

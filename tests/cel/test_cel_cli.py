@@ -347,7 +347,10 @@ def test_dry_run_compile_error_exits_2_with_hint(cache_home: Path, files: dict[s
     files["claim"].write_text(yaml.safe_dump(claim(f"{A}.compute.major >= 8 && device.foo")))
     result = dry_run(cache_home, files)
     assert result.returncode == 2
-    assert "claim.yaml:1: claim default/c, request gpu selector #0: ERROR: <input>:1:" in result.stderr
+    assert (
+        "claim.yaml:1: claim default/c, request gpu selector #0: compilation failed: ERROR: <input>:1:"
+        in result.stderr
+    )
     assert f"try: {A}.computeMajor >= 8 && device.foo" in result.stderr
 
 

@@ -155,8 +155,12 @@ class Request:
 
 @dataclass(frozen=True)
 class MatchAttribute:
+    """A claim constraint: `matchAttribute` (one value across the devices of `requests`) or,
+    with `distinct`, `distinctAttribute` (no two of them share a value)."""
+
     attribute: str
     requests: tuple[str, ...]
+    distinct: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,8 @@ def _request(raw: Mapping[str, Any], version: str, where: str) -> Request:
         for i, sub in enumerate(first):
             sub_where = f"{where}.firstAvailable[{i}]"
             sub_map = _mapping(sub, sub_where)
+            # DeviceSubRequest has no adminAccess: the API server drops the field.
+            sub_map = {k: v for k, v in sub_map.items() if k != "adminAccess"}
             subs.append(_device_request(sub_map, _str(sub_map.get("name"), f"{sub_where}.name"), sub_where))
         return Request(name, None, tuple(subs))
     if not exactly_raw:
@@ -299,18 +305,19 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     constraints = []
     for i, c in enumerate(_list(devices.get("constraints"), f"{where}.constraints")):
         constraint = _mapping(c, f"{where}.constraints[{i}]")
-        attribute = constraint.get("matchAttribute")
+        field_name = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
+        attribute = constraint.get(field_name)
         if not attribute:
-            if constraint.get("distinctAttribute"):
-                raise InputError(
-                    f"{where}.constraints[{i}].distinctAttribute: not supported by the simulator yet"
-                )
-            raise InputError(f"{where}.constraints[{i}]: matchAttribute is required")
+            raise InputError(f"{where}.constraints[{i}]: matchAttribute or distinctAttribute is required")
         requests_of = tuple(
             str(r) for r in _list(constraint.get("requests"), f"{where}.constraints[{i}].requests")
         )
         constraints.append(
-            MatchAttribute(_str(attribute, f"{where}.constraints[{i}].matchAttribute"), requests_of)
+            MatchAttribute(
+                _str(attribute, f"{where}.constraints[{i}].{field_name}"),
+                requests_of,
+                distinct=field_name == "distinctAttribute",
+            )
         )
     config = tuple(
         _mapping(c, f"{where}.config[{i}]")
@@ -342,7 +349,11 @@ class Device:
 
     @property
     def id(self) -> str:
-        return f"{self.driver}/{self.pool}/{self.name}"
+        found: str | None = self.__dict__.get("_id")
+        if found is None:
+            found = f"{self.driver}/{self.pool}/{self.name}"
+            object.__setattr__(self, "_id", found)
+        return found
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from dradriver.cli import _common
@@ -63,16 +64,16 @@ def run(args: argparse.Namespace) -> int:
         if not is_dra_object(doc.obj) and kind not in CHECKED_KINDS:
             skipped += 1  # a workload or namespace beside the claim: the API server's business
             continue
-        found: list[tuple[str, str]]
+        found: list[tuple[str, str, Sequence[str]]]
         if kind == "ResourceSlice":
-            found = [(f.path, f.message) for f in _slice_findings(doc.obj)]
+            found = [(f.path, f.message, ()) for f in _slice_findings(doc.obj)]
         elif kind in CHECKED_KINDS:
-            found = [(f.path, f.message) for f in validate_object(doc.obj, args.driver_name)]
+            found = [(f.path, f.message, f.hints) for f in validate_object(doc.obj, args.driver_name)]
         else:
-            found = [("kind", f"Unsupported value: {kind!r}: supported: {', '.join(CHECKED_KINDS)}")]
+            found = [("kind", f"Unsupported value: {kind!r}: supported: {', '.join(CHECKED_KINDS)}", ())]
         findings += [
-            {"file": doc.path, "document": doc.index, "path": path, "message": message}
-            for path, message in found
+            {"file": doc.path, "document": doc.index, "path": path, "message": message, "hints": list(hints)}
+            for path, message, hints in found
         ]
     checked = len(documents) - skipped
     if args.output != "table":
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f in findings:
             print(f"{f['file']}:{f['document']}:{f['path']}: {f['message']}")
+            for hint in f["hints"]:
+                print(f"  hint: {hint}")
     note = f" ({skipped} other object(s) not checked)" if skipped else ""
     if findings:
         print(f"{len(findings)} finding(s) in {checked} object(s){note}", file=sys.stderr)
