@@ -3,6 +3,11 @@
 The sockets come up first, with only grpc and the generated code loaded; everything heavier
 (discovery, the Kubernetes client, pydantic models) is built afterwards in the background while
 the kubelet can already register us. Calls that arrive before that finishes wait for it.
+
+With `pod_uid` set (rolling updates) this is one of possibly two instances on the node: its
+sockets and instance lock carry the pod UID, prepare/unprepare take the node-wide
+`serialize.lock`, and slices are handed over by marker (`publish.handover`). The device set is
+live (`inventory`): rescans, NVML MIG events and fake profile changes republish it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +31,13 @@ from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet
-    from dradriver.discovery import DeviceLibrary
+    from dradriver.discovery import DeviceLibrary, NodeInventory
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
+    from dradriver.inventory import InventoryWatcher, ProfileFileTrigger, Published
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
+    from dradriver.prepare.cdi import ContainerEdits
     from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
     from dradriver.prepare.stale import StaleClaimCollector
@@ -63,6 +71,10 @@ class ServeConfig:
     stale_claim_grace: float
     #: None: the defaults (`--health-config` not given).
     health: HealthConfig | None = None
+    #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).
+    pod_uid: str = ""
+    #: Seconds between rescans of the node's devices; 0: only on events.
+    rescan_interval: float = 0.0
 
 
 class DeferredDriver:
@@ -108,7 +120,11 @@ class Daemon:
         self.board = HealthBoard()
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
-        self.paths = PluginPaths.for_driver(config.driver_name, config.plugins_dir, config.registry_dir)
+        self.paths = PluginPaths.for_driver(
+            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid
+        )
+        #: Orders this instance among the node's instances (slice handover): they share a clock.
+        self.started_ns = time.time_ns()
         self.service = DRAService(self.driver)
         self.server = PluginServer(
             self.paths, config.driver_name, self.service, self.board, self.registration
@@ -121,6 +137,9 @@ class Daemon:
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health: HealthMonitor | None = None
         self._node_events: NodeEventSender | None = None
+        self._inventory: InventoryWatcher | None = None
+        self._profile_trigger: ProfileFileTrigger | None = None
+        self._published: Published | None = None
 
     def run(self) -> int:
         # Before anything binds: a SIGTERM during start-up must still clean up.
@@ -139,12 +158,17 @@ class Daemon:
             node=self.config.node_name,
             dra_socket=str(self.paths.dra_socket),
             registration_socket=str(self.paths.registration_socket),
+            rolling_update=bool(self.config.pod_uid),
         )
         probes = self._start_probes()
         threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
         while not self._stop.wait(1.0):
             pass
         log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
+        if self._profile_trigger is not None:
+            self._profile_trigger.stop()
+        if self._inventory is not None:
+            self._inventory.stop()
         if self._collector is not None:
             self._collector.stop()
         if self._publisher is not None:
@@ -226,20 +250,53 @@ class Daemon:
         return ApiClaimSource(client) if client is not None else NoClaimSource()
 
     def _publish(self, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> None:
+        from dradriver.plugin.server import instance_alive
         from dradriver.publish import SliceController
+        from dradriver.publish.handover import Marker
 
+        config = self.config
         self._publisher = SliceController(
-            client, driver_name=self.config.driver_name, node_name=self.config.node_name, desired=desired
+            client,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            desired=desired,
+            marker=Marker(self.started_ns, config.pod_uid),
+            instance_alive=lambda instance: instance_alive(config.registry_dir, config.driver_name, instance),
         )
         self._publisher.start()
 
-    def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
+    def _check_kubelet(self, client: KubeClient) -> None:
+        """Rolling updates need a kubelet >= 1.33; an older one is reported and worked around."""
+        from dradriver.kube import KubeError
+        from dradriver.plugin.rolling import supports_rolling_update, too_old_message
+
+        try:
+            node = client.get_node(self.config.node_name)
+        except KubeError as err:
+            log.warning("cannot read the kubelet's version from the Node", error=str(err))
+            return
+        version = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", ""))
+        supported = supports_rolling_update(version)
+        if supported is None:
+            log.warning(
+                "the kubelet's version cannot be read; assuming it supports rolling updates", version=version
+            )
+        elif not supported:
+            message = too_old_message(version)
+            log.error(message, kubelet_version=version)
+            if self._node_events is not None:
+                self._node_events.send("KubeletTooOldForRollingUpdate", message, "Warning")
+            self.server.legacy_kubelet()
+
+    def _install_metrics(self, driver: GpuDriver) -> None:
         from dradriver import metrics
 
         def devices() -> list[tuple[str, str]]:
+            assert self._published is not None
+            current = self._published.devices
+            types = {d.name: str(d.json["attributes"]["type"]["string"]) for d in current.devices}
             return [
-                (device_types.get(d.device_name, "unknown"), d.health.name.lower())
-                for d in self.board.snapshot()[1]
+                (types.get(d.device_name, "unknown"), d.health.name.lower()) for d in self.board.snapshot()[1]
             ]
 
         self.service.recorder = metrics.CallMetrics()
@@ -279,7 +336,13 @@ class Daemon:
             metrics = HealthCounters()
         targets = HealthTargets(devices.devices)
         source = library.health_source(
-            targets, SourceOptions(self.config.state_dir, config.thresholds, metrics)
+            targets,
+            SourceOptions(
+                self.config.state_dir,
+                config.thresholds,
+                metrics,
+                inventory_changed=lambda: self._inventory.kick() if self._inventory is not None else None,
+            ),
         )
         taints = effects.TaintSink(
             self.config.driver_name,
@@ -290,12 +353,7 @@ class Daemon:
             effects.BoardSink(self.board, self.config.node_name),
             effects.HealthFileSink(self.config.state_dir, self.board, source.name),
         ]
-        if client is not None:
-            from dradriver.kube.events import NodeEventSender
-
-            self._node_events = NodeEventSender(
-                client, node_name=self.config.node_name, component=self.config.driver_name
-            )
+        if client is not None and self._node_events is not None:
             sinks += [
                 taints,
                 effects.NodeEventSink(self._node_events, self.config.driver_name, config.taint_effect),
@@ -321,28 +379,32 @@ class Daemon:
 
     def _build_driver(self) -> Driver:
         """Discovery, the device model and the GPU driver, built once the sockets are up."""
-        from dradriver.devicemodel import build_devices
-        from dradriver.discovery import open_library
         from dradriver.health.taints import with_taints
+        from dradriver.inventory import Published
         from dradriver.slices import render_slices
 
         config = self.config
-        library = open_library(config.fake_gpus, driver_root=config.driver_root_mount)
-        try:
-            inventory = library.discover()
-        finally:
-            library.close()
+        library, inventory, devices = self._scan()
         for skipped in inventory.skipped:
             log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
-        devices = build_devices(inventory, driver_name=config.driver_name, partitionable=config.partitionable)
         for warning in devices.warnings:
             log.warning("device model", detail=warning)
+        self._published = Published(devices, {})
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
         client = self._connect()
+        if client is not None:
+            from dradriver.kube.events import NodeEventSender
+
+            self._node_events = NodeEventSender(
+                client, node_name=config.node_name, component=config.driver_name
+            )
+            if config.pod_uid:
+                self._check_kubelet(client)
 
         def desired() -> list[dict[str, Any]]:
+            assert self._published is not None
             return render_slices(
-                with_taints(devices, self._taints()),
+                with_taints(self._published.devices, self._taints()),
                 node_name=config.node_name,
                 driver_name=config.driver_name,
             )
@@ -356,8 +418,7 @@ class Daemon:
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
         from dradriver.prepare.driver import GpuDriver
-        from dradriver.prepare.edits import common_edits
-        from dradriver.prepare.hostdriver import driver_mounts
+        from dradriver.prepare.shared import SerializeLock
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 
         sharing: SharingControl = (
@@ -372,13 +433,11 @@ class Daemon:
             claims=self._claim_source(client),
             cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
             store=CheckpointStore(config.state_dir),
-            common_edits=common_edits(
-                inventory.nvidia_uvm_major,
-                driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
-            ),
+            common_edits=self._common_edits(inventory),
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,
             boot_id=read_boot_id(),
+            serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
         )
         recovery = driver.recover()
         if driver.claims.authoritative:
@@ -387,9 +446,8 @@ class Daemon:
             self._collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
             self._collector.start()
         if config.metrics_address:
-            self._install_metrics(
-                driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}
-            )
+            self._install_metrics(driver)
+        self._follow_inventory(driver)
         log.info(
             "driver ready",
             devices=len(devices.devices),
@@ -398,8 +456,81 @@ class Daemon:
             orphans_removed=recovery.orphans_removed,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,
+            rescan_interval_seconds=config.rescan_interval,
         )
         return driver
+
+    def _scan(self) -> tuple[DeviceLibrary, NodeInventory, DeviceSet]:
+        """One look at the node: the (closed) library, its inventory and the device set built from it."""
+        from dradriver.devicemodel import build_devices
+        from dradriver.discovery import open_library
+
+        library = open_library(self.config.fake_gpus, driver_root=self.config.driver_root_mount)
+        try:
+            inventory = library.discover()
+        finally:
+            library.close()
+        devices = build_devices(
+            inventory, driver_name=self.config.driver_name, partitionable=self.config.partitionable
+        )
+        return library, inventory, devices
+
+    def _common_edits(self, inventory: NodeInventory) -> ContainerEdits:
+        from dradriver.prepare.edits import common_edits
+        from dradriver.prepare.hostdriver import driver_mounts
+
+        config = self.config
+        return common_edits(
+            inventory.nvidia_uvm_major,
+            driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
+        )
+
+    def _follow_inventory(self, driver: GpuDriver) -> None:
+        """Keep the published devices equal to the node's (see `inventory`)."""
+        from dradriver.inventory import InventoryWatcher, ProfileFileTrigger
+
+        assert self._published is not None
+        latest: list[NodeInventory] = []
+
+        def scan() -> DeviceSet:
+            _, inventory, devices = self._scan()
+            latest[:] = [inventory]
+            return devices
+
+        def apply(published: Published) -> None:
+            from dradriver.health.policy import DEVICE_GONE, Problem
+
+            self._published = published
+            current = published.devices.devices
+            self.board.set_devices([(self.config.node_name, d.name) for d in current])
+            if latest:
+                driver.set_devices(
+                    {d.name: d.hardware for d in current if d.name not in published.gone},
+                    common_edits=self._common_edits(latest[0]),
+                    caps_major=latest[0].nvidia_caps_major,
+                )
+            if self._health is not None:
+                gone = {
+                    name: Problem(DEVICE_GONE, f"{reason}; kept until its claim is unprepared")
+                    for name, reason in published.gone.items()
+                }
+                self._health.retarget(current, gone)
+            if self._publisher is not None:
+                self._publisher.resync()
+
+        self._inventory = InventoryWatcher(
+            scan=scan,
+            held=driver.held_devices,
+            apply=apply,
+            published=self._published,
+            interval=self.config.rescan_interval,
+        )
+        driver.on_released = self._inventory.kick
+        self._inventory.start()
+        profile = self.config.fake_gpus
+        if profile is not None and Path(profile).is_file():
+            self._profile_trigger = ProfileFileTrigger(Path(profile), self._inventory.kick)
+            self._profile_trigger.start()
 
 
 def _metrics_exposition() -> bytes:

@@ -172,7 +172,12 @@ class NvmlLibrary:
         """NVML events for the published GPUs; the source holds its own NVML reference."""
         from dradriver.health.nvml_source import NvmlHealthSource
 
-        return NvmlHealthSource(targets.gpu_uuids, thresholds=options.thresholds, metrics=options.metrics)
+        return NvmlHealthSource(
+            targets.gpu_uuids,
+            thresholds=options.thresholds,
+            metrics=options.metrics,
+            inventory_changed=options.inventory_changed,
+        )
 
     def close(self) -> None:
         if self._open:

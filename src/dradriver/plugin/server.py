@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
+#: The file all instances of the driver on a node lock around prepare/unprepare (as the Go helper).
+SERIALIZE_LOCK = "serialize.lock"
 #: sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
@@ -42,24 +45,53 @@ class StartupError(Exception):
     """The plugin cannot start on these paths (another instance, a foreign file, a bad path)."""
 
 
+def registration_socket_name(driver_name: str, instance: str = "") -> str:
+    """The Go helper's registration socket name: `<driver>-reg.sock`, or with rolling updates
+    (`RollingUpdate(podUID)`) `<driver>-<podUID>-reg.sock`."""
+    return f"{driver_name}{_suffix(instance)}-reg.sock"
+
+
+def dra_socket_name(instance: str = "") -> str:
+    """The Go helper's DRA socket name: `dra.sock`, or with rolling updates `dra-<podUID>.sock`."""
+    return f"dra{_suffix(instance)}.sock"
+
+
+def _suffix(instance: str) -> str:
+    return f"-{instance}" if instance else ""
+
+
 @dataclass(frozen=True)
 class PluginPaths:
-    """Where the kubelet expects us; identical inside the container and on the host."""
+    """Where the kubelet expects us; identical inside the container and on the host.
+
+    `instance` is the pod UID when rolling updates are on (two pods of the driver side by side
+    on a node during a surge rollout): each has its own sockets and instance lock, and they
+    share the plugin directory (checkpoint, `serialize.lock`).
+    """
 
     plugin_dir: Path
     dra_socket: Path
     registration_socket: Path
     lock_file: Path
+    instance: str = ""
 
     @classmethod
-    def for_driver(cls, driver_name: str, plugins_dir: Path, registry_dir: Path) -> PluginPaths:
+    def for_driver(
+        cls, driver_name: str, plugins_dir: Path, registry_dir: Path, instance: str = ""
+    ) -> PluginPaths:
         plugin_dir = plugins_dir / driver_name
         return cls(
             plugin_dir=plugin_dir,
-            dra_socket=plugin_dir / "dra.sock",
-            registration_socket=registry_dir / f"{driver_name}-reg.sock",
-            lock_file=plugin_dir / "serve.lock",
+            dra_socket=plugin_dir / dra_socket_name(instance),
+            registration_socket=registry_dir / registration_socket_name(driver_name, instance),
+            lock_file=plugin_dir / f"serve{_suffix(instance)}.lock",
+            instance=instance,
         )
+
+    @property
+    def serialize_lock(self) -> Path:
+        """The Go helper's cross-instance lock file (rolling updates): one prepare/unprepare at a time."""
+        return self.plugin_dir / SERIALIZE_LOCK
 
     def check(self) -> None:
         for sock in (self.dra_socket, self.registration_socket):
@@ -106,6 +138,34 @@ class InstanceLock:
         self._path.unlink(missing_ok=True)  # while still holding the lock, so no one can be racing us
         self._file.close()
         self._file = None
+
+
+def instance_alive(registry_dir: Path, driver_name: str, instance: str) -> bool:
+    """Whether the driver instance `instance` (a pod UID, "" without rolling updates) is serving:
+    its registration socket accepts a connection. A crashed instance's stale socket refuses."""
+    path = registry_dir / registration_socket_name(driver_name, instance)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def peer_registration_sockets(registry_dir: Path, driver_name: str, own: Path) -> set[Path]:
+    """The registration sockets of the driver's other instances on this node."""
+    names = {registration_socket_name(driver_name)}
+    found = {p for p in registry_dir.glob(registration_socket_name(driver_name, "*")) if p != own}
+    found |= {registry_dir / n for n in names if registry_dir / n != own}
+    return {p for p in found if _is_socket(p)}
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 class _SocketServer:
@@ -190,6 +250,20 @@ class PluginServer:
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._restart_lock = threading.Lock()
+        self._legacy_kubelet = False
+        self._peers: set[Path] = set()
+
+    def legacy_kubelet(self) -> None:
+        """The kubelet predates 1.33: it keeps one instance per driver, and forgets the driver
+        when any instance's registration socket goes. So when another instance leaves, register
+        anew (re-create our registration socket) instead of staying forgotten."""
+        with self._restart_lock:
+            self._legacy_kubelet = True
+            self._peers = self._peer_sockets()
+
+    def _peer_sockets(self) -> set[Path]:
+        registry = self.paths.registration_socket.parent
+        return peer_registration_sockets(registry, self._driver_name, self.paths.registration_socket)
 
     def start(self) -> None:
         self.paths.check()
@@ -261,9 +335,20 @@ class PluginServer:
                 # grpc unlinks whatever socket is at its path when it stops, so stop first, then bind.
                 self._dra.stop(grace=RESTART_GRACE_SECONDS)
                 self._dra = self._serve_dra()
-            if dra_lost or not self._reg.still_there():
+            peer_left = False
+            if self._legacy_kubelet:
+                peers = self._peer_sockets()
+                peer_left = bool(self._peers - peers)
+                self._peers = peers
+            if dra_lost or peer_left or not self._reg.still_there():
                 # Re-creating the registration socket makes the kubelet register us (and dial) afresh.
-                log.warning("re-creating the registration socket", path=str(self.paths.registration_socket))
+                log.warning(
+                    "re-creating the registration socket",
+                    path=str(self.paths.registration_socket),
+                    reason="another instance left and the kubelet (< 1.33) forgot the driver"
+                    if peer_left
+                    else "a socket was removed",
+                )
                 self._reg.stop(grace=0)
                 self._registration.reset()
                 self._reg = self._serve_registration()

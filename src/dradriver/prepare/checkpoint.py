@@ -7,13 +7,19 @@ File format (`checkpoint.json`, mode 0600):
 The checksum covers the canonical JSON (sorted keys, no spaces) of `data` *as read*, never a
 re-encoding of our model, so a newer or older dradriver that adds or drops fields still
 verifies the file (NVIDIA's driver crash-looped when re-marshalling changed its checksum).
-Unknown fields are ignored on read. A file that fails any check is moved aside, never fatal.
+Fields this version does not know (written by a newer one) are kept and written back as they
+were, so a downgrade followed by an upgrade loses nothing. A file that fails any check is moved
+aside, never fatal.
+
+During a rolling update two instances share the file (taking turns under `serialize.lock`):
+`changed_on_disk` tells an instance that the other one wrote it since it last read or wrote.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -35,7 +41,8 @@ class ClaimState(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # "allow": a newer version's fields survive our rewrite (model_dump includes them).
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 class DeviceRecord(_Model):
@@ -116,14 +123,27 @@ class CheckpointStore:
         self.path = state_dir / FILE_NAME
         # Records are immutable: each is converted to JSON once, not on every save of the file.
         self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
+        #: Identity of the file as we last read or wrote it (every write is a rename: a new inode).
+        self._seen: tuple[int, int, int] | None = None
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy."""
         try:
-            raw = self.path.read_bytes()
+            with self.path.open("rb") as handle:
+                self._seen = _identity(os.fstat(handle.fileno()))
+                raw = handle.read()
         except FileNotFoundError:
+            self._seen = None
             return None
         return decode(raw)
+
+    def changed_on_disk(self) -> bool:
+        """Whether someone else (another instance) replaced the file since our last load or save."""
+        try:
+            current: tuple[int, int, int] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            current = None
+        return current != self._seen
 
     def save(self, checkpoint: CheckpointData) -> None:
         """Write the whole checkpoint (same bytes as `encode`), converting only changed records."""
@@ -137,12 +157,17 @@ class CheckpointStore:
         data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, _document(data), mode=0o600)
+        self._seen = _identity(os.stat(self.path))
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""
         target = self.path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         self.path.replace(target)
         return target
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_boot_id(proc_root: Path = Path("/proc")) -> str:

@@ -5,12 +5,16 @@ Per claim the steps are: fetch (before any lock, as the Go helper does), plan (p
 A crash at any point leaves a state that `recover` rolls back or keeps whole at the next start:
 nothing is half-prepared and no CDI file is orphaned. Calls for the same claim are serialized,
 different claims proceed concurrently.
+
+With rolling updates two instances share the node's checkpoint: every prepare and unprepare
+(after the claims are fetched) then holds `serialize.lock` across instances and starts from the
+checkpoint as the other instance may have left it (see `prepare.shared`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +38,7 @@ from dradriver.prepare.checkpoint import (
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError, ClaimsUnavailableError
 from dradriver.prepare.edits import EditsError, device_edits
 from dradriver.prepare.plan import ClaimPlan, Hardware, PlanError, PlannedDevice, Published, plan_claim
+from dradriver.prepare.shared import SerializeLock
 from dradriver.prepare.sharing import SharingControl, SharingError
 from dradriver.prepare.stale import released_reason
 
@@ -95,6 +100,7 @@ class GpuDriver:
         caps_major: int | None,
         sharing: SharingControl,
         boot_id: str,
+        serialize: SerializeLock | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -111,11 +117,34 @@ class GpuDriver:
         self._locks_guard = threading.Lock()
         self._claim_locks: dict[str, list[Any]] = {}
         self._fetcher = ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY, thread_name_prefix="fetch-claim")
+        self._serialize = serialize
+        #: Called after an unprepare released devices (the live inventory drops vanished ones).
+        self.on_released: Callable[[], None] = lambda: None
+
+    def set_devices(
+        self, devices: Mapping[str, Published], *, common_edits: cdi.ContainerEdits, caps_major: int | None
+    ) -> None:
+        """The node's devices changed (live inventory, a host driver upgrade): later claims are
+        planned and their specs written on these."""
+        self._devices = devices
+        self._common = common_edits
+        self._caps_major = caps_major
+
+    def held_devices(self) -> set[str]:
+        """Names of the devices prepared claims hold (or are being prepared with)."""
+        with self._state_lock:
+            return {d.device for r in self._state.claims.values() for d in r.devices}
 
     # --- start-up -------------------------------------------------------------------------
 
     def recover(self) -> Recovery:
-        """Make the checkpoint and the CDI directory agree again after a restart or a crash."""
+        """Make the checkpoint and the CDI directory agree again after a restart or a crash.
+
+        With rolling updates the other instance may be mid-prepare: the lock waits for it."""
+        with self._exclusive():
+            return self._recover()
+
+    def _recover(self) -> Recovery:
         report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
         try:
             loaded = self._store.load()
@@ -146,7 +175,8 @@ class GpuDriver:
                 self._cdi.remove(uid)
                 report.orphans_removed.append(uid)
         with self._state_lock:
-            self._state = CheckpointData(boot_id=self._boot_id, claims=claims)
+            # A model_copy keeps the fields a newer version wrote at the top level.
+            self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
             self._store.save(self._state)
         return report
 
@@ -191,14 +221,22 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=problem)
             else:
                 valid.append(ref)
-        for ref, fetched in zip(valid, self._fetch_all(valid), strict=True):
-            if isinstance(fetched, str):
-                results[ref.uid] = PrepareResult(error=fetched)
-            else:
-                results[ref.uid] = self._prepare_one(ref, fetched)
+        fetched_all = self._fetch_all(valid)
+        with self._exclusive():
+            for ref, fetched in zip(valid, fetched_all, strict=True):
+                if isinstance(fetched, str):
+                    results[ref.uid] = PrepareResult(error=fetched)
+                else:
+                    results[ref.uid] = self._prepare_one(ref, fetched)
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        with self._exclusive():
+            errors = self._unprepare(claims)
+        self.on_released()
+        return errors
+
+    def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         errors: dict[str, str] = {}
         for ref in claims:
             if (problem := uid_error(ref.uid)) is not None:
@@ -226,6 +264,33 @@ class GpuDriver:
         self._fetcher.shutdown(wait=False, cancel_futures=True)
 
     # --- steps ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Rolling updates: one call at a time across instances, on the checkpoint as last written."""
+        if self._serialize is None:
+            yield
+            return
+        with self._serialize:
+            self._reload_if_changed()
+            yield
+
+    def _reload_if_changed(self) -> None:
+        if not self._store.changed_on_disk():
+            return
+        try:
+            loaded = self._store.load()
+        except CheckpointError as err:
+            # Ours stays; the next save replaces the bad file with it.
+            log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
+            return
+        with self._state_lock:
+            self._state = (
+                loaded.model_copy(update={"claims": dict(loaded.claims)})
+                if loaded is not None
+                else CheckpointData(boot_id=self._boot_id)
+            )
+        log.debug("checkpoint reloaded: another instance changed it", claims=len(self._state.claims))
 
     def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
