@@ -154,7 +154,11 @@ class CheckpointStore:
                 cached = (record, record.model_dump(mode="json"))
             claims[uid] = cached
         self._dumped = claims
-        data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
+        data = {
+            "boot_id": checkpoint.boot_id,
+            "claims": {uid: dumped for uid, (_, dumped) in claims.items()},
+            **(checkpoint.model_extra or {}),  # a newer version's top-level fields, as encode keeps them
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, _document(data), mode=0o600)
         self._seen = _identity(os.stat(self.path))
