@@ -526,11 +526,13 @@ class Daemon:
             interval=self.config.rescan_interval,
         )
         driver.on_released = self._inventory.kick
-        self._inventory.start()
         profile = self.config.fake_gpus
         if profile is not None and Path(profile).is_file():
             self._profile_trigger = ProfileFileTrigger(Path(profile), self._inventory.kick)
             self._profile_trigger.start()
+        # A first rescan at once: the node may have changed while the driver was being built.
+        self._inventory.kick()
+        self._inventory.start()
 
 
 def _metrics_exposition() -> bytes:
