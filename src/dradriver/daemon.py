@@ -145,8 +145,10 @@ class Daemon:
         # Before anything binds: a SIGTERM during start-up must still clean up.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        # A rollout: the old instance serves until this one can; only then does the kubelet see us.
+        defer = bool(self.config.pod_uid) and self.server.peers_serving()
         try:
-            self.server.start()
+            self.server.start(register=not defer)
         except StartupError as err:
             print(f"dradriver serve: error: {err}", file=sys.stderr)
             return 1
@@ -161,7 +163,7 @@ class Daemon:
             rolling_update=bool(self.config.pod_uid),
         )
         probes = self._start_probes()
-        threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
+        threading.Thread(target=self._initialize, args=(defer,), name="initialize", daemon=True).start()
         while not self._stop.wait(1.0):
             pass
         log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
@@ -368,9 +370,12 @@ class Daemon:
         self._signal = signal.Signals(signum).name
         self._stop.set()
 
-    def _initialize(self) -> None:
+    def _initialize(self, register: bool) -> None:
         try:
             self.driver.set(self._build_driver())
+            if register:
+                self.server.register()
+                log.info("registering now that the driver is ready (another instance served meanwhile)")
         except Exception as err:
             log.exception("initialization failed")
             self._fatal = str(err)

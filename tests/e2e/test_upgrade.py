@@ -13,16 +13,12 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from dradriver import kubeletclient
 from dradriver.kube import KubeClient, NotFoundError
-from dradriver.kubeletapi.pluginregistration import api_pb2 as reg_pb
-from dradriver.kubeletapi.pluginregistration import api_pb2_grpc as reg_grpc
+from tests.e2e.availability import PERIOD, PrepareProbe, SliceWatch, Watcher
 from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
@@ -31,9 +27,6 @@ pytestmark = pytest.mark.cluster
 
 PODS = "/api/v1/namespaces/default/pods"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
-REGISTRY = Path("/var/lib/kubelet/plugins_registry")
-#: How often the slices are listed and the instances probed.
-PERIOD = 0.05
 
 
 def pod(name: str, command: str) -> dict[str, Any]:
@@ -55,77 +48,6 @@ def pod(name: str, command: str) -> dict[str, Any]:
             ],
         },
     }
-
-
-class Watcher(threading.Thread):
-    """Calls `sample` every PERIOD until stopped."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stopped = threading.Event()
-        self.errors: list[BaseException] = []
-
-    def run(self) -> None:
-        while not self.stopped.wait(PERIOD):
-            try:
-                self.sample()
-            except BaseException as err:  # reported by the test
-                self.errors.append(err)
-                return
-
-    def sample(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(10)
-
-
-class SliceWatch(Watcher):
-    """The node's pool as the scheduler reads it, and how many plugin pods run."""
-
-    def __init__(self, client: KubeClient, node: str, devices: int) -> None:
-        super().__init__()
-        self.client, self.node, self.devices = client, node, devices
-        self.incomplete: list[str] = []
-        self.samples = 0
-
-    def sample(self) -> None:
-        items = self.client.list_resource_slices(f"spec.driver={DRIVER},spec.nodeName={self.node}")["items"]
-        newest = max((s["spec"]["pool"]["generation"] for s in items), default=0)
-        current = [s for s in items if s["spec"]["pool"]["generation"] == newest]
-        count = sum(len(s["spec"].get("devices") or []) for s in current)
-        expected = current[0]["spec"]["pool"]["resourceSliceCount"] if current else 1
-        if count != self.devices or len(current) != expected:
-            self.incomplete.append(f"{time.strftime('%T')}: {len(current)} slices, {count} devices")
-        self.samples += 1
-
-
-class PrepareProbe(Watcher):
-    """Longest time in which no registered instance answered NodePrepareResources."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last_ok = time.monotonic()
-        self.longest_gap = 0.0
-        self.instances: set[str] = set()
-
-    def sample(self) -> None:
-        now = time.monotonic()
-        for socket in REGISTRY.glob(f"{DRIVER}-*reg.sock"):
-            try:
-                # GetInfo only, as the kubelet's watcher: no registration status is sent.
-                with grpc.insecure_channel(f"unix://{socket}") as channel:
-                    stub = reg_grpc.RegistrationStub(channel)
-                    endpoint = stub.GetInfo(reg_pb.InfoRequest(), timeout=1.0).endpoint
-                with kubeletclient.DRAClient(endpoint) as client:
-                    client.prepare([], timeout=1.0)
-            except (grpc.RpcError, OSError):
-                continue
-            self.instances.add(socket.name)
-            self.longest_gap = max(self.longest_gap, now - self.last_ok)
-            self.last_ok = now
-            return
 
 
 class PodStream(threading.Thread):

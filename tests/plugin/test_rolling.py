@@ -107,6 +107,10 @@ def test_two_instances_register_side_by_side_with_their_own_sockets() -> None:
             assert registration.endpoint == str(serve.plugins_dir / DRIVER / f"dra-{pod}.sock")
             with kubeletclient.DRAClient(registration.endpoint, registration.service) as client:
                 assert dict(client.prepare([]).claims) == {}
+        # The second instance offered itself to the kubelet only once it could serve.
+        log = new.log()
+        assert log.index('"driver ready"') < log.index("registering now that the driver is ready")
+        assert "registering now" not in old.log()
         assert instance_alive(old.registry_dir, DRIVER, OLD_POD)
         assert instance_alive(old.registry_dir, DRIVER, NEW_POD)
         assert not instance_alive(old.registry_dir, DRIVER, "7d0e1c52-3333-4c3b-9a55-000000000003")

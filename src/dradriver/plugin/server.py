@@ -143,14 +143,7 @@ class InstanceLock:
 def instance_alive(registry_dir: Path, driver_name: str, instance: str) -> bool:
     """Whether the driver instance `instance` (a pod UID, "" without rolling updates) is serving:
     its registration socket accepts a connection. A crashed instance's stale socket refuses."""
-    path = registry_dir / registration_socket_name(driver_name, instance)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
+    return _answers(registry_dir / registration_socket_name(driver_name, instance))
 
 
 def peer_registration_sockets(registry_dir: Path, driver_name: str, own: Path) -> set[Path]:
@@ -159,6 +152,16 @@ def peer_registration_sockets(registry_dir: Path, driver_name: str, own: Path) -
     found = {p for p in registry_dir.glob(registration_socket_name(driver_name, "*")) if p != own}
     found |= {registry_dir / n for n in names if registry_dir / n != own}
     return {p for p in found if _is_socket(p)}
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _is_socket(path: Path) -> bool:
@@ -265,18 +268,31 @@ class PluginServer:
         registry = self.paths.registration_socket.parent
         return peer_registration_sockets(registry, self._driver_name, self.paths.registration_socket)
 
-    def start(self) -> None:
+    def start(self, *, register: bool = True) -> None:
+        """Serve the DRA socket, then (unless `register` is False: see `register`) the registration socket."""
         self.paths.check()
         self._lock.acquire()
         try:
             self._dra = self._serve_dra()
-            self._reg = self._serve_registration()
+            if register:
+                self._reg = self._serve_registration()
         except BaseException:
             self._stop_sockets(grace=0)
             self._lock.release()
             raise
         self._watchdog = threading.Thread(target=self._watch, name="socket-watchdog", daemon=True)
         self._watchdog.start()
+
+    def register(self) -> None:
+        """Offer ourselves to the kubelet now (after `start(register=False)`): during a rollout
+        the new instance registers only once it can serve, the old one serving meanwhile."""
+        with self._restart_lock:
+            if self._reg is None and not self._stopping.is_set():
+                self._reg = self._serve_registration()
+
+    def peers_serving(self) -> bool:
+        """Whether another instance of the driver serves on this node (a rollout is under way)."""
+        return any(_answers(p) for p in self._peer_sockets())
 
     def stop(self, grace: float) -> None:
         """Deregister, let in-flight calls finish for up to `grace` seconds, remove sockets and lock."""
