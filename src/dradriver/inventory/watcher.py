@@ -42,11 +42,6 @@ class InventoryWatcher:
         self._kicked = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.scans = 0
-
-    @property
-    def published(self) -> Published:
-        return self._published
 
     def kick(self) -> None:
         """Scan now (from any thread)."""
@@ -65,7 +60,6 @@ class InventoryWatcher:
     def check(self) -> bool:
         """Scan once and apply a change; True if the published set changed."""
         scanned = self._scan()
-        self.scans += 1
         result = effective_devices(scanned, self._published, self._held())
         if result == self._published:
             return False

@@ -73,7 +73,6 @@ class PluginPaths:
     dra_socket: Path
     registration_socket: Path
     lock_file: Path
-    instance: str = ""
 
     @classmethod
     def for_driver(
@@ -85,7 +84,6 @@ class PluginPaths:
             dra_socket=plugin_dir / dra_socket_name(instance),
             registration_socket=registry_dir / registration_socket_name(driver_name, instance),
             lock_file=plugin_dir / f"serve{_suffix(instance)}.lock",
-            instance=instance,
         )
 
     @property
