@@ -8,8 +8,9 @@ Starts the cluster (tests/e2e/cluster.py), imports the image and installs `deplo
 1. Rollouts: for each pod-template change, every registered instance of the plugin is asked to
    prepare an empty set of claims every 20 ms (GetInfo on its registration socket, then
    NodePrepareResources on its DRA socket, as the kubelet calls them); the figure is the longest
-   time in which no instance answered. The same with the previous strategy (maxSurge 0,
-   maxUnavailable 1), for comparison.
+   outage: from the first round in which no instance answered to the next in which one did (0 if
+   every round found one). The same with the previous strategy (maxSurge 0, maxUnavailable 1),
+   for comparison.
 2. Inventory, with events: the plugin reads its fake profile from a host directory; the file is
    replaced (2 <-> 3 GPUs) and the time until the API server holds the new pool is measured
    (ResourceSlices listed every 10 ms).
@@ -59,8 +60,12 @@ def rollouts(cluster: RealCluster, deployment: Deployment, count: int, tag: str)
         deployment.wait_ready()
         time.sleep(1)
         probe.stop()
-        gaps.append(probe.longest_gap)
-        print(f"rollout {tag}{i}: longest gap {probe.longest_gap:.3f} s", flush=True)
+        gaps.append(probe.longest_outage)
+        print(
+            f"rollout {tag}{i}: longest outage {probe.longest_outage:.3f} s "
+            f"({probe.failed_rounds} of {probe.rounds} probe rounds without an answer)",
+            flush=True,
+        )
     return gaps
 
 
@@ -202,24 +207,31 @@ def main() -> None:
         local.import_image(args.image)
         deployment = Deployment(cluster, "overlays/fake")
         deployment.install()
-        surge = rollouts(cluster, deployment, args.rollouts, "surge-")
-        strategy(cluster, surge=0, unavailable=1)
-        deployment.wait_ready()
-        replace = rollouts(cluster, deployment, max(2, args.rollouts // 2), "replace-")
-        strategy(cluster, surge=1, unavailable=0)
-        files = profile_changes(cluster, deployment, args.changes)
-        event = nvml_changes(cluster, args.changes, args.rescan, with_event=True)
-        rescan = nvml_changes(cluster, args.changes, args.rescan, with_event=False)
-        print(summary("surge rollout (maxSurge 1): longest time no instance answers prepare", surge, "s"))
-        print(summary("replace rollout (maxSurge 0, maxUnavailable 1), for comparison", replace, "s"))
-        print(summary("fake profile file replaced -> slices updated", files, "s"))
-        print(summary("NVML MIG change with its event -> slices updated", event, "s"))
-        print(
-            summary(
-                f"NVML MIG change without event (--rescan-interval {args.rescan:g}) -> slices", rescan, "s"
-            )
-        )
-        results = {"surge": surge, "replace": replace, "file": files, "event": event, "rescan": rescan}
+        lines = []
+        if args.rollouts:
+            surge = rollouts(cluster, deployment, args.rollouts, "surge-")
+            strategy(cluster, surge=0, unavailable=1)
+            deployment.wait_ready()
+            replace = rollouts(cluster, deployment, max(2, args.rollouts // 2), "replace-")
+            strategy(cluster, surge=1, unavailable=0)
+            results |= {"surge": surge, "replace": replace}
+            lines += [
+                summary("surge rollout (maxSurge 1): longest outage of NodePrepareResources", surge, "s"),
+                summary("replace rollout (maxSurge 0, maxUnavailable 1), for comparison", replace, "s"),
+            ]
+        if args.changes:
+            files = profile_changes(cluster, deployment, args.changes)
+            event = nvml_changes(cluster, args.changes, args.rescan, with_event=True)
+            rescan = nvml_changes(cluster, args.changes, args.rescan, with_event=False)
+            results |= {"file": files, "event": event, "rescan": rescan}
+            lines += [
+                summary("fake profile file replaced -> slices updated", files, "s"),
+                summary("NVML MIG change with its event -> slices updated", event, "s"),
+                summary(
+                    f"NVML MIG change, no event (--rescan-interval {args.rescan:g}) -> slices", rescan, "s"
+                ),
+            ]
+        print("\n".join(lines))
         json.dump(results, sys.stdout)
         print()
         deployment.uninstall()

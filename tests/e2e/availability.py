@@ -66,16 +66,24 @@ class SliceWatch(Watcher):
 
 
 class PrepareProbe(Watcher):
-    """Longest time in which no registered instance answered NodePrepareResources."""
+    """Whether some registered instance answers NodePrepareResources, asked every `period`.
+
+    A round in which no instance answers (none registered, or each failing or timing out) opens
+    an outage; the next round in which one answers closes it. `longest_outage` is the longest
+    such time (0 when every round found an instance that answered); `rounds` counts them all.
+    """
 
     def __init__(self, period: float = PERIOD) -> None:
         super().__init__(period)
-        self.last_ok = time.monotonic()
-        self.longest_gap = 0.0
+        self.longest_outage = 0.0
+        self.failed_rounds = 0
+        self.rounds = 0
         self.instances: set[str] = set()
+        self._down_since: float | None = None
 
     def sample(self) -> None:
-        now = time.monotonic()
+        started = time.monotonic()
+        self.rounds += 1
         for socket in REGISTRY.glob(f"{DRIVER}-*reg.sock"):
             try:
                 # GetInfo only, as the kubelet's watcher: no registration status is sent.
@@ -87,10 +95,15 @@ class PrepareProbe(Watcher):
             except (grpc.RpcError, OSError):
                 continue
             self.instances.add(socket.name)
-            self.longest_gap = max(self.longest_gap, now - self.last_ok)
-            self.last_ok = now
+            if self._down_since is not None:
+                self.longest_outage = max(self.longest_outage, time.monotonic() - self._down_since)
+                self._down_since = None
             return
+        self.failed_rounds += 1
+        if self._down_since is None:
+            self._down_since = started
 
     def stop(self) -> None:
         super().stop()
-        self.longest_gap = max(self.longest_gap, time.monotonic() - self.last_ok - self.period)
+        if self._down_since is not None:
+            self.longest_outage = max(self.longest_outage, time.monotonic() - self._down_since)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dradriver.kube import KubeClient, NotFoundError
-from tests.e2e.availability import PERIOD, PrepareProbe, SliceWatch, Watcher
+from tests.e2e.availability import PrepareProbe, SliceWatch, Watcher
 from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
@@ -160,8 +160,9 @@ def test_surge_rollout_under_a_stream_of_claims_loses_no_prepare(
     if real_cluster.local is not None:
         assert len(probe.instances) == 2, probe.instances  # both instances answered at some point
         print(
-            f"rollout under a stream of {len(stream.names)} pods: longest time with no instance "
-            f"answering NodePrepareResources: {probe.longest_gap:.2f} s (probed every {PERIOD} s)"
+            f"rollout under a stream of {len(stream.names)} pods: {probe.failed_rounds} of "
+            f"{probe.rounds} probe rounds found no instance answering NodePrepareResources; "
+            f"longest outage {probe.longest_outage:.2f} s"
         )
 
     real_cluster.kubectl("delete", "pod", "upgrade-keeper", "--wait=true")
