@@ -239,3 +239,37 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
             assert info.endpoint == str(paths.dra_socket)
         finally:
             server.stop(grace=0)
+
+
+def test_a_kubelet_older_than_1_33_is_reported_on_the_node(tmp_path: Path) -> None:
+    """serve reads the kubelet's version from its Node; before 1.33 it logs the consequence and
+    emits a Warning Event on the Node (and re-registers when the other instance leaves, above)."""
+    from tests.publish.kubefake import FakeApiServer
+
+    fake = FakeApiServer().start()
+    try:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "node-1"},
+            "status": {"nodeInfo": {"kubeletVersion": "v1.32.4"}},
+        }
+        fake.create("nodes", None, node)
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        with short_tmpdir() as root:
+            serve = ServeProcess(root, ["--kubeconfig", str(kubeconfig)], pod_uid=NEW_POD).start()
+            try:
+                wait_for(lambda: "predates 1.33" in serve.log(), 30, f"the warning ({serve.log()})")
+
+                def reported() -> list[dict[str, object]]:
+                    events = fake.objects("events")
+                    return [e for e in events if e.get("reason") == "KubeletTooOldForRollingUpdate"]
+
+                wait_for(reported, 30, "the Node Event")
+                (event,) = reported()
+                assert event["type"] == "Warning"
+                assert "maxSurge: 0, maxUnavailable: 1" in str(event["message"])
+            finally:
+                serve.kill()
+    finally:
+        fake.stop()
