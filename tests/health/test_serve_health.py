@@ -16,9 +16,8 @@ from dradriver.health.board import Health
 from tests.helpers import DRIVER, HealthStream, ServeProcess, free_port, scrape, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
 
-#: Short enough for a test, long enough that "still unhealthy inside the quiet period" is observable
-#: (two `dradriver status` runs fit in it on a loaded 2-core machine).
-QUIET = "quietPeriodSeconds: 5\nrecheckIntervalSeconds: 0.5\n"
+#: Short enough for a test, long enough that "still unhealthy inside the quiet period" is observable.
+QUIET = "quietPeriodSeconds: 2\nrecheckIntervalSeconds: 0.5\n"
 
 
 def fake_event(serve: ServeProcess, *args: str, driver: str = DRIVER) -> subprocess.CompletedProcess[str]:
@@ -112,7 +111,7 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
 
         recovered = stream.wait("gpu-3", Health.HEALTHY)
         assert recovered.startswith("healthy again at ")
-        assert recovered.endswith(f"no fatal event for 5s and the GPU passed its re-check (was: {message})")
+        assert recovered.endswith(f"no fatal event for 2s and the GPU passed its re-check (was: {message})")
         wait_for(lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "metrics")
         assert "device health: all 8 devices healthy (source: fake)" in status(serve).stdout
 
