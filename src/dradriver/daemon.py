@@ -530,7 +530,7 @@ class Daemon:
             published=self._published,
             interval=self.config.rescan_interval,
         )
-        driver.on_released = self._inventory.kick
+        driver.on_released = self._inventory.released
         profile = self.config.fake_gpus
         if profile is not None and Path(profile).is_file():
             self._profile_trigger = ProfileFileTrigger(Path(profile), self._inventory.kick)

@@ -47,6 +47,11 @@ class InventoryWatcher:
         """Scan now (from any thread)."""
         self._kicked.set()
 
+    def released(self) -> None:
+        """A claim was unprepared: scan now if a vanished device was kept for one (it may go)."""
+        if self._published.gone:
+            self._kicked.set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="inventory", daemon=True)
         self._thread.start()
