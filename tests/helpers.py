@@ -22,6 +22,7 @@ import yaml
 
 from dradriver import kubeletclient
 from dradriver.health.board import Health
+from dradriver.plugin.server import PluginPaths
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -57,6 +58,7 @@ class ServeProcess:
         *,
         claims_from_files: bool = True,
         fake_gpus: str | None = "dgx-h100",
+        pod_uid: str = "",
     ) -> None:
         self.root = root
         self.registry_dir = root / "plugins_registry"
@@ -75,6 +77,7 @@ class ServeProcess:
             "node-1",
             *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
+            *(["--pod-uid", pod_uid] if pod_uid else []),
             *extra_args,
         ]
         # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.
@@ -83,21 +86,22 @@ class ServeProcess:
         }
         self.env = inherited | {"PYTHONUNBUFFERED": "1"} | (env or {})
         self.proc: subprocess.Popen[str] | None = None
-        self.log_path = root / "serve.log"
+        self.log_path = root / (f"serve-{pod_uid}.log" if pod_uid else "serve.log")
+        self.paths = PluginPaths.for_driver(driver, self.plugins_dir, self.registry_dir, pod_uid)
         if claims_from_files:
             self.claims_dir.mkdir(exist_ok=True)
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver}-reg.sock"
+        return self.paths.registration_socket
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugins_dir / self.driver / "dra.sock"
+        return self.paths.dra_socket
 
     @property
     def lock_file(self) -> Path:
-        return self.plugins_dir / self.driver / "serve.lock"
+        return self.paths.lock_file
 
     def start(self, wait: bool = True, *, umask: int = -1) -> ServeProcess:
         log = self.log_path.open("a")

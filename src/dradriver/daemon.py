@@ -3,6 +3,11 @@
 The sockets come up first, with only grpc and the generated code loaded; everything heavier
 (discovery, the Kubernetes client, pydantic models) is built afterwards in the background while
 the kubelet can already register us. Calls that arrive before that finishes wait for it.
+
+With `pod_uid` set (rolling updates) this is one of possibly two instances on the node: its
+sockets and instance lock carry the pod UID, prepare/unprepare take the node-wide
+`serialize.lock`, and slices are handed over by marker (`publish.handover`). The device set is
+live (`inventory`): rescans, NVML MIG events and fake profile changes republish it.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet
-    from dradriver.discovery import DeviceLibrary
+    from dradriver.discovery import DeviceLibrary, NodeInventory
     from dradriver.health.config import HealthConfig
+    from dradriver.health.monitor import HealthMonitor
     from dradriver.health.targets import HealthTargets
+    from dradriver.inventory import InventoryWatcher, ProfileFileTrigger, Published
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
+    from dradriver.prepare.cdi import ContainerEdits
     from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
@@ -69,6 +77,10 @@ class ServeConfig:
     health: HealthConfig | None = None
     #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
     proc_root: Path = Path("/proc")
+    #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).
+    pod_uid: str = ""
+    #: Seconds between rescans of the node's devices; 0: only on events.
+    rescan_interval: float = 0.0
 
 
 class DeferredDriver:
@@ -114,7 +126,11 @@ class Daemon:
         self.board = HealthBoard()
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
-        self.paths = PluginPaths.for_driver(config.driver_name, config.plugins_dir, config.registry_dir)
+        self.paths = PluginPaths.for_driver(
+            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid
+        )
+        #: Orders this instance among the node's instances (slice handover): they share a clock.
+        self.started_ns = time.time_ns()
         self.service = DRAService(self.driver)
         self.server = PluginServer(
             self.paths, config.driver_name, self.service, self.board, self.registration
@@ -125,7 +141,11 @@ class Daemon:
         self._publisher: SliceController | None = None
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health_targets: HealthTargets | None = None
+        self._health: HealthMonitor | None = None
         self._node_events: NodeEventSender | None = None
+        self._inventory: InventoryWatcher | None = None
+        self._profile_trigger: ProfileFileTrigger | None = None
+        self._published: Published | None = None
         # What start-up has started, stopped in reverse order; guarded so that a signal at any
         # moment of start-up stops exactly what runs (see `_started`).
         self._lifecycle = threading.Lock()
@@ -138,8 +158,10 @@ class Daemon:
             signal.signal(sig, self._on_signal)
         if (early := pending_stop_signal()) is not None:
             self._on_signal(early, None)
+        # A rollout: the old instance serves until this one can; only then does the kubelet see us.
+        defer = bool(self.config.pod_uid) and self.server.peers_serving()
         try:
-            self.server.start()
+            self.server.start(register=not defer)
         except StartupError as err:
             self._report_fatal(str(err))
             return 1
@@ -151,6 +173,7 @@ class Daemon:
             node=self.config.node_name,
             dra_socket=str(self.paths.dra_socket),
             registration_socket=str(self.paths.registration_socket),
+            rolling_update=bool(self.config.pod_uid),
         )
         probes = None
         try:
@@ -160,7 +183,7 @@ class Daemon:
                 f"--metrics-address {self.config.metrics_address}: cannot listen: {err.strerror or err}"
             )
         else:
-            threading.Thread(target=self._initialize, name="initialize", daemon=True).start()
+            threading.Thread(target=self._initialize, args=(defer,), name="initialize", daemon=True).start()
         while not self._stop.wait(1.0):
             pass
         return self._shutdown(probes)
@@ -282,10 +305,18 @@ class Daemon:
         return ApiClaimSource(client) if client is not None else NoClaimSource()
 
     def _publish(self, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> None:
+        from dradriver.plugin.server import instance_alive
         from dradriver.publish import SliceController
+        from dradriver.publish.handover import Marker
 
+        config = self.config
         publisher = SliceController(
-            client, driver_name=self.config.driver_name, node_name=self.config.node_name, desired=desired
+            client,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            desired=desired,
+            marker=Marker(self.started_ns, config.pod_uid),
+            instance_alive=lambda instance: instance_alive(config.registry_dir, config.driver_name, instance),
         )
         publisher.start()
         self._publisher = publisher
@@ -307,13 +338,38 @@ class Daemon:
             return frozenset()  # MIG devices do not survive a reboot
         return frozenset(loaded.created_gpu_instances())
 
-    def _install_metrics(self, driver: GpuDriver, device_types: dict[str, str]) -> None:
+    def _check_kubelet(self, client: KubeClient) -> None:
+        """Rolling updates need a kubelet >= 1.33; an older one is reported and worked around."""
+        from dradriver.kube import KubeError
+        from dradriver.plugin.rolling import supports_rolling_update, too_old_message
+
+        try:
+            node = client.get_node(self.config.node_name)
+        except KubeError as err:
+            log.warning("cannot read the kubelet's version from the Node", error=str(err))
+            return
+        version = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", ""))
+        supported = supports_rolling_update(version)
+        if supported is None:
+            log.warning(
+                "the kubelet's version cannot be read; assuming it supports rolling updates", version=version
+            )
+        elif not supported:
+            message = too_old_message(version)
+            log.error(message, kubelet_version=version)
+            if self._node_events is not None:
+                self._node_events.send("KubeletTooOldForRollingUpdate", message, "Warning")
+            self.server.legacy_kubelet()
+
+    def _install_metrics(self, driver: GpuDriver) -> None:
         from dradriver import metrics
 
         def devices() -> list[tuple[str, str]]:
+            assert self._published is not None
+            current = self._published.devices
+            types = {d.name: str(d.json["attributes"]["type"]["string"]) for d in current.devices}
             return [
-                (device_types.get(d.device_name, "unknown"), d.health.name.lower())
-                for d in self.board.snapshot()[1]
+                (types.get(d.device_name, "unknown"), d.health.name.lower()) for d in self.board.snapshot()[1]
             ]
 
         self.service.recorder = metrics.CallMetrics()
@@ -354,7 +410,13 @@ class Daemon:
         targets = HealthTargets(devices.devices)
         self._health_targets = targets
         source = library.health_source(
-            targets, SourceOptions(self.config.state_dir, config.thresholds, metrics)
+            targets,
+            SourceOptions(
+                self.config.state_dir,
+                config.thresholds,
+                metrics,
+                inventory_changed=lambda: self._inventory.kick() if self._inventory is not None else None,
+            ),
         )
         taints = effects.TaintSink(
             self.config.driver_name,
@@ -365,19 +427,14 @@ class Daemon:
             effects.BoardSink(self.board, self.config.node_name),
             effects.HealthFileSink(self.config.state_dir, self.board, source.name),
         ]
-        if client is not None:
-            from dradriver.kube.events import NodeEventSender
-
-            self._node_events = NodeEventSender(
-                client, node_name=self.config.node_name, component=self.config.driver_name
-            )
-            self._started("node-events", self._node_events.close)
+        if client is not None and self._node_events is not None:
             sinks += [
                 taints,
                 effects.NodeEventSink(self._node_events, self.config.driver_name, config.taint_effect),
             ]
         monitor = HealthMonitor(source=source, targets=targets, config=config, sinks=sinks, metrics=metrics)
         monitor.start()
+        self._health = monitor
         self._started("health", monitor.stop)
         return taints.taints
 
@@ -385,9 +442,12 @@ class Daemon:
         self._signal = signal.Signals(signum).name
         self._stop.set()
 
-    def _initialize(self) -> None:
+    def _initialize(self, register: bool) -> None:
         try:
             self.driver.set(self._build_driver())
+            if register:
+                self.server.register()
+                log.info("registering now that the driver is ready (another instance served meanwhile)")
         except _StartupInterruptedError:
             return
         except Exception as err:
@@ -398,10 +458,9 @@ class Daemon:
 
     def _build_driver(self) -> Driver:
         """Discovery, the device model and the GPU driver, built once the sockets are up."""
-        from dradriver.devicemodel import build_devices
-        from dradriver.discovery import open_library
         from dradriver.files.write import ensure_directory
         from dradriver.health.taints import with_taints
+        from dradriver.inventory import Published
         from dradriver.slices import render_node_slices
 
         config = self.config
@@ -410,27 +469,28 @@ class Daemon:
                 ensure_directory(directory)
             except OSError as err:
                 raise OSError(f"{flag} {directory}: cannot create: {err.strerror or err}") from None
-        library = open_library(
-            config.fake_gpus, driver_root=config.driver_root_mount, proc_root=config.proc_root
-        )
-        try:
-            inventory = library.discover()
-        finally:
-            library.close()
+        library, inventory, devices = self._scan(self._created_gpu_instances())
         for skipped in inventory.skipped:
             log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
-        created = self._created_gpu_instances() if config.partitionable else frozenset()
-        devices = build_devices(
-            inventory, driver_name=config.driver_name, partitionable=config.partitionable, created=created
-        )
         for warning in devices.warnings:
             log.warning("device model", reason=warning)
+        self._published = Published(devices, {})
         self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
         client = self._connect()
+        if client is not None:
+            from dradriver.kube.events import NodeEventSender
+
+            self._node_events = NodeEventSender(
+                client, node_name=config.node_name, component=config.driver_name
+            )
+            self._started("node-events", self._node_events.close)
+            if config.pod_uid:
+                self._check_kubelet(client)
 
         def desired() -> list[dict[str, Any]]:
+            assert self._published is not None
             return render_node_slices(
-                with_taints(devices, self._taints()),
+                with_taints(self._published.devices, self._taints()),
                 node_name=config.node_name,
                 driver_name=config.driver_name,
             )
@@ -444,9 +504,8 @@ class Daemon:
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
         from dradriver.prepare.driver import GpuDriver
-        from dradriver.prepare.edits import common_edits
-        from dradriver.prepare.hostdriver import driver_mounts
         from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
+        from dradriver.prepare.shared import SerializeLock
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 
         mig_metrics: MigMetrics = NoMigMetrics()
@@ -466,14 +525,12 @@ class Daemon:
             claims=self._claim_source(client),
             cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
             store=CheckpointStore(config.state_dir),
-            common_edits=common_edits(
-                inventory.nvidia_uvm_major,
-                driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
-            ),
+            common_edits=self._common_edits(inventory),
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,
             boot_id=read_boot_id(),
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
+            serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
         )
         self._started("driver", driver.close)
         recovery = driver.recover()
@@ -486,9 +543,8 @@ class Daemon:
             collector.start()
             self._started("stale-claims", collector.stop)
         if config.metrics_address:
-            self._install_metrics(
-                driver, {d.name: str(d.json["attributes"]["type"]["string"]) for d in devices.devices}
-            )
+            self._install_metrics(driver)
+        self._follow_inventory(driver)
         log.info(
             "driver ready",
             devices=len(devices.devices),
@@ -498,8 +554,96 @@ class Daemon:
             orphans_removed=recovery.orphans_removed,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,
+            rescan_interval_seconds=config.rescan_interval,
         )
         return driver
+
+    def _scan(self, created: frozenset[tuple[str, int]]) -> tuple[DeviceLibrary, NodeInventory, DeviceSet]:
+        """One look at the node: the (closed) library, its inventory and the device set built from
+        it; `created` names the GPU instances dradriver made (published as their placements)."""
+        from dradriver.devicemodel import build_devices
+        from dradriver.discovery import open_library
+
+        config = self.config
+        library = open_library(
+            config.fake_gpus, driver_root=config.driver_root_mount, proc_root=config.proc_root
+        )
+        try:
+            inventory = library.discover()
+        finally:
+            library.close()
+        devices = build_devices(
+            inventory,
+            driver_name=config.driver_name,
+            partitionable=config.partitionable,
+            created=created if config.partitionable else frozenset(),
+        )
+        return library, inventory, devices
+
+    def _common_edits(self, inventory: NodeInventory) -> ContainerEdits:
+        from dradriver.prepare.edits import common_edits
+        from dradriver.prepare.hostdriver import driver_mounts
+
+        config = self.config
+        return common_edits(
+            inventory.nvidia_uvm_major,
+            driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
+        )
+
+    def _follow_inventory(self, driver: GpuDriver) -> None:
+        """Keep the published devices equal to the node's (see `inventory`)."""
+        from dradriver.inventory import InventoryWatcher, ProfileFileTrigger
+
+        assert self._published is not None
+        latest: list[NodeInventory] = []
+
+        def scan() -> DeviceSet:
+            # With no MIG device half-made, so that one we made is never taken for an operator's.
+            with driver.mig_settled():
+                _, inventory, devices = self._scan(frozenset(driver.created_instances()))
+            latest[:] = [inventory]
+            return devices
+
+        def apply(published: Published) -> None:
+            from dradriver.health.policy import DEVICE_GONE, Problem
+
+            self._published = published
+            current = published.devices.devices
+            self.board.set_devices([(self.config.node_name, d.name) for d in current])
+            if latest:
+                driver.set_devices(
+                    {d.name: d.hardware for d in current if d.name not in published.gone},
+                    common_edits=self._common_edits(latest[0]),
+                    caps_major=latest[0].nvidia_caps_major,
+                )
+            if self._health is not None:
+                gone = {
+                    name: Problem(DEVICE_GONE, f"{reason}; kept until its claim is unprepared")
+                    for name, reason in published.gone.items()
+                }
+                self._health.retarget(current, gone)
+            if self._publisher is not None:
+                self._publisher.resync()
+
+        inventory = InventoryWatcher(
+            scan=scan,
+            held=driver.held_devices,
+            apply=apply,
+            published=self._published,
+            interval=self.config.rescan_interval,
+        )
+        driver.on_released = inventory.released
+        self._inventory = inventory
+        # A first rescan at once: the node may have changed while the driver was being built.
+        inventory.kick()
+        inventory.start()
+        self._started("inventory", inventory.stop)
+        profile = self.config.fake_gpus
+        if profile is not None and Path(profile).is_file():
+            trigger = ProfileFileTrigger(Path(profile), inventory.kick)
+            trigger.start()
+            self._profile_trigger = trigger
+            self._started("profile-trigger", trigger.stop)
 
 
 def _metrics_exposition() -> bytes:

@@ -5,8 +5,10 @@
  * struct layouts of nvml.h, and serves GPUs described by a tab-separated text file named by the
  * environment variable FAKE_NVML_CONFIG, else `fake-nvml.conf` next to the library itself (so that
  * a process whose environment the test does not control, e.g. serve in a DaemonSet pod, loads a
- * fake driver root laid out with it). The file is (re)read by every nvmlInitWithFlags, so one
- * process can go through several configurations. Line formats (fields separated by one TAB):
+ * fake driver root laid out with it). The file is read by nvmlInitWithFlags when the reference
+ * count goes from 0 to 1, and again by any later nvmlInitWithFlags once the file has changed (as
+ * real NVML sees MIG devices created or destroyed by others, and a test can add or remove GPUs
+ * under a running process); the health state of GPUs that stay (by UUID) is kept. Line formats (fields separated by one TAB):
  *
  *   driver   VERSION
  *   cuda     INT                      e.g. 12080 for CUDA 12.8
@@ -50,6 +52,8 @@
  *   temp GPU CELSIUS         its temperature from now on (no event; default 40)
  *   ecc GPU COUNT            its volatile uncorrected ECC error count (no event; default 0)
  *   remap GPU PENDING FAIL   its row-remapping state (no event; default 0 0)
+ *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
+ *                            the GPU registered for it; rewrite the config file first
  *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
@@ -65,6 +69,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,6 +91,7 @@ enum {
 #define EVENT_TYPE_SINGLE_BIT_ECC 0x1ULL
 #define EVENT_TYPE_DOUBLE_BIT_ECC 0x2ULL
 #define EVENT_TYPE_XID 0x8ULL
+#define EVENT_TYPE_MIG_CONFIG_CHANGE 0x100ULL
 #define WHOLE_GPU 0xFFFFFFFFu
 /* What a line on the events FIFO produced when it is not an event. */
 #define NO_EVENT (-1)
@@ -353,27 +359,41 @@ static void save_state(void) {
 }
 
 /* FAKE_NVML_CONFIG, else fake-nvml.conf in the directory this library was loaded from. */
-static FILE *open_config(void) {
+static const char *config_path(void) {
     static char beside[4096];
     const char *path = getenv("FAKE_NVML_CONFIG");
     Dl_info self;
-    if (!path && dladdr((void *)open_config, &self) && self.dli_fname) {
+    if (!path && dladdr((void *)config_path, &self) && self.dli_fname) {
         const char *slash = strrchr(self.dli_fname, '/');
         int dir = slash ? (int)(slash - self.dli_fname) : 1;
         snprintf(beside, sizeof beside, "%.*s/fake-nvml.conf", dir, slash ? self.dli_fname : ".");
         path = beside;
     }
-    return path ? fopen(path, "r") : NULL;
+    return path;
+}
+
+/* The config file as last read: inode, modification time and size. */
+static struct stat config_seen;
+
+static int config_changed(void) {
+    struct stat now;
+    const char *path = config_path();
+    if (!path || stat(path, &now) != 0)
+        return 0;
+    return now.st_ino != config_seen.st_ino || now.st_size != config_seen.st_size ||
+           now.st_mtim.tv_sec != config_seen.st_mtim.tv_sec || now.st_mtim.tv_nsec != config_seen.st_mtim.tv_nsec;
 }
 
 static nvmlReturn_t load_config(void) {
-    FILE *file = open_config();
+    const char *path = config_path();
+    FILE *file = path ? fopen(path, "r") : NULL;
     char line[1024], *f[24];
     memset(&state, 0, sizeof state);
     if (!file)
         return NVML_ERROR_UNKNOWN;
     /* The state file, when there is one, knows the MIG devices better than the config. */
     int from_state = load_state();
+    fstat(fileno(file), &config_seen);
     while (fgets(line, sizeof line, file)) {
         int n = split_tabs(line, f, 24);
         if (n == 2 && !strcmp(f[0], "driver")) {
@@ -498,9 +518,34 @@ static void close_event_set(void) {
     event_set = (struct event_set){.fd = -1, .writer_fd = -1};
 }
 
+/* Read a changed config under a running process, keeping the reference count and the health
+   state of the GPUs that are still there; a config that cannot be read leaves everything as it was. */
+static void reload_config(void) {
+    static __typeof__(state) before;
+    memcpy(&before, &state, sizeof state);
+    if (load_config() != NVML_SUCCESS) {
+        memcpy(&state, &before, sizeof state);
+        return;
+    }
+    state.initialized = before.initialized;
+    for (int i = 0; i < state.ngpus; i++)
+        for (int j = 0; j < before.ngpus; j++)
+            if (!strcmp(state.gpus[i].uuid, before.gpus[j].uuid)) {
+                struct gpu *g = &state.gpus[i], *old = &before.gpus[j];
+                g->lost = old->lost;
+                g->temperature = old->temperature;
+                g->remap_pending = old->remap_pending;
+                g->remap_failure = old->remap_failure;
+                g->ecc_uncorrected = old->ecc_uncorrected;
+                g->registered_events = old->registered_events;
+            }
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
     if (state.initialized) {
+        if (config_changed())
+            reload_config();
         state.initialized++;
         return NVML_SUCCESS;
     }
@@ -1149,11 +1194,17 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned *corrected, unsign
     return NVML_SUCCESS;
 }
 
+static int g_mig_capable(void *device) {
+    struct gpu *g = as_gpu(device);
+    return g && g->mig_mode >= 0;
+}
+
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) {
     ENTER("nvmlDeviceGetSupportedEventTypes", device);
     if (!as_gpu(device) || !types)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *types = EVENT_TYPE_SINGLE_BIT_ECC | EVENT_TYPE_DOUBLE_BIT_ECC | EVENT_TYPE_XID;
+    *types = EVENT_TYPE_SINGLE_BIT_ECC | EVENT_TYPE_DOUBLE_BIT_ECC | EVENT_TYPE_XID |
+             (g_mig_capable(device) ? EVENT_TYPE_MIG_CONFIG_CHANGE : 0);
     return NVML_SUCCESS;
 }
 
@@ -1230,6 +1281,12 @@ static nvmlReturn_t apply_command(const char *line, nvmlEventData_t *data) {
             return NO_EVENT;
         *data = (nvmlEventData_t){&g->tag, EVENT_TYPE_XID, (unsigned long long)a[1],
                                   n == 5 ? (unsigned)a[2] : WHOLE_GPU, n == 5 ? (unsigned)a[3] : WHOLE_GPU};
+        return NVML_SUCCESS;
+    }
+    if (!strcmp(verb, "mig") && n == 2) {
+        if (!(g->registered_events & EVENT_TYPE_MIG_CONFIG_CHANGE) || g->lost)
+            return NO_EVENT;
+        *data = (nvmlEventData_t){&g->tag, EVENT_TYPE_MIG_CONFIG_CHANGE, 0, WHOLE_GPU, WHOLE_GPU};
         return NVML_SUCCESS;
     }
     if (!strcmp(verb, "lost") && n == 2) {

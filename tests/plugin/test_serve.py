@@ -218,6 +218,8 @@ def test_env_vars_set_flags() -> None:
         (["--verbosity", "loud"], "invalid verbosity 'loud'"),
         (["--metrics-address", "nowhere"], "invalid address"),
         (["--no-such-flag"], "unrecognized arguments"),
+        (["--pod-uid", "../../etc"], "invalid pod UID '../../etc'"),
+        (["--rescan-interval", "-1"], "'-1' must not be negative"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:

@@ -6,13 +6,13 @@ Each test publishes to a Node of its own through the real client, over real HTTP
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dradriver.kube import KubeClient, load_client
+from dradriver.kube import load_client
 from dradriver.publish import SliceController, delete_node_slices
 from dradriver.slices import InvalidSlicesError, build_node_slices, validate_node_pool
 from tests.helpers import wait_for, write_gpu_profile
@@ -37,25 +37,6 @@ class Devices:
         if findings := validate_node_pool(slices, driver=TEST_DRIVER, node=self.node):
             raise InvalidSlicesError(findings)
         return slices
-
-
-@pytest.fixture
-def controllers() -> Iterator[list[SliceController]]:
-    started: list[SliceController] = []
-    yield started
-    for controller in started:
-        controller.stop()
-
-
-@pytest.fixture
-def start(controllers: list[SliceController]) -> Callable[..., SliceController]:
-    def start(client: KubeClient, node: str, desired: Callable[[], list[Json]], **kw: Any) -> SliceController:
-        controller = SliceController(client, driver_name=TEST_DRIVER, node_name=node, desired=desired, **kw)
-        controllers.append(controller)
-        controller.start()
-        return controller
-
-    return start
 
 
 def versions(slices: list[Json]) -> dict[str, str]:

@@ -264,6 +264,28 @@ def add_plugins_dir_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def pod_uid(value: str) -> str:
+    """argparse type for --pod-uid: it becomes part of socket and lock file names."""
+    from dradriver.names import uid_error
+
+    if value and (err := uid_error(value)) is not None:
+        raise argparse.ArgumentTypeError(f"invalid pod UID {value!r}: {err}")
+    return value
+
+
+def add_pod_uid_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--pod-uid",
+        type=pod_uid,
+        default="",
+        metavar="UID",
+        help="this pod's UID (downward API metadata.uid): turns on rolling updates, two instances side "
+        "by side during a surge rollout, with sockets <driver>-<UID>-reg.sock and dra-<UID>.sock "
+        "(kubelet 1.33 or later)",
+    )
+
+
 def add_state_dir_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,

@@ -17,12 +17,16 @@ from dradriver.cli._common import (
     add_node_name_flag,
     add_partitionable_flag,
     add_plugins_dir_flag,
+    add_pod_uid_flag,
     add_state_dir_flag,
     duration,
     env_flag,
     existing_directory,
     state_dir,
 )
+
+#: Default of --rescan-interval.
+DEFAULT_RESCAN_SECONDS = 30.0
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +40,7 @@ def register(subparsers: Any) -> None:
     )
     add_driver_name_flag(parser)
     add_node_name_flag(parser)
+    add_pod_uid_flag(parser)
     env_flag(
         parser,
         "--kubelet-registry-dir",
@@ -81,6 +86,15 @@ def register(subparsers: Any) -> None:
     )
     env_flag(
         parser,
+        "--rescan-interval",
+        type=non_negative,
+        default=DEFAULT_RESCAN_SECONDS,
+        metavar="SECONDS",
+        help="scan the node's GPUs again this often (GPUs, MIG devices, host driver version) and "
+        "republish what changed; 0 scans only on events (NVML MIG changes, a rewritten --fake-gpus file)",
+    )
+    env_flag(
+        parser,
         "--shutdown-grace",
         type=duration,
         default=10.0,
@@ -103,6 +117,16 @@ def register(subparsers: Any) -> None:
         help="YAML file overriding the GPU health policy (XID classes, quiet period, taint effect, "
         "thresholds); see README 'GPU health'",
     )
+
+
+def non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return number
 
 
 def probe_address(value: str) -> str:
@@ -174,5 +198,7 @@ def run(args: argparse.Namespace) -> int:
         stale_claim_grace=args.stale_claim_grace,
         health=health,
         proc_root=args.proc_root,
+        pod_uid=args.pod_uid,
+        rescan_interval=args.rescan_interval,
     )
     return Daemon(config).run()

@@ -179,7 +179,12 @@ class NvmlLibrary:
         """NVML events for the published GPUs; the source holds its own NVML reference."""
         from dradriver.health.nvml_source import NvmlHealthSource
 
-        return NvmlHealthSource(targets.gpu_uuids, thresholds=options.thresholds, metrics=options.metrics)
+        return NvmlHealthSource(
+            targets.gpu_uuids,
+            thresholds=options.thresholds,
+            metrics=options.metrics,
+            inventory_changed=options.inventory_changed,
+        )
 
     def mig_control(self, state_dir: Path) -> MigControl:
         """MIG reconfiguration through NVML, with an NVML reference of its own."""

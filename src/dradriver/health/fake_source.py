@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Self
 
@@ -109,6 +109,9 @@ class FakeHealthSource:
         if device is None:
             return None
         return f"GPU marked lost; dradriver fake-event --device {device} --restore brings it back"
+
+    def watch(self, gpu_uuids: Sequence[str]) -> None:
+        """Nothing to register: `locate` follows the published devices."""
 
     def close(self) -> None:
         """Nothing held open between polls."""

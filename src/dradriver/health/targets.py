@@ -43,17 +43,38 @@ def _mig_ref(mig: MigDevice) -> HardwareRef:
 CreatedInstances = Callable[[], Mapping[tuple[str, int], str]]
 
 
+class _Index:
+    def __init__(self, devices: Iterable[PublishedDevice]) -> None:
+        self.devices = tuple(_placed(d) for d in devices)
+        self.by_name = {d.name: d for d in self.devices}
+        self.gpu_uuids = tuple(dict.fromkeys(d.where.gpu_uuid for d in self.devices))
+
+
 class HealthTargets:
     """The node's published devices, indexed by the hardware under them.
 
+    `update` swaps in a new device list (live inventory) in one step, for every reader at once;
     `created` is read at each lookup (prepare sets it once it exists): MIG devices come and go.
     """
 
     def __init__(self, devices: Iterable[PublishedDevice], created: CreatedInstances = dict) -> None:
         self.created = created
-        self._devices = tuple(_placed(d) for d in devices)
-        self._by_name = {d.name: d for d in self._devices}
-        self.gpu_uuids = tuple(dict.fromkeys(d.where.gpu_uuid for d in self._devices))
+        self._index = _Index(devices)
+
+    def update(self, devices: Iterable[PublishedDevice]) -> None:
+        self._index = _Index(devices)
+
+    @property
+    def _devices(self) -> tuple[_Placed, ...]:
+        return self._index.devices
+
+    @property
+    def _by_name(self) -> dict[str, _Placed]:
+        return self._index.by_name
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return self._index.gpu_uuids
 
     @property
     def device_names(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -33,10 +34,13 @@ from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
-#: sun_path is 108 bytes including the terminating NUL; each socket is first bound in a private
-#: directory beside it, whose name (`.b` and 8 random characters) must fit too.
+#: sun_path is 108 bytes including the terminating NUL. Each socket is first bound as `s` in a
+#: private directory beside it (`.b` and 8 random characters), which must fit too.
 _STAGING_PREFIX = ".b"
-MAX_SOCKET_PATH_BYTES = 107 - len(_STAGING_PREFIX) - 8 - 1
+_STAGED_NAME = "s"
+MAX_SOCKET_PATH_BYTES = 107
+#: The file all instances of the driver on a node lock around prepare/unprepare (as the Go helper).
+SERIALIZE_LOCK = "serialize.lock"
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
 MAX_WORKERS = 16
 #: How often the watchdog checks that our sockets still exist.
@@ -54,9 +58,29 @@ class StartupError(Exception):
     """The plugin cannot start on these paths (another instance, a foreign file, a bad path)."""
 
 
+def registration_socket_name(driver_name: str, instance: str = "") -> str:
+    """The Go helper's registration socket name: `<driver>-reg.sock`, or with rolling updates
+    (`RollingUpdate(podUID)`) `<driver>-<podUID>-reg.sock`."""
+    return f"{driver_name}{_suffix(instance)}-reg.sock"
+
+
+def dra_socket_name(instance: str = "") -> str:
+    """The Go helper's DRA socket name: `dra.sock`, or with rolling updates `dra-<podUID>.sock`."""
+    return f"dra{_suffix(instance)}.sock"
+
+
+def _suffix(instance: str) -> str:
+    return f"-{instance}" if instance else ""
+
+
 @dataclass(frozen=True)
 class PluginPaths:
-    """Where the kubelet expects us; identical inside the container and on the host."""
+    """Where the kubelet expects us; identical inside the container and on the host.
+
+    `instance` is the pod UID when rolling updates are on (two pods of the driver side by side
+    on a node during a surge rollout): each has its own sockets and instance lock, and they
+    share the plugin directory (checkpoint, `serialize.lock`).
+    """
 
     plugin_dir: Path
     dra_socket: Path
@@ -64,14 +88,21 @@ class PluginPaths:
     lock_file: Path
 
     @classmethod
-    def for_driver(cls, driver_name: str, plugins_dir: Path, registry_dir: Path) -> PluginPaths:
+    def for_driver(
+        cls, driver_name: str, plugins_dir: Path, registry_dir: Path, instance: str = ""
+    ) -> PluginPaths:
         plugin_dir = plugins_dir / driver_name
         return cls(
             plugin_dir=plugin_dir,
-            dra_socket=plugin_dir / "dra.sock",
-            registration_socket=registry_dir / f"{driver_name}-reg.sock",
-            lock_file=plugin_dir / "serve.lock",
+            dra_socket=plugin_dir / dra_socket_name(instance),
+            registration_socket=registry_dir / registration_socket_name(driver_name, instance),
+            lock_file=plugin_dir / f"serve{_suffix(instance)}.lock",
         )
+
+    @property
+    def serialize_lock(self) -> Path:
+        """The Go helper's cross-instance lock file (rolling updates): one prepare/unprepare at a time."""
+        return self.plugin_dir / SERIALIZE_LOCK
 
     def check(self) -> None:
         for sock in (self.dra_socket, self.registration_socket):
@@ -79,6 +110,10 @@ class PluginPaths:
                 raise StartupError(f"socket path {sock} must be absolute")
             if len(os.fsencode(sock)) > MAX_SOCKET_PATH_BYTES:
                 raise StartupError(f"socket path {sock} is longer than {MAX_SOCKET_PATH_BYTES} bytes")
+            staged = sock.parent / f"{_STAGING_PREFIX}{'x' * 8}" / _STAGED_NAME
+            if len(os.fsencode(staged)) > MAX_SOCKET_PATH_BYTES:
+                limit = MAX_SOCKET_PATH_BYTES - (len(os.fsencode(staged)) - len(os.fsencode(sock.parent)))
+                raise StartupError(f"socket directory {sock.parent} is longer than {limit} bytes")
 
 
 class InstanceLock:
@@ -122,6 +157,37 @@ class InstanceLock:
         self._file = None
 
 
+def instance_alive(registry_dir: Path, driver_name: str, instance: str) -> bool:
+    """Whether the driver instance `instance` (a pod UID, "" without rolling updates) is serving:
+    its registration socket accepts a connection. A crashed instance's stale socket refuses."""
+    return _answers(registry_dir / registration_socket_name(driver_name, instance))
+
+
+def peer_registration_sockets(registry_dir: Path, driver_name: str, own: Path) -> set[Path]:
+    """The registration sockets of the driver's other instances on this node."""
+    names = {registration_socket_name(driver_name)}
+    found = {p for p in registry_dir.glob(registration_socket_name(driver_name, "*")) if p != own}
+    found |= {registry_dir / n for n in names if registry_dir / n != own}
+    return {p for p in found if _is_socket(p)}
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 class _SocketServer:
     """A gRPC server bound to one unix socket whose inode we remember, so we only ever remove our own."""
 
@@ -133,7 +199,7 @@ class _SocketServer:
         # Bound where nobody else can reach it, given its mode, then moved into place.
         staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=path.parent))
         try:
-            bound = staging / path.name
+            bound = staging / _STAGED_NAME
             try:
                 server.add_insecure_port(f"unix://{bound}")
             except RuntimeError as err:
@@ -215,9 +281,24 @@ class PluginServer:
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._restart_lock = threading.Lock()
+        self._legacy_kubelet = False
+        self._peers: set[Path] = set()
 
-    def start(self) -> None:
-        """Take the lock and bring both sockets up; StartupError (with nothing left behind) if not."""
+    def legacy_kubelet(self) -> None:
+        """The kubelet predates 1.33: it keeps one instance per driver, and forgets the driver
+        when any instance's registration socket goes. So when another instance leaves, register
+        anew (re-create our registration socket) instead of staying forgotten."""
+        with self._restart_lock:
+            self._legacy_kubelet = True
+            self._peers = self._peer_sockets()
+
+    def _peer_sockets(self) -> set[Path]:
+        registry = self.paths.registration_socket.parent
+        return peer_registration_sockets(registry, self._driver_name, self.paths.registration_socket)
+
+    def start(self, *, register: bool = True) -> None:
+        """Take the lock, serve the DRA socket, then (unless `register` is False: see `register`)
+        the registration socket; StartupError (with nothing left behind) if not."""
         self.paths.check()
         try:
             self._lock.acquire()
@@ -227,7 +308,8 @@ class PluginServer:
             ) from None
         try:
             self._dra = self._serve_dra()
-            self._reg = self._serve_registration()
+            if register:
+                self._reg = self._serve_registration()
         except BaseException as err:
             self._stop_sockets(grace=0)
             self._lock.release()
@@ -236,6 +318,17 @@ class PluginServer:
             raise
         self._watchdog = threading.Thread(target=self._watch, name="socket-watchdog", daemon=True)
         self._watchdog.start()
+
+    def register(self) -> None:
+        """Offer ourselves to the kubelet now (after `start(register=False)`): during a rollout
+        the new instance registers only once it can serve, the old one serving meanwhile."""
+        with self._restart_lock:
+            if self._reg is None and not self._stopping.is_set():
+                self._reg = self._serve_registration()
+
+    def peers_serving(self) -> bool:
+        """Whether another instance of the driver serves on this node (a rollout is under way)."""
+        return any(_answers(p) for p in self._peer_sockets())
 
     def stop(self, grace: float) -> None:
         """Deregister, let in-flight calls finish for up to `grace` seconds, remove sockets and lock."""
@@ -302,9 +395,20 @@ class PluginServer:
                 # grpc unlinks whatever socket is at its path when it stops, so stop first, then bind.
                 self._dra.stop(grace=RESTART_GRACE_SECONDS)
                 self._dra = self._serve_dra()
-            if dra_lost or not self._reg.still_there():
+            peer_left = False
+            if self._legacy_kubelet:
+                peers = self._peer_sockets()
+                peer_left = bool(self._peers - peers)
+                self._peers = peers
+            if dra_lost or peer_left or not self._reg.still_there():
                 # Re-creating the registration socket makes the kubelet register us (and dial) afresh.
-                log.warning("re-creating the registration socket", path=str(self.paths.registration_socket))
+                log.warning(
+                    "re-creating the registration socket",
+                    path=str(self.paths.registration_socket),
+                    reason="another instance left and the kubelet (< 1.33) forgot the driver"
+                    if peer_left
+                    else "a socket was removed",
+                )
                 self._reg.stop(grace=0)
                 self._registration.reset()
                 self._reg = self._serve_registration()

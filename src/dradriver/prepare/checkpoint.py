@@ -7,7 +7,12 @@ File format (`checkpoint.json`, mode 0600):
 The checksum covers the canonical JSON (sorted keys, no spaces) of `data` *as read*, never a
 re-encoding of our model, so a newer or older dradriver that adds or drops fields still
 verifies the file (NVIDIA's driver crash-looped when re-marshalling changed its checksum).
-Unknown fields are ignored on read. A file that fails any check is moved aside, never fatal.
+Fields this version does not know (written by a newer one) are kept and written back as they
+were, so a downgrade followed by an upgrade loses nothing. A file that fails any check is moved
+aside, never fatal.
+
+During a rolling update two instances share the file (taking turns under `serialize.lock`):
+`changed_on_disk` tells an instance that the other one wrote it since it last read or wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -40,7 +46,8 @@ class ClaimState(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # "allow": a newer version's fields survive our rewrite (model_dump includes them).
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 class MigRecord(_Model):
@@ -153,6 +160,8 @@ class CheckpointStore:
         self.path = state_dir / FILE_NAME
         # Records are immutable: each is serialized once, not on every save of the file.
         self._fragments: dict[str, tuple[ClaimRecord, bytes]] = {}
+        #: Identity of the file as we last read or wrote it (every write is a rename: a new inode).
+        self._seen: tuple[int, int, int] | None = None
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
@@ -162,9 +171,20 @@ class CheckpointStore:
             raw = read_bytes(self.path, MAX_BYTES, follow_symlinks=False)
         except FileReadError as err:
             if err.errno == errno.ENOENT:
+                self._seen = None
                 return None
             raise CheckpointError(err.problem) from None
+        # Under serialize.lock nobody else writes between the read and this stat.
+        self._seen = _identity(os.stat(self.path))
         return decode(raw)
+
+    def changed_on_disk(self) -> bool:
+        """Whether someone else (another instance) replaced the file since our last load or save."""
+        try:
+            current: tuple[int, int, int] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            current = None
+        return current != self._seen
 
     def _remove_temp_files(self) -> None:
         """Leftovers of saves interrupted by a crash."""
@@ -186,15 +206,23 @@ class CheckpointStore:
             fragments[uid] = cached
         self._fragments = fragments
         claims = b",".join(canonical(uid) + b":" + fragments[uid][1] for uid in sorted(fragments))
-        data = b'{"boot_id":%s,"claims":{%s}}' % (canonical(checkpoint.boot_id), claims)
+        fields = {"boot_id": canonical(checkpoint.boot_id), "claims": b"{%s}" % claims}
+        # A newer version's top-level fields, kept as encode keeps them (canonical: sorted keys).
+        fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
+        data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
         ensure_directory(self.path.parent)
         write_atomically(self.path, _document(data), mode=FILE_MODE)
+        self._seen = _identity(os.stat(self.path))
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""
         target = self.path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         self.path.replace(target)
         return target
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_boot_id(proc_root: Path = Path("/proc")) -> str:

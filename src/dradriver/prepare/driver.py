@@ -8,13 +8,18 @@ at most three checkpoint writes, however many claims it carries, plus two per MI
 Unprepare undoes the steps in reverse. A crash at any point leaves a state that `recover` rolls
 back or keeps whole at the next start: nothing is half-prepared, no CDI file is orphaned and no
 MIG device we made is left without a claim. Calls for the same claim are serialized, different
-claims proceed concurrently (MIG reconfiguration of one GPU is serialized by the `MigManager`).
+claims proceed concurrently (MIG reconfiguration is serialized by the `MigManager`).
+
+With rolling updates two instances share the node's checkpoint: every prepare and unprepare
+(after the claims are fetched) then holds `serialize.lock` across instances and starts from the
+checkpoint as the other instance may have left it (see `prepare.shared`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -43,6 +48,7 @@ from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.resourceclaim import ClaimFormatError, ResourceClaim, decode_claim
+from dradriver.prepare.shared import SerializeLock
 from dradriver.prepare.sharing import SharingControl, SharingError
 from dradriver.prepare.stale import released_reason
 
@@ -125,6 +131,7 @@ class GpuDriver:
         sharing: SharingControl,
         boot_id: str,
         mig: MigManager,
+        serialize: SerializeLock | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -142,11 +149,38 @@ class GpuDriver:
         self._locks_guard = threading.Lock()
         self._claim_locks_by_uid: dict[str, list[Any]] = {}
         self._fetcher = ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY, thread_name_prefix="fetch-claim")
+        self._serialize = serialize
+        #: Called after an unprepare released devices (the live inventory drops vanished ones).
+        self.on_released: Callable[[], None] = lambda: None
+
+    def set_devices(
+        self, devices: Mapping[str, Published], *, common_edits: cdi.ContainerEdits, caps_major: int | None
+    ) -> None:
+        """The node's devices changed (live inventory, a host driver upgrade): later claims are
+        planned and their specs written on these."""
+        self._devices = devices
+        self._common = common_edits
+        self._caps_major = caps_major
+
+    def held_devices(self) -> set[str]:
+        """Names of the devices prepared claims hold (or are being prepared with)."""
+        with self._state_lock:
+            return {d.device for r in self._state.claims.values() for d in r.devices}
+
+    def mig_settled(self) -> contextlib.AbstractContextManager[None]:
+        """While it is held, no MIG device is being made or removed (a rescan of the node)."""
+        return self._mig.settled()
 
     # --- start-up -------------------------------------------------------------------------
 
     def recover(self) -> Recovery:
-        """Make the checkpoint and the CDI directory agree again after a restart or a crash."""
+        """Make the checkpoint and the CDI directory agree again after a restart or a crash.
+
+        With rolling updates the other instance may be mid-prepare: the lock waits for it."""
+        with self._exclusive():
+            return self._recover()
+
+    def _recover(self) -> Recovery:
         report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
         try:
             loaded = self._store.load()
@@ -188,7 +222,8 @@ class GpuDriver:
                 report.orphans_removed.append(uid)
         self._cdi.sync()
         with self._state_lock:
-            self._state = CheckpointData(boot_id=self._boot_id, claims=claims)
+            # A model_copy keeps the fields a newer version wrote at the top level.
+            self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
             self._store.save(self._state)
         return report
 
@@ -239,11 +274,17 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=claim)
             else:
                 fetched.append((ref, claim))
-        with self._claim_locks([ref.uid for ref, _ in fetched]):
+        with self._exclusive(), self._claim_locks([ref.uid for ref, _ in fetched]):
             results.update(self._prepare_batch(fetched))
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        with self._exclusive():
+            errors = self._unprepare(claims)
+        self.on_released()
+        return errors
+
+    def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         errors: dict[str, str] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
@@ -284,6 +325,33 @@ class GpuDriver:
         self._mig.close()
 
     # --- steps ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Rolling updates: one call at a time across instances, on the checkpoint as last written."""
+        if self._serialize is None:
+            yield
+            return
+        with self._serialize:
+            self._reload_if_changed()
+            yield
+
+    def _reload_if_changed(self) -> None:
+        if not self._store.changed_on_disk():
+            return
+        try:
+            loaded = self._store.load()
+        except CheckpointError as err:
+            # Ours stays; the next save replaces the bad file with it.
+            log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
+            return
+        with self._state_lock:
+            self._state = (
+                loaded.model_copy(update={"claims": dict(loaded.claims)})
+                if loaded is not None
+                else CheckpointData(boot_id=self._boot_id)
+            )
+        log.debug("checkpoint reloaded: another instance changed it", claims=len(self._state.claims))
 
     def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[ResourceClaim | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),

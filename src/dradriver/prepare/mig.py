@@ -9,8 +9,9 @@ MIG device an operator made (even at a placement we used before) is never touche
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from dradriver import logs
@@ -62,7 +63,9 @@ class MigManager:
         self._control: MigControl | None = None
         self.metrics: MigMetrics = metrics or NoMigMetrics()
         self._guard = threading.Lock()
-        self._gpu_locks: dict[str, threading.Lock] = {}
+        #: Held for every creation and removal, and by `settled`: MIG reconfiguration is one at a
+        #: time on a node, and a rescan never sees a GPU instance we made but have not recorded.
+        self._reconfigure = threading.Lock()
 
     def _get_control(self) -> MigControl:
         """Opened on first use: a node that never creates MIG devices never reconfigures them."""
@@ -71,9 +74,11 @@ class MigManager:
                 self._control = self._open_control()
             return self._control
 
-    def _gpu_lock(self, gpu_uuid: str) -> threading.Lock:
-        with self._guard:
-            return self._gpu_locks.setdefault(gpu_uuid, threading.Lock())
+    @contextlib.contextmanager
+    def settled(self) -> Iterator[None]:
+        """No MIG device is being made or removed while the block runs (a rescan of the node)."""
+        with self._reconfigure:
+            yield
 
     def create(self, placement: PossibleMig, record: Callable[[MigRecord], None]) -> MigDevice:
         """Create the MIG device; `record` must persist the GPU instance before this goes on.
@@ -84,7 +89,7 @@ class MigManager:
         control = self._get_control()
         gpu = placement.parent
         step = intent(placement)
-        with self._gpu_lock(gpu.uuid):
+        with self._reconfigure:
             try:
                 gpu_instance = control.create_gpu_instance(gpu, placement.profile, placement.placement)
                 step = step.model_copy(update={"gi_id": gpu_instance})
@@ -119,7 +124,7 @@ class MigManager:
     def destroy(self, record: MigRecord) -> None:
         """Remove the recorded MIG device if it (still) exists. Raises MigError (e.g. `in_use`)."""
         control = self._get_control()
-        with self._gpu_lock(record.parent_uuid):
+        with self._reconfigure:
             self._destroy_locked(control, record)
 
     def _destroy_locked(self, control: MigControl, record: MigRecord) -> None:
