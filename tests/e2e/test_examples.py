@@ -37,11 +37,6 @@ PROFILE_ORDER = ["dgx-h100", "t4x4", "dgx-a100-mig", "mixed"]
 ROWS = sorted(example_table(), key=lambda r: PROFILE_ORDER.index(r.profile))
 
 
-def use_profile(deployment: Deployment, profile: str) -> None:
-    if deployment.env.get("DRADRIVER_FAKE_GPUS", "dgx-h100") != profile:
-        deployment.set_env(DRADRIVER_FAKE_GPUS=profile)
-
-
 def expected_slices(profile: str, node: str) -> list[dict[str, object]]:
     done = subprocess.run(
         [
@@ -67,7 +62,7 @@ def expected_slices(profile: str, node: str) -> list[dict[str, object]]:
 def test_registers_and_publishes_what_dradriver_slices_renders(
     real_cluster: RealCluster, fake_deployment: Deployment
 ) -> None:
-    use_profile(fake_deployment, "dgx-h100")
+    fake_deployment.use_profile("dgx-h100")
     published = fake_deployment.slices()
     rendered = expected_slices("dgx-h100", real_cluster.node_name)
     assert len(published) == len(rendered)
@@ -81,7 +76,7 @@ def test_registers_and_publishes_what_dradriver_slices_renders(
 def test_example_runs_as_the_readme_says(
     real_cluster: RealCluster, fake_deployment: Deployment, row: ExampleRow
 ) -> None:
-    use_profile(fake_deployment, row.profile)
+    fake_deployment.use_profile(row.profile)
     path = EXAMPLES / row.file
     documents = load(path)
     if row.pod != "Succeeded":

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.deploy.manifests import kubectl
 from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 
@@ -84,7 +89,7 @@ class ContainerDevices:
     mounts: list[str]
 
 
-def _claims_of(pod: Json) -> dict[str, str]:
+def claim_names(pod: Json) -> dict[str, str]:
     """Pod-level claim name -> ResourceClaim name."""
     names = {}
     for entry in pod["spec"].get("resourceClaims", []):
@@ -96,6 +101,15 @@ def _claims_of(pod: Json) -> dict[str, str]:
     return names
 
 
+def claims_of(pod: Json) -> set[str]:
+    """The names of every ResourceClaim the pod uses, the scheduler's extended-resource one too."""
+    names = set(claim_names(pod).values())
+    extended = pod.get("status", {}).get("extendedResourceClaimStatus")
+    if extended:
+        names.add(extended["resourceClaimName"])
+    return names
+
+
 def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[ContainerDevices]:
     """Per container: the device nodes, env and mounts its claims' CDI specs inject into it.
 
@@ -103,12 +117,12 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
     no request); the extended-resource claim the scheduler makes maps requests to containers.
     """
     namespace = pod["metadata"]["namespace"]
-    claim_names = _claims_of(pod)
+    names = claim_names(pod)
     references: dict[str, list[tuple[str, str | None]]] = {}
     for container in pod["spec"]["containers"]:
         refs = references.setdefault(container["name"], [])
         for claim in (container.get("resources") or {}).get("claims", []):
-            refs.append((claim_names[claim["name"]], claim.get("request")))
+            refs.append((names[claim["name"]], claim.get("request")))
     extended = pod.get("status", {}).get("extendedResourceClaimStatus")
     if extended:
         for mapping in extended.get("requestMappings", []):
@@ -255,3 +269,56 @@ def wait_pods(
 
     result: list[Json] = wait(ready, timeout, what, interval=0.3)
     return result
+
+
+@dataclass
+class ClaimHistory:
+    """Every version of every ResourceClaim the API server sent since the history began."""
+
+    versions: list[Json] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reserved(self, namespace: str, name: str, pod_uid: str) -> bool:
+        """Whether a version of the claim was allocated and reserved for the pod."""
+        with self.lock:
+            return any(
+                c["metadata"]["namespace"] == namespace
+                and c["metadata"]["name"] == name
+                and c.get("status", {}).get("allocation")
+                and any(r.get("uid") == pod_uid for r in c["status"].get("reservedFor", []))
+                for c in self.versions
+            )
+
+
+@contextmanager
+def claim_history(cluster: RealCluster) -> Iterator[ClaimHistory]:
+    """Watch ResourceClaims (all namespaces) from now on: the claims of a short-lived pod are
+    deallocated and deleted again before a test could look at them."""
+    listed = cluster.get_json("resourceclaims", "-A")
+    version = listed["metadata"]["resourceVersion"]  # type: ignore[index]
+    # From the listed version: no event is lost however late the connection comes up.
+    path = f"/apis/resource.k8s.io/v1/resourceclaims?watch=1&resourceVersion={version}"
+    watcher = subprocess.Popen(
+        [kubectl(), "--kubeconfig", str(cluster.kubeconfig), "get", "--raw", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    history = ClaimHistory()
+
+    def read() -> None:
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            event = json.loads(line)
+            if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
+                with history.lock:
+                    history.versions.append(event["object"])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield history
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+        reader.join(10)
