@@ -21,8 +21,9 @@ from tests.e2e.realcluster import RealCluster
 Json = dict[str, Any]
 
 
-def pods_of(cluster: RealCluster, documents: list[Json]) -> list[Json]:
-    """The live pods the objects of a manifest file made: Pods by name, Jobs and Deployments by label."""
+def pods_of(cluster: RealCluster, documents: list[Json], *, terminating: bool = False) -> list[Json]:
+    """The live pods the objects of a manifest file made: Pods by name, Jobs and Deployments by
+    label; with `terminating`, those being deleted too."""
     pods: list[Json] = []
     for doc in documents:
         namespace = doc["metadata"].get("namespace", "default")
@@ -40,7 +41,7 @@ def pods_of(cluster: RealCluster, documents: list[Json]) -> list[Json]:
             items = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
             assert isinstance(items, list)
             pods += items
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return [p for p in pods if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def expected_pod_count(documents: list[Json]) -> int:
