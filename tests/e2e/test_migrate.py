@@ -229,15 +229,15 @@ def _category(pod: Json) -> str | None:
 
 
 def _wait_phases(cluster: RealCluster, documents: list[Json], expected: Counter[str]) -> list[Json]:
-    def settled() -> list[Json] | None:
+    def settled() -> tuple[list[Json]] | None:  # a tuple: true also when no pod is expected
         pods = pods_of(cluster, documents)
-        return pods if Counter(_category(p) for p in pods) == expected else None
+        return (pods,) if Counter(_category(p) for p in pods) == expected else None
 
     try:
-        pods: list[Json] = wait(settled, 120, f"pods {dict(expected)}", interval=0.3)
+        found: tuple[list[Json]] = wait(settled, 120, f"pods {dict(expected)}", interval=0.3)
     except AssertionError as err:
         raise AssertionError(f"{err}; pods: {_describe(cluster, pods_of(cluster, documents))}") from None
-    return pods
+    return found[0]
 
 
 def _created(pod: Json) -> bool:
@@ -413,32 +413,24 @@ def _mps_config(claim: Json) -> tuple[set[str], Json] | None:
 
 
 def _delete(cluster: RealCluster, path: Path, documents: list[Json]) -> None:
-    """Delete what the row applied. Pods whose PID 1 is `sleep` ignore SIGTERM: they get one
-    second, not the default thirty (how they end is not what the rows are about)."""
-    # Foreground: a Deployment's ReplicaSet is marked deleted (it makes no new pods) before the
-    # garbage collector deletes the pods, with their own grace period, which is then shortened.
-    cluster.kubectl(
-        "delete",
-        "-f",
-        str(path),
-        "--ignore-not-found",
-        "--wait=false",
-        "--grace-period=1",
-        "--cascade=foreground",
-    )
-    wait(lambda: not pods_of(cluster, documents), 60, "every pod of the row being deleted")
-    for pod in pods_of(cluster, documents, terminating=True):
-        if pod["metadata"].get("deletionGracePeriodSeconds", 0) > 1:
+    """Delete what the row applied. Pods whose PID 1 is `sleep` ignore SIGTERM, and the kubelet
+    keeps the grace period a pod's deletion began with (30 s when the garbage collector deletes a
+    Deployment's pods): so a Deployment and its ReplicaSets go first, leaving their pods, which
+    are then deleted with one second. How they end is not what the rows are about."""
+    for doc in documents:
+        if doc["kind"] == "Deployment":
+            namespace = doc["metadata"].get("namespace", "default")
+            labels = doc["spec"]["selector"]["matchLabels"]
+            selector = ",".join(f"{k}={v}" for k, v in labels.items())
             cluster.kubectl(
-                "-n",
-                pod["metadata"]["namespace"],
-                "delete",
-                "pod",
-                pod["metadata"]["name"],
-                "--ignore-not-found",
-                "--wait=false",
-                "--grace-period=1",
+                "-n", namespace, "delete", "deployment", doc["metadata"]["name"], "--cascade=orphan"
             )
+            cluster.kubectl("-n", namespace, "delete", "replicasets", "-l", selector, "--cascade=orphan")
+    for pod in pods_of(cluster, documents):
+        meta = pod["metadata"]
+        cluster.kubectl(
+            "-n", meta["namespace"], "delete", "pod", meta["name"], "--grace-period=1", "--wait=false"
+        )
     cluster.kubectl(
         "delete", "-f", str(path), "--ignore-not-found", "--wait=true", "--timeout=90s", timeout=120
     )
