@@ -1,7 +1,7 @@
 """NVIDIA's GPU and MIG specs and device-plugin workloads, through `dradriver migrate`, on the
 real cluster with the `fake` DaemonSet on the profile each row of tests/migrate/cases.yaml names.
 
-Per row: `dradriver migrate <spec>` (the real CLI) and `kubectl apply` of its output; the pods
+Per row: `dradriver migrate <spec>` (the CLI's entry point) and `kubectl apply` of its output; the pods
 reach exactly the phases the row names (Pending ones unschedulable with the scheduler's "cannot
 allocate all claims"); inside every running container are the device nodes, env and mounts its
 claims' CDI specs promise; a finished container printed its devices' variables; MPS claims show
@@ -26,6 +26,7 @@ import json
 import os
 import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +64,6 @@ ALL_ENV = "DRADRIVER_E2E_MIGRATE_ALL"
 CI_ROWS = {
     "nvidia/tests/bats/specs/gpu-mps@dgx-h100": "mpsConfig -> mps: the stand-in daemon's settings "
     "inside both containers",
-    "nvidia/tests/bats/specs/gpu-timeslicing@dgx-h100": "timeSlicingConfig -> timeSlicing: the interval "
-    "in the containers' env",
     "nvidia/tests/bats/specs/gpu-cel-nomatch@dgx-h100": "a CEL selector on NVIDIA's attribute domain, "
     "Pending as NVIDIA intends",
     "nvidia/demo/specs/extended-resources/gpu-full@dgx-h100": "nvidia.com/gpu limits in NVIDIA's demo, "
@@ -73,12 +72,10 @@ CI_ROWS = {
     "device-plugin/gfd-product@dgx-h100": "GFD's product label as a productName selector, a Deployment",
     "nvidia/demo/specs/quickstart/v1/gpu-test4@dgx-a100-40gb-mig": "A100-40GB MIG profiles as "
     "selectors, matchAttribute parentUUID",
-    "nvidia/demo/specs/quickstart/v1/gpu-test5@dgx-a100-40gb-mig": "time-slicing and MPS in one claim, "
-    "needsGpu: the MPS daemon's settings on the node",
-    "nvidia/demo/specs/quickstart/v1/gpu-test6@dgx-a100-40gb-mig": "productName regex, NVIDIA's index "
-    "as minor: two replicas Running, two Pending",
-    "nvidia/demo/specs/quickstart/v1beta1/gpu-test3@dgx-a100-40gb-mig": "resource.k8s.io/v1beta1 -> v1, "
-    "a ResourceClaim shared by two pods",
+    "nvidia/demo/specs/quickstart/v1/gpu-test5@dgx-a100-40gb-mig": "timeSlicingConfig and mpsConfig "
+    "in one claim, needsGpu: prepared, the MPS daemon's settings on the node",
+    "nvidia/demo/specs/quickstart/v1beta1/gpu-test6@dgx-a100-40gb-mig": "resource.k8s.io/v1beta1 -> v1, "
+    "productName regex, NVIDIA's index as minor: two replicas Running, two Pending",
     "device-plugin/mig-1g-10gb@dgx-a100-mig": "the device plugin's nvidia.com/mig-1g.10gb: 1 as a MIG "
     "request (its capability device listed), beside an init container",
     "device-plugin/gfd-memory-family@dgx-a100-mig": "GFD memory (Gt), family and compute capability",
@@ -277,9 +274,14 @@ def _check_pods(cluster: RealCluster, deployment: Deployment, pods: list[Json], 
         if _category(pod) == "Pending":
             message = next(c["message"] for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
             assert UNSATISFIABLE in message, message
-        elif _category(pod) == "Running":
-            for promise in promised(cluster, deployment, pod):
-                check_container(cluster, promise)
+
+    def check_running(pod: Json) -> None:
+        for promise in promised(cluster, deployment, pod):
+            check_container(cluster, promise)
+
+    # Pods at once: each check is a few kubectl calls that mostly wait on the node.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(check_running, [p for p in pods if _category(p) == "Running"]))
     finished = [p for p in pods if _category(p) == "Succeeded"]
     if not finished:
         return
@@ -309,6 +311,7 @@ def _check_printed_devices(cluster: RealCluster, promise: ContainerDevices) -> N
         line.partition("=")[::2] for line in log.splitlines() if line.startswith("DRADRIVER_DEVICE_")
     )
     wanted = {k: v for k, v in promise.env.items() if k.startswith("DRADRIVER_DEVICE_")}
+    assert wanted, f"{promise.pod}/{promise.container}: no device variable promised"
     assert printed == wanted, f"{promise.pod}/{promise.container} printed {printed}, promised {wanted}"
 
 
