@@ -181,19 +181,19 @@ def test_migrated_spec_runs_on_its_profile(
     try:
         if row.get("needsGpu"):
             with claim_history(real_cluster) as history:
-                real_cluster.kubectl("apply", "-f", str(path))
+                _apply(real_cluster, path, documents)
                 pods = _wait_created(real_cluster, documents, expected.total())
                 for pod in pods:
                     _check_reserved(history, pod)
         elif expected["Succeeded"]:
             # A finished pod's CDI specs are gone before it can be looked at: keep copies.
             with fake_deployment.recording_cdi() as recorder:
-                real_cluster.kubectl("apply", "-f", str(path))
+                _apply(real_cluster, path, documents)
                 pods = _wait_phases(real_cluster, documents, expected)
                 specs = recorder.specs()
             _check_pods(real_cluster, fake_deployment, pods, specs)
         else:
-            real_cluster.kubectl("apply", "-f", str(path))
+            _apply(real_cluster, path, documents)
             pods = _wait_phases(real_cluster, documents, expected)
             _check_pods(real_cluster, fake_deployment, pods, [])
         real_cluster.kubectl("get", "-f", str(path))  # every object is there
@@ -434,6 +434,19 @@ def _delete(cluster: RealCluster, path: Path, documents: list[Json]) -> None:
         cluster.kubectl(
             "-n", meta["namespace"], "delete", "pod", meta["name"], "--grace-period=1", "--wait=false"
         )
-    cluster.kubectl(
-        "delete", "-f", str(path), "--ignore-not-found", "--wait=true", "--timeout=90s", timeout=120
-    )
+    # Not waiting for namespaces to be finalized: a row that reuses one waits for that (_apply).
+    cluster.kubectl("delete", "-f", str(path), "--ignore-not-found", "--wait=false")
+
+
+def _apply(cluster: RealCluster, path: Path, documents: list[Json]) -> None:
+    """`kubectl apply`, once no namespace it creates is still being deleted by an earlier row."""
+    namespaces = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+
+    def free() -> bool:
+        found = cluster.kubectl("get", "namespaces", "-o", "json", check=False)
+        phases = {n["metadata"]["name"]: n["status"]["phase"] for n in json.loads(found.stdout)["items"]}
+        return all(phases.get(name, "Active") == "Active" for name in namespaces)
+
+    if namespaces:
+        wait(free, 120, f"namespaces {namespaces} deleted by an earlier row")
+    cluster.kubectl("apply", "-f", str(path))

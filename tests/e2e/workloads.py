@@ -130,11 +130,14 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
             references.setdefault(mapping["containerName"], []).append(
                 (extended["resourceClaimName"], mapping["requestName"])
             )
+    # Each claim and its CDI spec once, however many containers use it.
+    claims = {name: cluster.get_json("resourceclaim", "-n", namespace, name) for name in _used(references)}
+    specs: dict[str, Json] = {}
     result = []
     for container, refs in references.items():
         edits: list[Json] = []
         for claim_name, request in refs:
-            claim = cluster.get_json("resourceclaim", "-n", namespace, claim_name)
+            claim = claims[claim_name]
             uid = claim["metadata"]["uid"]  # type: ignore[index]
             results = claim["status"]["allocation"]["devices"]["results"]  # type: ignore[index]
             ours = [
@@ -144,7 +147,9 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
             ]
             if not ours:
                 continue
-            spec = deployment.cdi_spec(uid)
+            if uid not in specs:
+                specs[uid] = deployment.cdi_spec(uid)
+            spec = specs[uid]
             edits.append(spec.get("containerEdits", {}))
             for allocated in ours:
                 edits += [
@@ -154,6 +159,10 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
                 ]
         result.append(_merged(pod, container, edits))
     return result
+
+
+def _used(references: dict[str, list[tuple[str, str | None]]]) -> list[str]:
+    return sorted({claim for refs in references.values() for claim, _ in refs})
 
 
 def promised_by_specs(pod: Json, specs: list[Json]) -> list[ContainerDevices]:
