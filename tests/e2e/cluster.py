@@ -30,15 +30,18 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
 from tests.e2e.pki import Pki
 from tests.e2e.processes import Component, free_port, wait_until
+
+if TYPE_CHECKING:
+    from scripts.build_image import ImageConfig
 
 BINARIES = (
     "etcd",
@@ -480,7 +483,21 @@ state = "{self.work_dir / "containerd/state"}"
     def _import_base_images(self) -> None:
         """busybox (what the examples run) and the pause image, from the host's static busybox:
         nothing can be pulled here."""
-        from scripts.build_image import ImageConfig, write_archive
+        from scripts.build_image import ImageConfig
+
+        self.import_busybox_images(
+            {
+                BUSYBOX_IMAGE: ImageConfig(env=("PATH=/bin",), cmd=("sh",)),
+                PAUSE_IMAGE: ImageConfig(env=("PATH=/bin",), entrypoint=("/bin/sleep", "2147483647")),
+            }
+        )
+
+    def import_busybox_images(
+        self, images: Mapping[str, ImageConfig], scripts: Mapping[str, str] | None = None
+    ) -> None:
+        """Import images under these references, all one layer: the host's static busybox with
+        every applet in /bin, plus `scripts` (path in the image -> content, executable)."""
+        from scripts.build_image import write_archive
 
         busybox = _static_busybox()
         with tempfile.TemporaryDirectory(dir=self.work_dir) as work:
@@ -495,6 +512,11 @@ state = "{self.work_dir / "containerd/state"}"
             (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
             (root / "etc/group").write_text("root:x:0:\n")
             (root / "tmp").chmod(0o1777)
+            for name, content in (scripts or {}).items():
+                script = root / name.lstrip("/")
+                script.parent.mkdir(parents=True, exist_ok=True)
+                script.write_text(content)
+                script.chmod(0o755)
             layer = Path(work) / "layer.tar"
             subprocess.run(
                 [
@@ -513,15 +535,7 @@ state = "{self.work_dir / "containerd/state"}"
                 check=True,
             )
             archive = Path(work) / "images.tar"
-            write_archive(
-                layer,
-                archive,
-                {
-                    BUSYBOX_IMAGE: ImageConfig(env=("PATH=/bin",), cmd=("sh",)),
-                    PAUSE_IMAGE: ImageConfig(env=("PATH=/bin",), entrypoint=("/bin/sleep", "2147483647")),
-                },
-                epoch=0,
-            )
+            write_archive(layer, archive, images, epoch=0)
             self.import_image(archive)
 
     def _start_controllers(self) -> None:

@@ -23,6 +23,8 @@ GPU_NODE_LABEL = "gpu.dradriver.dev/present"
 DRIVER = DEFAULT_DRIVER_NAME
 CDI_DIR = "/var/run/cdi"
 STATE_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
+#: The fake GPU profile deploy/overlays/fake sets.
+FAKE_OVERLAY_PROFILE = "dgx-h100"
 
 
 def wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -75,6 +77,19 @@ class Deployment:
         pairs = [f"{k}={v}" for k, v in env.items()]
         self.cluster.kubectl("-n", NAMESPACE, "set", "env", f"daemonset/{DAEMONSET}", "-c", "plugin", *pairs)
         self.wait_ready()
+
+    def use_profile(self, profile_cell: str) -> None:
+        """Give the fake backend this GPU profile, with serve flags (`a100-mig-empty --partitionable`),
+        by a rollout unless it has them already."""
+        profile, *flags = profile_cell.split()
+        wanted = {
+            "DRADRIVER_FAKE_GPUS": profile,
+            "DRADRIVER_PARTITIONABLE": str("--partitionable" in flags).lower(),
+        }
+        defaults = {"DRADRIVER_FAKE_GPUS": FAKE_OVERLAY_PROFILE, "DRADRIVER_PARTITIONABLE": "false"}
+        current = defaults | self.env
+        if any(current[k] != v for k, v in wanted.items()):
+            self.set_env(**wanted)
 
     def wait_ready(self) -> None:
         """Rolled out, the new pod Ready (registered, slices published) and the old one gone."""

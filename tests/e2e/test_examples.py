@@ -37,18 +37,6 @@ pytestmark = pytest.mark.cluster
 ROWS = sorted(example_table(), key=lambda r: (r.profile != "dgx-h100", r.profile))
 
 
-def use_profile(deployment: Deployment, profile_cell: str) -> None:
-    """`dgx-h100`, or a profile with serve flags (`a100-mig-empty --partitionable`)."""
-    profile, *flags = profile_cell.split()
-    wanted = {
-        "DRADRIVER_FAKE_GPUS": profile,
-        "DRADRIVER_PARTITIONABLE": str("--partitionable" in flags).lower(),
-    }
-    current = {"DRADRIVER_FAKE_GPUS": "dgx-h100", "DRADRIVER_PARTITIONABLE": "false", **deployment.env}
-    if any(current[k] != v for k, v in wanted.items()):
-        deployment.set_env(**wanted)
-
-
 def expected_slices(profile: str, node: str) -> list[dict[str, object]]:
     done = subprocess.run(
         [
@@ -74,7 +62,7 @@ def expected_slices(profile: str, node: str) -> list[dict[str, object]]:
 def test_registers_and_publishes_what_dradriver_slices_renders(
     real_cluster: RealCluster, fake_deployment: Deployment
 ) -> None:
-    use_profile(fake_deployment, "dgx-h100")
+    fake_deployment.use_profile("dgx-h100")
     published = fake_deployment.slices()
     rendered = expected_slices("dgx-h100", real_cluster.node_name)
     assert len(published) == len(rendered)
@@ -88,7 +76,7 @@ def test_registers_and_publishes_what_dradriver_slices_renders(
 def test_example_runs_as_the_readme_says(
     real_cluster: RealCluster, fake_deployment: Deployment, row: ExampleRow
 ) -> None:
-    use_profile(fake_deployment, row.profile)
+    fake_deployment.use_profile(row.profile)
     path = EXAMPLES / row.file
     documents = load(path)
     if row.pod != "Succeeded":
