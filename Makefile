@@ -26,6 +26,18 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The real-cluster suite: every test marked `cluster`. It starts a single-node Kubernetes from
+# DRADRIVER_E2E_BIN (a directory of binaries; ../shared/k8s is unpacked when it is there) or uses
+# the cluster of DRADRIVER_E2E_KUBECONFIG, and deploys the image of DRADRIVER_E2E_IMAGE (an
+# archive from `make image`; built on the way when unset).
+K8S_SHARED := ../shared/k8s
+K8S_BIN_DIR := /var/tmp/dradriver-k8s-bin
+e2e: $(STAMP)
+	@if [ -z "$$DRADRIVER_E2E_BIN$$DRADRIVER_E2E_KUBECONFIG" ] && [ -x $(K8S_SHARED)/unpack.sh ]; then \
+		$(K8S_SHARED)/unpack.sh $(K8S_BIN_DIR) >/dev/null; fi
+	DRADRIVER_E2E_BIN=$${DRADRIVER_E2E_BIN:-$$([ -z "$$DRADRIVER_E2E_KUBECONFIG" ] && [ -d $(K8S_BIN_DIR) ] && echo $(K8S_BIN_DIR))} \
+		$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
+
 # The plugin's OCI image as an archive (build/image/dradriver-<version>.oci.tar), without Docker.
 image: $(STAMP)
 	$(BIN)/python scripts/build_image.py --constraints $(LOCK)
