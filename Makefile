@@ -28,13 +28,18 @@ test: $(STAMP)
 
 # The real-cluster suite: every test marked `cluster`. It starts a single-node Kubernetes from
 # DRADRIVER_E2E_BIN (a directory of binaries; ../shared/k8s is unpacked when it is there) or uses
-# the cluster of DRADRIVER_E2E_KUBECONFIG, and deploys the image of DRADRIVER_E2E_IMAGE (an
-# archive from `make image`; built on the way when unset).
+# the cluster of DRADRIVER_E2E_KUBECONFIG, and deploys the release in DRADRIVER_RELEASE (a
+# directory `make release` wrote: its manifests and image archive), built first when unset.
 K8S_SHARED := ../shared/k8s
 K8S_BIN_DIR := /var/tmp/dradriver-k8s-bin
+TREE_VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/dradriver/__init__.py)
+E2E_RELEASE = build/e2e/dradriver-$(TREE_VERSION)
 e2e: $(STAMP)
 	@if [ -z "$$DRADRIVER_E2E_BIN$$DRADRIVER_E2E_KUBECONFIG" ] && [ -x $(K8S_SHARED)/unpack.sh ]; then \
 		$(K8S_SHARED)/unpack.sh $(K8S_BIN_DIR) >/dev/null; fi
+	@if [ -z "$$DRADRIVER_RELEASE" ]; then \
+		$(BIN)/python scripts/release.py $(TREE_VERSION) --out $(E2E_RELEASE) >&2 || exit $$?; fi
+	DRADRIVER_RELEASE=$${DRADRIVER_RELEASE:-$(CURDIR)/$(E2E_RELEASE)} \
 	DRADRIVER_E2E_BIN=$${DRADRIVER_E2E_BIN:-$$([ -z "$$DRADRIVER_E2E_KUBECONFIG" ] && [ -d $(K8S_BIN_DIR) ] && echo $(K8S_BIN_DIR))} \
 		$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 

@@ -1,9 +1,10 @@
 """Issue 15 figures on a real single-node Kubernetes 1.36: surge rollouts and the live inventory.
 
-Run: .venv/bin/python -m bench.bench_upgrade --bin /var/tmp/k8s-bin \\
-         --image build/image/dradriver-0.1.0.oci.tar [--rollouts 5] [--changes 20]
+Run: make release VERSION=0.1.0 && .venv/bin/python -m bench.bench_upgrade --bin /var/tmp/k8s-bin \\
+         --release build/release/dradriver-0.1.0 [--rollouts 5] [--changes 20]
 
-Starts the cluster (tests/e2e/cluster.py), imports the image and installs `deploy/overlays/fake`.
+Starts the cluster (tests/e2e/cluster.py), imports the release's image and installs its `fake`
+overlay manifests.
 
 1. Rollouts: for each pod-template change, every registered instance of the plugin is asked to
    prepare an empty set of claims every 20 ms (GetInfo on its registration socket, then
@@ -42,6 +43,7 @@ from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, build_library, config_text
 from tests.helpers import ServeProcess, write_gpu_profile
+from tests.release.release import ReleaseDirectory
 
 HOST_DIR = Path("/var/lib/dradriver-bench-profile")
 MOUNT = "/etc/dradriver-profile"
@@ -193,7 +195,9 @@ def nvml_changes(cluster: RealCluster, count: int, rescan: float, with_event: bo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
-    parser.add_argument("--image", type=Path, required=True, help="image archive from `make image`")
+    parser.add_argument(
+        "--release", type=Path, required=True, help="directory `make release` wrote (image and manifests)"
+    )
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--rescan", type=float, default=2.0, help="--rescan-interval of the NVML serve")
@@ -204,8 +208,9 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         cluster = RealCluster(local.kubeconfig, local.node_name, local)
-        local.import_image(args.image)
-        deployment = Deployment(cluster, "overlays/fake")
+        release = ReleaseDirectory.read(args.release)
+        local.import_image(release.archive)
+        deployment = Deployment(cluster, release, "overlays/fake")
         deployment.install()
         lines = []
         if args.rollouts:

@@ -1,4 +1,5 @@
-"""The plugin as operators run it: a kustomization from deploy/ applied to the real cluster."""
+"""The plugin as operators install it: a release's rendered manifests (one per kustomization of
+deploy/, the image pinned by digest) applied to the real cluster."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from dradriver import DEFAULT_DRIVER_NAME
 from tests.deploy.manifests import kubectl
 from tests.e2e.realcluster import RealCluster
+from tests.release.release import ReleaseDirectory
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "dradriver"
@@ -53,9 +55,11 @@ class CdiRecorder:
 
 @dataclass
 class Deployment:
-    """dradriver installed from one kustomization (`overlays/fake`, `base`, `gpu-operator`)."""
+    """dradriver installed from a release's manifests of one kustomization (`overlays/fake`,
+    `base`, `overlays/gpu-operator`)."""
 
     cluster: RealCluster
+    release: ReleaseDirectory
     kustomization: str
     env: dict[str, str] = field(default_factory=dict)
 
@@ -64,8 +68,8 @@ class Deployment:
             self.cluster.kubectl(
                 "label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite"
             )
-        self.cluster.kubectl("apply", "-k", str(REPO / "deploy" / self.kustomization))
-        self.cluster.kubectl("apply", "-f", str(REPO / "deviceclasses"))
+        self.cluster.kubectl("apply", "-f", str(self.release.manifests(self.kustomization)))
+        self.cluster.kubectl("apply", "-f", str(self.release.device_classes))
         if self.env:
             self.set_env(**self.env)
         self.wait_ready()
@@ -200,14 +204,14 @@ class Deployment:
         self.cluster.log_sources.pop("plugin", None)
         self.cluster.kubectl(
             "delete",
-            "-k",
-            str(REPO / "deploy" / self.kustomization),
+            "-f",
+            str(self.release.manifests(self.kustomization)),
             "--ignore-not-found",
             "--wait=true",
             "--timeout=120s",
             timeout=150,
         )
-        self.cluster.kubectl("delete", "-f", str(REPO / "deviceclasses"), "--ignore-not-found")
+        self.cluster.kubectl("delete", "-f", str(self.release.device_classes), "--ignore-not-found")
         self.cluster.kubectl(
             "delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", "--ignore-not-found"
         )

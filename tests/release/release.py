@@ -1,19 +1,68 @@
-"""What the release tests share: a fresh clone of this tree, and dradriver run from elsewhere."""
+"""What the release tests (and the e2e suite, which deploys a release) share: a release directory,
+a fresh clone of this tree, and dradriver run from elsewhere."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dradriver import data
 
 REPO = Path(__file__).resolve().parents[2]
 #: The repository directories that ship in the package, under dradriver/data/.
 SHIPPED = data.DIRECTORIES
+#: A directory `make release` wrote: the release tests check it instead of building one, and the
+#: e2e suite deploys it (CI builds it once, from its fresh clone).
+RELEASE_ENV = "DRADRIVER_RELEASE"
+
+
+@dataclass(frozen=True)
+class ReleaseDirectory:
+    """What `make release` wrote (scripts/release.py), as its release.json names it."""
+
+    out: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def read(cls, out: Path) -> ReleaseDirectory:
+        path = out / "release.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{out}: no release.json (not a directory `make release` wrote)")
+        return cls(out, json.loads(path.read_text()))
+
+    @property
+    def archive(self) -> Path:
+        return self.out / str(self.manifest["image"]["archive"])
+
+    @property
+    def device_classes(self) -> Path:
+        return self.out / str(self.manifest["deviceClasses"])
+
+    def manifests(self, kustomization: str) -> Path:
+        """The rendered manifests of deploy/<kustomization>, the image pinned by digest."""
+        return self.out / str(self.manifest["manifests"][kustomization])
+
+    def blob(self, digest: str) -> bytes:
+        with tarfile.open(self.archive) as archive:
+            member = archive.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+            assert member is not None, digest
+            return member.read()
+
+
+def build_release(clone: Path, version: str, out: Path) -> ReleaseDirectory:
+    """scripts/release.py of `clone` into `out`."""
+    done = run([sys.executable, str(clone / "scripts/release.py"), version, "--out", str(out)], cwd=clone)
+    assert done.returncode == 0, f"release.py failed:\n{done.stderr[-4000:]}"
+    assert done.stdout.strip().splitlines()[-1] == str(out)
+    return ReleaseDirectory.read(out)
 
 
 def git(root: Path, *args: str) -> str:

@@ -17,7 +17,6 @@ import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +25,17 @@ from packaging.utils import canonicalize_name
 from scripts.build_image import VENV, version
 from scripts.release import DEVICECLASSES, KUSTOMIZATIONS, ReleaseError, check_version
 from tests.deploy.manifests import deviceclasses, render
-from tests.release.release import REPO, SHIPPED, checkout_dradriver, fresh_clone, git, run
+from tests.release.release import (
+    RELEASE_ENV,
+    REPO,
+    SHIPPED,
+    ReleaseDirectory,
+    build_release,
+    checkout_dradriver,
+    fresh_clone,
+    git,
+    run,
+)
 from tests.release.test_lock import read_lock
 
 VERSION = version()
@@ -36,30 +45,23 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ReleaseDirectory):
     clone: Path
-    out: Path
-    manifest: dict[str, Any]
-
-    def blob(self, digest: str) -> bytes:
-        with tarfile.open(self.out / self.manifest["image"]["archive"]) as archive:
-            member = archive.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
-            assert member is not None, digest
-            return member.read()
 
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    given = os.environ.get(RELEASE_ENV)
+    if given:  # built by CI from its fresh clone, which is this checkout
+        directory = ReleaseDirectory.read(Path(given))
+        return Release(directory.out, directory.manifest, REPO)
     if shutil.which("mmdebstrap") is None:
         pytest.skip(
             "mmdebstrap not installed: the release's image cannot be built (apt-get install mmdebstrap)"
         )
     clone = fresh_clone(tmp_path_factory.mktemp("clone") / "dradriver")
-    out = tmp_path_factory.mktemp("release") / f"dradriver-{VERSION}"
-    done = run([sys.executable, str(clone / "scripts/release.py"), VERSION, "--out", str(out)], cwd=clone)
-    assert done.returncode == 0, f"release.py failed:\n{done.stderr[-4000:]}"
-    assert done.stdout.strip().splitlines()[-1] == str(out)
-    return Release(clone, out, json.loads((out / "release.json").read_text()))
+    directory = build_release(clone, VERSION, tmp_path_factory.mktemp("release") / f"dradriver-{VERSION}")
+    return Release(directory.out, directory.manifest, clone)
 
 
 @pytest.fixture(scope="module")
