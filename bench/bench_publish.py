@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -51,7 +53,31 @@ class Bench:
         self.kubeconfig = tmp / "kubeconfig-proxied"
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.direct = self.client(kubeconfig)
+        self.direct_kubeconfig = kubeconfig
         self.nodes: list[str] = []
+
+    def slice_requests(self) -> Counter[str]:
+        """The API server's own count of ResourceSlice requests by verb (its /metrics):
+        completed requests, plus the watches open now as WATCH (counted only when they end)."""
+        kubectl = Path(sys.executable).parent / "kubectl"
+        raw = subprocess.run(
+            [str(kubectl), "--kubeconfig", str(self.direct_kubeconfig), "get", "--raw", "/metrics"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        counts: Counter[str] = Counter()
+        for line in raw.splitlines():
+            if 'resource="resourceslices"' not in line or 'group="resource.k8s.io"' not in line:
+                continue
+            verb = re.search(r'verb="([A-Z]+)"', line)
+            if verb is None:
+                continue
+            if line.startswith("apiserver_request_total{"):
+                counts[verb.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+            elif line.startswith("apiserver_longrunning_requests{"):
+                counts["open " + verb.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+        return counts
 
     def client(self, kubeconfig: Path | None = None) -> KubeClient:
         client = load_client(str(kubeconfig or self.kubeconfig))
@@ -124,23 +150,37 @@ def steady(bench: Bench, fake: FakeApiServer | None, seconds: float) -> str:
     )
     connections_before = bench.proxy.connections
     requests_before = len(fake.requests) if fake else 0
+    server_before = Counter[str]() if fake else bench.slice_requests()
     controller.start()
     assert controller.wait_published(30)
     time.sleep(1.0)
     published = controller.status.writes.total
     connections = bench.proxy.connections - connections_before
     requests = fake.requests_since(requests_before) if fake else []
+    server_published = Counter[str]() if fake else bench.slice_requests()
     time.sleep(seconds)
     writes = controller.status.writes.total - published
     new_connections = bench.proxy.connections - connections_before - connections
     later = fake.requests_since(requests_before + len(requests)) if fake else []
+    server_after = Counter[str]() if fake else bench.slice_requests()
     controller.stop()
-    lists = [r for r in requests + later if r.path.endswith("/resourceslices") and r.method == "GET"]
+    if fake:
+        lists = [r for r in requests + later if r.path.endswith("/resourceslices") and r.method == "GET"]
+        in_window, whole = (
+            str(len(later)),
+            f"{sum(not r.watch for r in lists)} list, {sum(r.watch for r in lists)} watch",
+        )
+    else:  # the API server's metrics; the bench's own GETs of the window are none
+        window = server_after.copy()
+        window.subtract({k: v for k, v in server_published.items() if not k.startswith("open ")})
+        in_window = str(sum(v for k, v in window.items() if not k.startswith("open ")))
+        run = server_after.copy()
+        run.subtract({k: v for k, v in server_before.items() if not k.startswith("open ")})
+        whole = ", ".join(f"{v} {k}" for k, v in sorted(run.items()) if v)
     return (
         f"after publish ({published} writes, {connections} connections opened): over {seconds:.0f} s, "
-        f"{writes} writes, {len(later) if fake else 'n/a'} requests, {new_connections} new connections; "
-        f"slice list requests over the whole run: {sum(not r.watch for r in lists)} list, "
-        f"{sum(r.watch for r in lists)} watch"
+        f"{writes} writes, {in_window} requests, {new_connections} new connections; "
+        f"ResourceSlice requests over the whole run: {whole}"
     )
 
 
