@@ -17,19 +17,13 @@ import argparse
 import json
 import re
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import summary
+from bench.common import add_cluster_arguments, fake_overlay_on_local_cluster, summary
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.kube import KubeClient, NotFoundError
-from tests.e2e.cluster import LocalCluster
-from tests.e2e.plugin import Deployment
-from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
-from tests.release.release import ReleaseDirectory
 
 PODS = "/api/v1/namespaces/default/pods"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
@@ -110,21 +104,12 @@ def histogram_quantile(text: str, metric: str, labels: dict[str, str], q: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
-    parser.add_argument(
-        "--release", type=Path, required=True, help="directory `make release` wrote (image and manifests)"
-    )
+    add_cluster_arguments(parser)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
-    local = LocalCluster(args.bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
-    local.start()
-    try:
-        cluster = RealCluster(local.kubeconfig, local.node_name, local)
-        release = ReleaseDirectory.read(args.release)
-        local.import_image(release.archive)
-        deployment = Deployment(cluster, release, "overlays/fake")
-        deployment.install()
+    with fake_overlay_on_local_cluster(args.bin, args.release) as deployment:
+        cluster = deployment.cluster
         client = cluster.client()
         client.request(
             "POST", TEMPLATES, body=template("bench-gpu", {"deviceClassName": DEFAULT_DRIVER_NAME})
@@ -150,7 +135,7 @@ def main() -> None:
             takeover.append(create_to_running(client, f"bench-holder-{i}", "bench-all-gpus"))
         delete(client, f"bench-holder-{args.rounds // 3}")
         wait_unprepared(deployment)
-        metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{local.node_name}/proxy/metrics").stdout
+        metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
         p50, count = histogram_quantile(
             metrics,
             "dra_grpc_operations_duration_seconds",
@@ -185,8 +170,6 @@ def main() -> None:
         print(summary("plugin-side NodePrepareResources (its log)", [ms / 1e3 for ms in served]))
         print(summary("force-deleted holder of all GPUs -> next pod for them Running", takeover))
         deployment.uninstall()
-    finally:
-        local.stop()
 
 
 if __name__ == "__main__":

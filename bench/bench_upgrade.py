@@ -33,20 +33,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import summary
+from bench.common import add_cluster_arguments, fake_overlay_on_local_cluster, summary
 from dradriver.devicemodel import build_devices
 from dradriver.discovery import NodeInventory, open_library
 from dradriver.kube import KubeClient
 from tests.e2e.availability import PrepareProbe
-from tests.e2e.cluster import LocalCluster
 from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, build_library, config_text
 from tests.helpers import ServeProcess, write_gpu_profile
-from tests.release.release import ReleaseDirectory
 
 HOST_DIR = Path("/var/lib/dradriver-bench-profile")
-MOUNT = "/etc/dradriver-profile"
 NVML_DRIVER = "gpu-nvml.dradriver.dev"
 
 
@@ -103,26 +100,7 @@ def profile_changes(cluster: RealCluster, deployment: Deployment, count: int) ->
         os.replace(write_gpu_profile(HOST_DIR / ".gpus.yaml.new", gpus), HOST_DIR / "gpus.yaml")
 
     write(2)
-    patch = {
-        "spec": {
-            "template": {
-                "spec": {
-                    "volumes": [
-                        {"name": "profile", "hostPath": {"path": str(HOST_DIR), "type": "Directory"}}
-                    ],
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "env": [{"name": "DRADRIVER_FAKE_GPUS", "value": f"{MOUNT}/gpus.yaml"}],
-                            "volumeMounts": [{"name": "profile", "mountPath": MOUNT, "readOnly": True}],
-                        }
-                    ],
-                }
-            }
-        }
-    }
-    cluster.kubectl("-n", NAMESPACE, "patch", f"daemonset/{DAEMONSET}", "-p", json.dumps(patch))
-    deployment.wait_ready()
+    deployment.profile_from_host(HOST_DIR)
     client = cluster.client()
     wait(lambda: device_count(client, cluster.node_name, DRIVER) == 2, 60, "the 2-GPU pool")
     samples = []
@@ -194,58 +172,47 @@ def nvml_changes(cluster: RealCluster, count: int, rescan: float, with_event: bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
-    parser.add_argument(
-        "--release", type=Path, required=True, help="directory `make release` wrote (image and manifests)"
-    )
+    add_cluster_arguments(parser)
     parser.add_argument("--rollouts", type=int, default=5)
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--rescan", type=float, default=2.0, help="--rescan-interval of the NVML serve")
     args = parser.parse_args()
 
-    local = LocalCluster(args.bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
-    local.start()
     results: dict[str, Any] = {}
-    try:
-        cluster = RealCluster(local.kubeconfig, local.node_name, local)
-        release = ReleaseDirectory.read(args.release)
-        local.import_image(release.archive)
-        deployment = Deployment(cluster, release, "overlays/fake")
-        deployment.install()
-        lines = []
-        if args.rollouts:
-            surge = rollouts(cluster, deployment, args.rollouts, "surge-")
-            strategy(cluster, surge=0, unavailable=1)
-            deployment.wait_ready()
-            replace = rollouts(cluster, deployment, max(2, args.rollouts // 2), "replace-")
-            strategy(cluster, surge=1, unavailable=0)
-            results |= {"surge": surge, "replace": replace}
-            lines += [
-                summary("surge rollout (maxSurge 1): longest outage of NodePrepareResources", surge, "s"),
-                summary("replace rollout (maxSurge 0, maxUnavailable 1), for comparison", replace, "s"),
-            ]
-        if args.changes:
-            files = profile_changes(cluster, deployment, args.changes)
-            event = nvml_changes(cluster, args.changes, args.rescan, with_event=True)
-            rescan = nvml_changes(cluster, args.changes, args.rescan, with_event=False)
-            results |= {"file": files, "event": event, "rescan": rescan}
-            lines += [
-                summary("fake profile file replaced -> slices updated", files, "s"),
-                summary("NVML MIG change with its event -> slices updated", event, "s"),
-                summary(
-                    f"NVML MIG change, no event (--rescan-interval {args.rescan:g}) -> slices", rescan, "s"
-                ),
-            ]
-        print("\n".join(lines))
-        json.dump(results, sys.stdout)
-        print()
-        deployment.uninstall()
-    finally:
-        for name in os.listdir(HOST_DIR) if HOST_DIR.exists() else []:
-            (HOST_DIR / name).unlink()
-        if HOST_DIR.exists():
-            HOST_DIR.rmdir()
-        local.stop()
+    with fake_overlay_on_local_cluster(args.bin, args.release) as deployment:
+        cluster = deployment.cluster
+        try:
+            lines = []
+            if args.rollouts:
+                surge = rollouts(cluster, deployment, args.rollouts, "surge-")
+                strategy(cluster, surge=0, unavailable=1)
+                deployment.wait_ready()
+                replace = rollouts(cluster, deployment, max(2, args.rollouts // 2), "replace-")
+                strategy(cluster, surge=1, unavailable=0)
+                results |= {"surge": surge, "replace": replace}
+                lines += [
+                    summary("surge rollout (maxSurge 1): longest outage of NodePrepareResources", surge, "s"),
+                    summary("replace rollout (maxSurge 0, maxUnavailable 1), for comparison", replace, "s"),
+                ]
+            if args.changes:
+                files = profile_changes(cluster, deployment, args.changes)
+                event = nvml_changes(cluster, args.changes, args.rescan, with_event=True)
+                rescan = nvml_changes(cluster, args.changes, args.rescan, with_event=False)
+                results |= {"file": files, "event": event, "rescan": rescan}
+                lines += [
+                    summary("fake profile file replaced -> slices updated", files, "s"),
+                    summary("NVML MIG change with its event -> slices updated", event, "s"),
+                    summary(f"NVML MIG change, no event (--rescan-interval {args.rescan:g})", rescan, "s"),
+                ]
+            print("\n".join(lines))
+            json.dump(results, sys.stdout)
+            print()
+            deployment.uninstall()
+        finally:
+            for name in os.listdir(HOST_DIR) if HOST_DIR.exists() else []:
+                (HOST_DIR / name).unlink()
+            if HOST_DIR.exists():
+                HOST_DIR.rmdir()
 
 
 if __name__ == "__main__":

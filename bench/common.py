@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.e2e.plugin import Deployment
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -37,3 +42,33 @@ def real_api_server(k8s_bin: Path) -> Iterator[Path]:
             yield control_plane.admin_kubeconfig
         finally:
             control_plane.stop()
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """--bin and --release, for the benchmarks that run the plugin on a local cluster."""
+    parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
+    parser.add_argument(
+        "--release", type=Path, required=True, help="directory `make release` wrote (image and manifests)"
+    )
+
+
+@contextlib.contextmanager
+def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[Deployment]:
+    """A single-node cluster from these binaries (tests/e2e/cluster.py) running the release's
+    `fake` overlay, for as long as the block runs."""
+    from tests.e2e.cluster import LocalCluster
+    from tests.e2e.plugin import Deployment
+    from tests.e2e.realcluster import RealCluster
+    from tests.release.release import ReleaseDirectory
+
+    local = LocalCluster(k8s_bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
+    local.start()
+    try:
+        release = ReleaseDirectory.read(release_dir)
+        local.import_image(release.archive)
+        cluster = RealCluster(local.kubeconfig, local.node_name, local)
+        deployment = Deployment(cluster, release, "overlays/fake")
+        deployment.install()
+        yield deployment
+    finally:
+        local.stop()

@@ -95,6 +95,20 @@ class Deployment:
         if any(current[k] != v for k, v in wanted.items()):
             self.set_env(**wanted)
 
+    def profile_from_host(self, host_dir: Path, profile: str = "gpus.yaml") -> None:
+        """Point the fake backend at `host_dir/profile` on the node (mounted read-only), so a test
+        can change the inventory by replacing that file; a rollout."""
+        mount = "/etc/dradriver-profile"
+        volume = {"name": "profile", "hostPath": {"path": str(host_dir), "type": "Directory"}}
+        container = {
+            "name": "plugin",
+            "env": [{"name": "DRADRIVER_FAKE_GPUS", "value": f"{mount}/{profile}"}],
+            "volumeMounts": [{"name": "profile", "mountPath": mount, "readOnly": True}],
+        }
+        patch = {"spec": {"template": {"spec": {"volumes": [volume], "containers": [container]}}}}
+        self.cluster.kubectl("-n", NAMESPACE, "patch", f"daemonset/{DAEMONSET}", "-p", json.dumps(patch))
+        self.wait_ready()
+
     def wait_ready(self) -> None:
         """Rolled out, the new pod Ready (registered, slices published) and the old one gone."""
         self.cluster.kubectl(

@@ -8,7 +8,6 @@ slices; a GPU a running pod holds disappears and stays published, tainted, until
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
+from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
 from tests.helpers import write_gpu_profile
@@ -25,7 +24,6 @@ from tests.helpers import write_gpu_profile
 pytestmark = pytest.mark.cluster
 
 HOST_DIR = Path("/var/lib/dradriver-e2e-profile")
-MOUNT = "/etc/dradriver-profile"
 
 
 def write_profile(count: int) -> None:
@@ -38,26 +36,7 @@ def profile_deployment(real_cluster: RealCluster, fake_deployment: Deployment) -
     real_cluster.require_local("it writes the plugin's profile file on the node")
     HOST_DIR.mkdir(parents=True, exist_ok=True)
     write_profile(2)
-    patch = {
-        "spec": {
-            "template": {
-                "spec": {
-                    "volumes": [
-                        {"name": "profile", "hostPath": {"path": str(HOST_DIR), "type": "Directory"}}
-                    ],
-                    "containers": [
-                        {
-                            "name": "plugin",
-                            "env": [{"name": "DRADRIVER_FAKE_GPUS", "value": f"{MOUNT}/gpus.yaml"}],
-                            "volumeMounts": [{"name": "profile", "mountPath": MOUNT, "readOnly": True}],
-                        }
-                    ],
-                }
-            }
-        }
-    }
-    real_cluster.kubectl("-n", NAMESPACE, "patch", f"daemonset/{DAEMONSET}", "-p", json.dumps(patch))
-    fake_deployment.wait_ready()
+    fake_deployment.profile_from_host(HOST_DIR)
     wait(lambda: fake_deployment.devices() == ["gpu-0", "gpu-1"], 60, "the slices of the 2-GPU profile")
     yield fake_deployment
     for name in os.listdir(HOST_DIR):
