@@ -65,7 +65,7 @@ class DeviceLibrary(Protocol):
 
 
 def builtin_profile_names() -> list[str]:
-    from dradriver.discovery.profile import builtin_profile_names as names
+    from dradriver.discovery.profiles import names
 
     return names()
 

@@ -17,13 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from dradriver.discovery.errors import DiscoveryError
+from dradriver.discovery.profiles import MIG_TABLES_FILE
 from dradriver.fieldpath import field_path
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
 _NESTED_FIELD = re.compile(r"[a-zA-Z_][\w.\[\]]*: ")
 _PROFILES_PACKAGE = "dradriver.discovery.profiles"
-_MIG_TABLES_FILE = "mig-tables.yaml"
 
 #: Sane upper bounds, so that a typo (`count: 100000000`) is an error, not gigabytes of fake GPUs.
 MAX_GPUS = 1024
@@ -245,14 +245,6 @@ def load_profile_file(path: Path) -> FakeProfile:
     return parse_profile(data, str(path))
 
 
-def builtin_profile_names() -> list[str]:
-    return sorted(
-        entry.name.removesuffix(".yaml")
-        for entry in resources.files(_PROFILES_PACKAGE).iterdir()
-        if entry.name.endswith(".yaml") and entry.name != _MIG_TABLES_FILE
-    )
-
-
 def load_builtin_profile(name: str) -> FakeProfile:
     text = resources.files(_PROFILES_PACKAGE).joinpath(f"{name}.yaml").read_text()
     return parse_profile(_load_yaml(text, f"{name!r}"), f"{name!r}")
@@ -261,7 +253,7 @@ def load_builtin_profile(name: str) -> FakeProfile:
 @cache
 def builtin_mig_tables() -> dict[str, tuple[MigProfileSpec, ...]]:
     """MIG profile tables of real GPU models, keyed by the name profiles refer to."""
-    data = _load_yaml(resources.files(_PROFILES_PACKAGE).joinpath(_MIG_TABLES_FILE).read_text(), "mig tables")
+    data = _load_yaml(resources.files(_PROFILES_PACKAGE).joinpath(MIG_TABLES_FILE).read_text(), "mig tables")
     return {
         name: tuple(MigProfileSpec.model_validate(item) for item in items) for name, items in data.items()
     }
