@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -37,3 +38,19 @@ def real_api_server(k8s_bin: Path) -> Iterator[Path]:
             yield control_plane.admin_kubeconfig
         finally:
             control_plane.stop()
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a mapping (VmRSS, Threads, ...)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def rss_mb(pid: int) -> float:
+    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from dradriver.health.monitor import HealthMonitor
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
-    from dradriver.prepare.claims import ClaimSource
+    from dradriver.prepare.claims import ClaimSource, ClaimWatch
     from dradriver.prepare.driver import GpuDriver
     from dradriver.prepare.stale import StaleClaimCollector
     from dradriver.probes import ProbeServer
@@ -63,6 +63,8 @@ class ServeConfig:
     stale_claim_grace: float
     #: None: the defaults (`--health-config` not given).
     health: HealthConfig | None = None
+    #: Keep this node's allocated claims from a watch, so prepare need not wait for each GET.
+    claim_watch: bool = True
 
 
 class DeferredDriver:
@@ -118,6 +120,7 @@ class Daemon:
         self._signal: str | None = None
         self._publisher: SliceController | None = None
         self._collector: StaleClaimCollector | None = None
+        self._claim_watch: ClaimWatch | None = None
         self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
         self._health: HealthMonitor | None = None
         self._node_events: NodeEventSender | None = None
@@ -147,6 +150,8 @@ class Daemon:
         log.info("shutting down", signal=self._signal, grace_seconds=self.config.shutdown_grace)
         if self._collector is not None:
             self._collector.stop()
+        if self._claim_watch is not None:
+            self._claim_watch.stop()
         if self._publisher is not None:
             # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
             # while a restart (upgrade, crash) re-adopts them with zero writes.
@@ -351,6 +356,13 @@ class Daemon:
         # taints are read at each sync, and a change of health triggers a resync.
         if client is not None:
             self._publish(client, desired)
+            if config.claim_watch and config.claims_dir is None:
+                from dradriver.prepare.claims import ClaimWatch
+
+                self._claim_watch = ClaimWatch(
+                    client, driver_name=config.driver_name, pool_name=config.node_name
+                )
+                self._claim_watch.start()
         self._taints = self._start_health(library, devices, client)
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory
@@ -379,6 +391,7 @@ class Daemon:
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,
             boot_id=read_boot_id(),
+            hints=self._claim_watch,
         )
         recovery = driver.recover()
         if driver.claims.authoritative:

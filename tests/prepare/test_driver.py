@@ -47,7 +47,7 @@ class Node:
         self.inventory = library.discover()
         self.devices = build_devices(self.inventory, driver_name=DRIVER)
 
-    def driver(self, *, claims: object = None, recover: bool = True) -> GpuDriver:
+    def driver(self, *, claims: object = None, hints: object = None, recover: bool = True) -> GpuDriver:
         driver = GpuDriver(
             driver_name=DRIVER,
             pool_name="node-1",
@@ -59,6 +59,7 @@ class Node:
             caps_major=self.inventory.nvidia_caps_major,
             sharing=self.sharing,
             boot_id=self.boot_id,
+            hints=hints,  # type: ignore[arg-type]
         )
         if recover:
             driver.recover()

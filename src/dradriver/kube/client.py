@@ -285,6 +285,24 @@ class KubeClient:
         result: Json = json.loads(data) if data else {}
         return result
 
+    def _watch(self, path: str, resource_version: str, field_selector: str | None = None) -> WatchStream:
+        query = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self.timeouts.watch_server)),
+        ]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        response = self._send("GET", path, query, None, self.timeouts.watch_read)
+        if response.status != 200:
+            data = response.data
+            response.release_conn()
+            raise api_error(
+                response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
+            )
+        return WatchStream(response)
+
     # -- discovery -----------------------------------------------------------------------------
 
     def check_resource_v1(self) -> None:
@@ -322,6 +340,15 @@ class KubeClient:
         """The v1 ResourceClaim (NotFoundError if it does not exist)."""
         return self.request("GET", f"{RESOURCE_API}/namespaces/{_seg(namespace)}/resourceclaims/{_seg(name)}")
 
+    def list_resource_claims(self, *, limit: int = 500, continue_token: str = "") -> Json:
+        """One page of the ResourceClaimList of all namespaces (`metadata.continue` names the next)."""
+        query = [("limit", str(limit))] + ([("continue", continue_token)] if continue_token else [])
+        return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query)
+
+    def watch_resource_claims(self, resource_version: str) -> WatchStream:
+        """Watch the ResourceClaims of all namespaces from `resource_version` (one attempt)."""
+        return self._watch(f"{RESOURCE_API}/resourceclaims", resource_version)
+
     def list_device_classes(self) -> list[Json]:
         items: list[Json] = self.request("GET", f"{RESOURCE_API}/deviceclasses").get("items", [])
         return items
@@ -341,23 +368,7 @@ class KubeClient:
 
     def watch_resource_slices(self, field_selector: str | None, resource_version: str) -> WatchStream:
         """Open a watch from `resource_version` (one attempt: the caller owns reconnecting)."""
-        query = [
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(self.timeouts.watch_server)),
-        ]
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        response = self._send("GET", f"{RESOURCE_API}/resourceslices", query, None, self.timeouts.watch_read)
-        if response.status != 200:
-            data = response.data
-            response.release_conn()
-            err = api_error(
-                response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
-            )
-            raise err
-        return WatchStream(response)
+        return self._watch(f"{RESOURCE_API}/resourceslices", resource_version, field_selector)
 
     def create_resource_slice(self, slice_: Json) -> Json:
         return self.request("POST", f"{RESOURCE_API}/resourceslices", body=slice_, idempotent=False)

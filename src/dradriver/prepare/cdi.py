@@ -219,7 +219,8 @@ class CdiDirectory:
 
     Runtimes watch the directory and re-read it on every change, and some fail every injection on
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
-    fsync, rename, fsync the directory) and only after validation.
+    fsync, rename) and only after validation. Renames and removals are not fsynced: a spec only
+    matters until the next reboot, after which recovery removes every spec of the previous boot.
     """
 
     def __init__(self, path: Path, driver_name: str) -> None:
@@ -246,7 +247,6 @@ class CdiDirectory:
             target.unlink()
         except FileNotFoundError:
             return False
-        fsync_directory(self.path)
         return True
 
     def claim_uids(self) -> list[str]:
@@ -278,8 +278,10 @@ class CdiDirectory:
         return leftovers
 
 
-def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
-    """Replace `target` with `data` so that readers see the old or the new content, never a mix.
+def write_atomically(target: Path, data: bytes, *, mode: int, sync_directory: bool = False) -> None:
+    """Replace `target` with `data` so that readers see the old or the new content, never a mix,
+    even after a power failure (the data is fsynced before the rename). The rename itself is
+    durable only with `sync_directory`.
 
     The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
     """
@@ -291,7 +293,8 @@ def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
         out.flush()
         os.fsync(fd)
     os.replace(tmp, target)
-    fsync_directory(target.parent)
+    if sync_directory:
+        fsync_directory(target.parent)
 
 
 def fsync_directory(path: Path) -> None:

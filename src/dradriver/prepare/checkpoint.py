@@ -8,6 +8,11 @@ The checksum covers the canonical JSON (sorted keys, no spaces) of `data` *as re
 re-encoding of our model, so a newer or older dradriver that adds or drops fields still
 verifies the file (NVIDIA's driver crash-looped when re-marshalling changed its checksum).
 Unknown fields are ignored on read. A file that fails any check is moved aside, never fatal.
+
+Durability: each save fsyncs the new content before renaming it into place, so after a power
+failure the file holds one complete version. Only the first save of a process also fsyncs the
+directory (the file then surely exists); later renames need not be durable, because the claims
+of a previous boot are dropped at start whichever version survived (`read_boot_id`).
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ class CheckpointStore:
         self.path = state_dir / FILE_NAME
         # Records are immutable: each is converted to JSON once, not on every save of the file.
         self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
+        self._directory_synced = False
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy."""
@@ -136,7 +142,8 @@ class CheckpointStore:
         self._dumped = claims
         data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, _document(data), mode=0o600)
+        write_atomically(self.path, _document(data), mode=0o600, sync_directory=not self._directory_synced)
+        self._directory_synced = True
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from dradriver import logs
 from dradriver.devicemodel import PossibleMig
@@ -31,7 +31,13 @@ from dradriver.prepare.checkpoint import (
     ClaimState,
     DeviceRecord,
 )
-from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError, ClaimsUnavailableError
+from dradriver.prepare.claims import (
+    ClaimHints,
+    ClaimNotFoundError,
+    ClaimSource,
+    ClaimSourceError,
+    ClaimsUnavailableError,
+)
 from dradriver.prepare.edits import EditsError, device_edits
 from dradriver.prepare.plan import ClaimPlan, Hardware, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.sharing import SharingControl, SharingError
@@ -95,10 +101,12 @@ class GpuDriver:
         caps_major: int | None,
         sharing: SharingControl,
         boot_id: str,
+        hints: ClaimHints | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
         self.claims = claims
+        self._hints = hints
         self._devices = devices
         self._cdi = cdi_dir
         self._store = store
@@ -191,6 +199,10 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=problem)
             else:
                 valid.append(ref)
+        hints = self._cached(valid)
+        if hints:
+            results.update(self._prepare_hinted(valid, hints))
+            return results
         for ref, fetched in zip(valid, self._fetch_all(valid), strict=True):
             if isinstance(fetched, str):
                 results[ref.uid] = PrepareResult(error=fetched)
@@ -227,6 +239,47 @@ class GpuDriver:
 
     # --- steps ----------------------------------------------------------------------------
 
+    def _cached(self, refs: Sequence[ClaimRef]) -> dict[str, Mapping[str, Any]]:
+        if self._hints is None:
+            return {}
+        return {ref.uid: claim for ref in refs if (claim := self._hints.get(ref)) is not None}
+
+    def _prepare_hinted(
+        self, refs: Sequence[ClaimRef], hints: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, PrepareResult]:
+        """Prepare from the watch's copies while the claims are fetched, so the fetch overlaps
+        the file writes; answer from a copy only if the fetched claim has the same UID and
+        allocation (the kubelet names neither, and a watch may trail a reallocation), else
+        prepare what was fetched. A failed fetch fails the call, undoing what it prepared."""
+        fetches = [self._fetcher.submit(self._fetch, ref) for ref in refs]
+        created: list[ClaimRecord] = []
+        early = {
+            uid: self._prepare_one(ref, hints[uid], created=created)
+            for ref in refs
+            if (uid := ref.uid) in hints
+        }
+        try:
+            fetched = [f.result() for f in fetches]
+        except CallError:
+            self._discard(created)
+            raise
+        results = {}
+        for ref, claim in zip(refs, fetched, strict=True):
+            result = early.get(ref.uid)
+            if isinstance(claim, str):
+                results[ref.uid] = PrepareResult(error=claim)
+            elif result is not None and _allocation(claim) == _allocation(hints[ref.uid]):
+                results[ref.uid] = result
+            else:
+                results[ref.uid] = self._prepare_one(ref, claim)
+        return results
+
+    def _discard(self, records: Sequence[ClaimRecord]) -> None:
+        for record in records:
+            with self._claim_lock(record.uid):
+                if self._state.claims.get(record.uid) is record:
+                    self._undo(record)
+
     def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[Mapping[str, Any] | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
         except when there is no claim source at all, which is that claim's error."""
@@ -247,29 +300,47 @@ class GpuDriver:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    def _prepare_one(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult:
+    @overload
+    def _prepare_one(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult: ...
+    @overload
+    def _prepare_one(
+        self, ref: ClaimRef, claim: Mapping[str, Any], *, created: list[ClaimRecord]
+    ) -> PrepareResult | None: ...
+
+    def _prepare_one(
+        self, ref: ClaimRef, claim: Mapping[str, Any], *, created: list[ClaimRecord] | None = None
+    ) -> PrepareResult | None:
+        """Prepare `claim`. With `created` (which gets the record this makes) `claim` is a cached
+        copy: whatever needs the API server's word — an error, a device another claim holds,
+        sharing to apply, an earlier record to replace — is left for the fetched claim (None)."""
+        cached = created is not None
         with self._claim_lock(ref.uid):
-            existing = self._state.claims.get(ref.uid)
-            if (
-                existing is not None
-                and existing.state is ClaimState.PREPARE_COMPLETED
-                and not existing.recovered
-            ):
-                return _result(existing)  # idempotent: the kubelet may ask again
-            if existing is not None:
-                self._undo(existing, keep_cdi=existing.recovered)
             try:
                 plan = plan_claim(
                     claim, ref, driver_name=self.driver_name, pool_name=self.pool_name, devices=self._devices
                 )
                 spec_devices = [self._cdi_device(ref, d) for d in plan.devices]
             except (PlanError, EditsError) as err:
+                if cached:
+                    return None
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 return PrepareResult(error=str(err))
-            self._release_stale_holders(plan)
+            existing = self._state.claims.get(ref.uid)
+            if existing is not None and _same_devices(existing, plan):
+                return _result(existing)  # idempotent: the kubelet may ask again
+            if cached and (existing is not None or any(d.sharing for d in plan.devices)):
+                return None
+            if existing is not None:
+                if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
+                    log.warning(
+                        "claim was prepared for another allocation: preparing it again", claim=str(ref)
+                    )
+                self._undo(existing, keep_cdi=existing.recovered)
+            if not cached:
+                self._release_stale_holders(plan)
             started = self._start(plan)
             if isinstance(started, str):
-                return PrepareResult(error=started)
+                return None if cached else PrepareResult(error=started)
             try:
                 if plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
                     common = self._common + self._apply_sharing(ref, plan.devices)
@@ -281,6 +352,8 @@ class GpuDriver:
                 return PrepareResult(error=f"claim {ref}: {err}")
             completed = started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
             self._save(completed)
+            if created is not None:
+                created.append(completed)
             log.info("prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in plan.devices])
             return _result(completed)
 
@@ -291,7 +364,11 @@ class GpuDriver:
         )
 
     def _start(self, plan: ClaimPlan) -> ClaimRecord | str:
-        """Reserve the devices and record PrepareStarted, or explain who holds a device already."""
+        """Reserve the devices and record PrepareStarted, or explain who holds a device already.
+
+        The record reaches the disk before anything is touched only when sharing will change a
+        GPU, which only the checkpoint can tell recovery to undo; a spec file written without it
+        is an orphan that recovery removes, so PrepareCompleted is then the one durable write."""
         ref = plan.claim
         record = ClaimRecord(
             uid=ref.uid,
@@ -322,7 +399,8 @@ class GpuDriver:
                         f"{holder.namespace}/{holder.name} ({holder.uid}) and cannot be shared"
                     )
             self._state.claims[ref.uid] = record
-            self._store.save(self._state)
+            if any(d.sharing for d in plan.devices):
+                self._store.save(self._state)
         return record
 
     def _release_stale_holders(self, plan: ClaimPlan) -> None:
@@ -438,6 +516,21 @@ class GpuDriver:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._claim_locks[uid]
+
+
+def _allocation(claim: Mapping[str, Any]) -> Any:
+    return (claim.get("status") or {}).get("allocation")
+
+
+def _same_devices(record: ClaimRecord, plan: ClaimPlan) -> bool:
+    """Whether `record` is a finished preparation of the devices `plan` names: the same
+    allocation (a claim deallocated and allocated again may get other devices)."""
+    return (
+        record.state is ClaimState.PREPARE_COMPLETED
+        and not record.recovered
+        and sorted((d.pool, d.device, d.share_id or "") for d in record.devices)
+        == sorted((d.pool, d.name, d.share_id or "") for d in plan.devices)
+    )
 
 
 def _cdi_suffix(device: PlannedDevice) -> str:
