@@ -188,3 +188,16 @@ def test_without_copies_the_claim_is_fetched_first_as_before(node: Node) -> None
     assert [d.device_name for d in driver.prepare([ref])[ref.uid].devices] == ["gpu-7"]
     assert source.fetched == ["claim-10"]
     driver.close()
+
+
+def test_a_holder_whose_claim_was_allocated_other_devices_is_released(node: Node) -> None:
+    """Its pod force-deleted, the claim was allocated again (same UID, another GPU) before the
+    kubelet unprepared it: its old GPU goes to the claim the scheduler gave it to."""
+    driver = node.driver(claims=Fetches(node.claims_dir))
+    holder = node.add(one_gpu(11, "gpu-2"))
+    assert driver.prepare([holder])[holder.uid].error == ""
+    node.add(one_gpu(11, "gpu-6"))  # still reserved for a pod, but on gpu-6 now
+    new = node.add(one_gpu(12, "gpu-2"))
+    assert driver.prepare([new])[new.uid].error == ""
+    assert {r.uid for r in driver.records()} == {new.uid}
+    driver.close()

@@ -1,10 +1,12 @@
 """The GPU driver behind the DRAPlugin services: prepare and unprepare claims, crash-safely.
 
-Per claim the steps are: fetch (before any lock, as the Go helper does), plan (pure), record
-`PrepareStarted` in the checkpoint, apply sharing, write the CDI spec, record `PrepareCompleted`.
-A crash at any point leaves a state that `recover` rolls back or keeps whole at the next start:
-nothing is half-prepared and no CDI file is orphaned. Calls for the same claim are serialized,
-different claims proceed concurrently.
+Per claim the steps are: fetch (before any lock, as the Go helper does), plan (pure), reserve the
+devices as `PrepareStarted` (written to the checkpoint first only when sharing will change a GPU),
+apply sharing, write the CDI spec, then `PrepareCompleted` — one checkpoint write for all the
+claims of a call, before it answers. A crash at any point leaves a state that `recover` rolls
+back or keeps whole at the next start: nothing is half-prepared and no CDI file is orphaned.
+Calls for the same claim are serialized, different claims proceed concurrently. With a claim
+watch, the claims are prepared from its copies while they are fetched (`_prepare_hinted`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from dradriver import logs
 from dradriver.devicemodel import PossibleMig
@@ -203,11 +205,15 @@ class GpuDriver:
         if hints:
             results.update(self._prepare_hinted(valid, hints))
             return results
-        for ref, fetched in zip(valid, self._fetch_all(valid), strict=True):
-            if isinstance(fetched, str):
-                results[ref.uid] = PrepareResult(error=fetched)
-            else:
-                results[ref.uid] = self._prepare_one(ref, fetched)
+        made: list[ClaimRecord] = []
+        try:
+            for ref, fetched in zip(valid, self._fetch_all(valid), strict=True):
+                if isinstance(fetched, str):
+                    results[ref.uid] = PrepareResult(error=fetched)
+                else:
+                    results[ref.uid] = self._prepare_one(ref, fetched, made)
+        finally:
+            self._persist(made)
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -252,27 +258,39 @@ class GpuDriver:
         allocation (the kubelet names neither, and a watch may trail a reallocation), else
         prepare what was fetched. A failed fetch fails the call, undoing what it prepared."""
         fetches = [self._fetcher.submit(self._fetch, ref) for ref in refs]
-        created: list[ClaimRecord] = []
-        early = {
-            uid: self._prepare_one(ref, hints[uid], created=created)
-            for ref in refs
-            if (uid := ref.uid) in hints
-        }
+        made: list[ClaimRecord] = []
+        try:
+            early = {
+                uid: self._prepare_copy(ref, hints[uid], made) for ref in refs if (uid := ref.uid) in hints
+            }
+        finally:
+            self._persist(made)
         try:
             fetched = [f.result() for f in fetches]
         except CallError:
-            self._discard(created)
+            self._discard(made)
             raise
         results = {}
-        for ref, claim in zip(refs, fetched, strict=True):
-            result = early.get(ref.uid)
-            if isinstance(claim, str):
-                results[ref.uid] = PrepareResult(error=claim)
-            elif result is not None and _allocation(claim) == _allocation(hints[ref.uid]):
-                results[ref.uid] = result
-            else:
-                results[ref.uid] = self._prepare_one(ref, claim)
+        remade: list[ClaimRecord] = []
+        try:
+            for ref, claim in zip(refs, fetched, strict=True):
+                result = early.get(ref.uid)
+                if isinstance(claim, str):
+                    results[ref.uid] = PrepareResult(error=claim)
+                elif result is not None and _allocation(claim) == _allocation(hints[ref.uid]):
+                    results[ref.uid] = result
+                else:
+                    results[ref.uid] = self._prepare_one(ref, claim, remade)
+        finally:
+            self._persist(remade)
         return results
+
+    def _persist(self, made: Sequence[ClaimRecord]) -> None:
+        """One checkpoint write for the claims a call prepared, before it answers: their spec
+        files exist already, and a crash before this write leaves only orphans to remove."""
+        if made:
+            with self._state_lock:
+                self._store.save(self._state)
 
     def _discard(self, records: Sequence[ClaimRecord]) -> None:
         for record in records:
@@ -300,20 +318,22 @@ class GpuDriver:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    @overload
-    def _prepare_one(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult: ...
-    @overload
-    def _prepare_one(
-        self, ref: ClaimRef, claim: Mapping[str, Any], *, created: list[ClaimRecord]
-    ) -> PrepareResult | None: ...
+    def _prepare_one(self, ref: ClaimRef, claim: Mapping[str, Any], made: list[ClaimRecord]) -> PrepareResult:
+        result = self._prepare(ref, claim, made, copy=False)
+        assert result is not None
+        return result
 
-    def _prepare_one(
-        self, ref: ClaimRef, claim: Mapping[str, Any], *, created: list[ClaimRecord] | None = None
+    def _prepare_copy(
+        self, ref: ClaimRef, claim: Mapping[str, Any], made: list[ClaimRecord]
     ) -> PrepareResult | None:
-        """Prepare `claim`. With `created` (which gets the record this makes) `claim` is a cached
-        copy: whatever needs the API server's word — an error, a device another claim holds,
-        sharing to apply, an earlier record to replace — is left for the fetched claim (None)."""
-        cached = created is not None
+        """Prepare from a watch's copy, or None for whatever needs the API server's word: an
+        error, a device another claim holds, sharing to apply, an earlier record to replace."""
+        return self._prepare(ref, claim, made, copy=True)
+
+    def _prepare(
+        self, ref: ClaimRef, claim: Mapping[str, Any], made: list[ClaimRecord], *, copy: bool
+    ) -> PrepareResult | None:
+        """Prepare `claim` and add its new record to `made`; the caller writes the checkpoint."""
         with self._claim_lock(ref.uid):
             try:
                 plan = plan_claim(
@@ -321,14 +341,14 @@ class GpuDriver:
                 )
                 spec_devices = [self._cdi_device(ref, d) for d in plan.devices]
             except (PlanError, EditsError) as err:
-                if cached:
+                if copy:
                     return None
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 return PrepareResult(error=str(err))
             existing = self._state.claims.get(ref.uid)
             if existing is not None and _same_devices(existing, plan):
                 return _result(existing)  # idempotent: the kubelet may ask again
-            if cached and (existing is not None or any(d.sharing for d in plan.devices)):
+            if copy and (existing is not None or any(d.sharing for d in plan.devices)):
                 return None
             if existing is not None:
                 if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
@@ -336,11 +356,11 @@ class GpuDriver:
                         "claim was prepared for another allocation: preparing it again", claim=str(ref)
                     )
                 self._undo(existing, keep_cdi=existing.recovered)
-            if not cached:
+            if not copy:
                 self._release_stale_holders(plan)
             started = self._start(plan)
             if isinstance(started, str):
-                return None if cached else PrepareResult(error=started)
+                return None if copy else PrepareResult(error=started)
             try:
                 if plan.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
                     common = self._common + self._apply_sharing(ref, plan.devices)
@@ -351,9 +371,9 @@ class GpuDriver:
                 log.warning("prepare failed, rolled back", claim=str(ref), error=str(err))
                 return PrepareResult(error=f"claim {ref}: {err}")
             completed = started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
-            self._save(completed)
-            if created is not None:
-                created.append(completed)
+            with self._state_lock:
+                self._state.claims[ref.uid] = completed
+            made.append(completed)
             log.info("prepared", claim=str(ref), uid=ref.uid, devices=[d.name for d in plan.devices])
             return _result(completed)
 
@@ -364,11 +384,12 @@ class GpuDriver:
         )
 
     def _start(self, plan: ClaimPlan) -> ClaimRecord | str:
-        """Reserve the devices and record PrepareStarted, or explain who holds a device already.
+        """Reserve the devices as PrepareStarted, or explain who holds a device already.
 
         The record reaches the disk before anything is touched only when sharing will change a
         GPU, which only the checkpoint can tell recovery to undo; a spec file written without it
-        is an orphan that recovery removes, so PrepareCompleted is then the one durable write."""
+        is an orphan that recovery removes, so the call's PrepareCompleted write is then the only
+        one."""
         ref = plan.claim
         record = ClaimRecord(
             uid=ref.uid,
@@ -430,7 +451,7 @@ class GpuDriver:
             except ClaimSourceError as err:
                 log.warning("cannot check the claim holding a device", holder=holder.uid, error=str(err))
                 continue
-            reason = released_reason(holder, claim)
+            reason = released_reason(holder, claim, self.driver_name)
             if reason is None:
                 continue
             ref = ClaimRef(holder.namespace, holder.name, holder.uid)
@@ -493,11 +514,6 @@ class GpuDriver:
         with self._state_lock:
             if self._state.claims.pop(record.uid, None) is not None:
                 self._store.save(self._state)
-
-    def _save(self, record: ClaimRecord) -> None:
-        with self._state_lock:
-            self._state.claims[record.uid] = record
-            self._store.save(self._state)
 
     @contextmanager
     def _claim_lock(self, uid: str, timeout: float = -1) -> Iterator[bool]:
