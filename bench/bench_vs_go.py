@@ -97,13 +97,16 @@ def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
     return Plugin(label, driver, "go", argv, sockets)
 
 
-def dradriver_plugin(executable: Path) -> Plugin:
-    driver = "gpu.dradriver.dev"
+def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
+    """dradriver as installed at `executable`; a `baseline` (an earlier build, to show what
+    changed in the same run) runs under a driver name of its own so both can publish."""
+    driver = "gpu-baseline.dradriver.dev" if baseline else "gpu.dradriver.dev"
 
     def argv(root: Path, kubeconfig: Path, devices: int) -> list[str]:
         profile = write_gpu_profile(root / "profile.yaml", devices)
         return [
             str(executable), "serve", "--fake-gpus", str(profile), "--node-name", NODE,
+            "--driver-name", driver,
             "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
             "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
         ]  # fmt: skip
@@ -111,6 +114,8 @@ def dradriver_plugin(executable: Path) -> Plugin:
     def sockets(root: Path) -> tuple[Path, Path]:
         return root / "reg" / f"{driver}-reg.sock", root / "plugins" / driver / "dra.sock"
 
+    if baseline:
+        return Plugin("dradriver baseline", driver, "base", argv, sockets)
     return Plugin("dradriver", driver, "dr", argv, sockets)
 
 
@@ -455,10 +460,12 @@ def cell(rounds: list[Figures], key: str, unit: str) -> tuple[str, float | None]
     return f"{fmt(median, unit)}{spread}", median
 
 
-def report(go: list[Figures], ours: list[Figures], go_default: Figures | None, loads: list[str]) -> str:
+def report(results: dict[str, list[Figures]], go_default: Figures | None, loads: list[str]) -> str:
+    go, ours, baseline = results.get("go", []), results.get("dr", []), results.get("base")
+    extra = " dradriver baseline |" if baseline is not None else ""
     lines = [
-        "| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |",
-        "| --- | --- | --- | --- | --- |",
+        f"| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |{extra}",
+        "| --- | --- | --- | --- | --- |" + (" --- |" if baseline is not None else ""),
     ]
     for key, label, unit, factor in ROWS:
         go_text, go_value = cell(go, key, unit)
@@ -466,7 +473,10 @@ def report(go: list[Figures], ours: list[Figures], go_default: Figures | None, l
         ratio = f"{our_value / go_value:.2f}" if go_value and our_value is not None else "-"
         target = f"<= {factor:g} x Go" if factor is not None else ""
         unit_label = f" ({unit})" if unit else ""
-        lines.append(f"| {label}{unit_label} | {go_text} | {our_text} | {ratio} | {target} |")
+        row = f"| {label}{unit_label} | {go_text} | {our_text} | {ratio} | {target} |"
+        if baseline is not None:
+            row += f" {cell(baseline, key, unit)[0]} |"
+        lines.append(row)
     if go_default is not None:
         for key, label in (
             ("back_to_back_100", "100 prepares, back to back"),
@@ -485,6 +495,9 @@ def main() -> None:
     parser.add_argument("--k8s-bin", type=Path, default=os.environ.get("DRADRIVER_E2E_BIN"))
     parser.add_argument("--go-plugin", type=Path, required=True)
     parser.add_argument("--dradriver", type=Path, default=Path(shutil.which("dradriver") or "dradriver"))
+    parser.add_argument(
+        "--baseline", type=Path, help="an earlier dradriver build to run beside, for comparison"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paced", type=int, default=300, help="paced prepare/unprepare pairs per round")
     parser.add_argument("--pace-ms", type=float, default=20.0)
@@ -514,6 +527,8 @@ def main() -> None:
             body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
         )
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
+        if opts.baseline is not None:
+            plugins.append(dradriver_plugin(opts.baseline, baseline=True))
         if opts.only:
             plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go")]
         kubeconfigs, claims = {}, {}
@@ -541,11 +556,7 @@ def main() -> None:
             go_default = {"go": Figures()}
             prepare_phase([limited], kubeconfigs, claims, opts, go_default, paced=False)
         print()
-        print(
-            report(
-                results.get("go", []), results.get("dr", []), go_default["go"] if go_default else None, loads
-            )
-        )
+        print(report(results, go_default["go"] if go_default else None, loads))
     finally:
         plane.stop()
         shutil.rmtree(work, ignore_errors=True)

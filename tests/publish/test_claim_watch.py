@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from dradriver.kube import KubeClient, NotFoundError
+from dradriver.kube import KubeClient, NotFoundError, load_client
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.claims import ClaimWatch
 from tests.helpers import allocated_claim, uid, wait_for
@@ -21,6 +22,7 @@ from tests.publish.apiservers import (
     create_allocated_claim,
     update_claim_status,
 )
+from tests.publish.kubefake import FakeApiServer
 
 
 class Claims:
@@ -108,3 +110,27 @@ def test_nothing_is_handed_out_while_the_watch_is_down(backend: Backend) -> None
             wait_for(lambda: watch.get(ref) is not None, 30, "the watch to be back")
     finally:
         claims.cleanup()
+
+
+def test_a_claim_allocated_here_warms_the_connection_for_its_fetch(
+    fake_api: FakeApiServer, tmp_path: Path
+) -> None:
+    client = load_client(str(tmp_path / "kubeconfig"))
+    assert client is not None
+    watch = ClaimWatch(client, driver_name=TEST_DRIVER, pool_name="node-1", warm_after=0)
+    watch.start()
+    try:
+        wait_for(lambda: any(r.watch for r in fake_api.requests), 10, "the watch")
+        seen = len(fake_api.requests)
+        claim = allocated_claim("warm", uid(5), [{"request": "gpu", "device": "gpu-0"}], driver=TEST_DRIVER)
+        ref = ClaimRef(
+            "default", "warm", fake_api.create("resourceclaims", "default", claim)["metadata"]["uid"]
+        )
+        wait_for(lambda: watch.get(ref) is not None, 10, "the claim")
+        wait_for(
+            lambda: ("GET", "/version") in [(r.method, r.path) for r in fake_api.requests_since(seen)],
+            10,
+            "a request ahead of the kubelet's call",
+        )
+    finally:
+        watch.stop()

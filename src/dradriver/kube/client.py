@@ -40,6 +40,8 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 #: The first Kubernetes release that serves resource.k8s.io/v1 by default.
 MIN_KUBERNETES = "1.34"
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+#: `warm` does nothing if a request went out this recently (the API server's idle timeout is 90 s).
+WARM_AFTER_IDLE_SECONDS = 30.0
 
 Json = dict[str, Any]
 
@@ -183,6 +185,7 @@ class KubeClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._api = api_client
+        self._last_sent = 0.0  # monotonic time of the latest request
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
@@ -248,6 +251,7 @@ class KubeClient:
         """Send and return the raw urllib3 response (not yet read); connection errors -> UnreachableError."""
         from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
+        self._last_sent = time.monotonic()
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         _, url, headers, _, _ = self._api.param_serialize(
             method=method,
@@ -302,6 +306,16 @@ class KubeClient:
                 response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
             )
         return WatchStream(response)
+
+    def warm(self, idle: float = WARM_AFTER_IDLE_SECONDS) -> None:
+        """Make sure a connection is open for a call that is about to come: the API server drops
+        connections idle for 90 s, and a new TLS connection costs more than the call itself."""
+        if time.monotonic() - self._last_sent < idle:
+            return
+        try:
+            self.request("GET", "/version")
+        except KubeError as err:
+            log.debug("could not open a connection ahead of time", error=str(err))
 
     # -- discovery -----------------------------------------------------------------------------
 

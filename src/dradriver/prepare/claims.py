@@ -163,14 +163,20 @@ class ClaimWatch:
     A hint, never the truth the kubelet acted on: a watch may trail the API server. Prepare
     starts from it while the claim is fetched and answers only once the fetched claim shows the
     same UID and allocation (GpuDriver). Claims allocated elsewhere are dropped as they arrive,
-    and nothing is handed out while the watch is down.
+    and nothing is handed out while the watch is down. A claim newly allocated here also warms
+    a connection for the fetch that will follow.
     """
 
-    def __init__(self, client: KubeClient, *, driver_name: str, pool_name: str) -> None:
+    def __init__(
+        self, client: KubeClient, *, driver_name: str, pool_name: str, warm_after: float | None = None
+    ) -> None:
+        """`warm_after`: how long the client may have been idle before a new claim warms it."""
         from dradriver.kube import Backoff
+        from dradriver.kube.client import WARM_AFTER_IDLE_SECONDS
         from dradriver.kube.reflector import Reflector
 
         self._client = client
+        self._warm_after = WARM_AFTER_IDLE_SECONDS if warm_after is None else warm_after
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._lock = threading.Lock()
@@ -233,9 +239,14 @@ class ClaimWatch:
         key = _key(event.object)
         with self._lock:
             if event.type != "DELETED" and self._ours(event.object):
+                newly = self._claims.get(key) is None
                 self._claims[key] = event.object
             else:
+                newly = False
                 self._claims.pop(key, None)
+        if newly:
+            # Allocated here just now: the kubelet will ask to prepare it once its pod is bound.
+            self._client.warm(self._warm_after)
 
     def _set_watching(self, watching: bool) -> None:
         with self._lock:
