@@ -200,7 +200,8 @@ def test_registration_outcome_drives_readiness() -> None:
         )
         wait_for(lambda: "kubelet rejected the registration" in serve.log(), 5, "rejection log line")
         kubeletclient.register(serve.registration_socket)
-        assert http_get(port, "/readyz") == (200, "ok\n")
+        # Ready once the driver is built too, which the background start-up may still be doing.
+        wait_for(lambda: http_get(port, "/readyz") == (200, "ok\n"), 30, "readiness")
 
 
 def test_env_vars_set_flags() -> None:
