@@ -235,9 +235,8 @@ class CdiDirectory:
         problems = validate(spec)
         if problems:
             raise InvalidSpecError("; ".join(problems))
-        self.path.mkdir(parents=True, exist_ok=True)
         target = self.file_for(claim_uid)
-        data = json.dumps(spec, indent=2).encode() + b"\n"
+        data = json.dumps(spec, separators=(",", ":")).encode() + b"\n"  # compact: the C encoder
         write_atomically(target, data, mode=0o644)
         return target
 
@@ -286,7 +285,12 @@ def write_atomically(target: Path, data: bytes, *, mode: int, sync_directory: bo
     The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
     """
     tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:  # the directory is made on first use (a mkdir per write costs more)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, mode)
     with os.fdopen(fd, "wb") as out:
         os.fchmod(fd, mode)  # the umask must not make a spec unreadable or a checkpoint world-readable
         out.write(data)

@@ -141,7 +141,6 @@ class CheckpointStore:
             claims[uid] = cached
         self._dumped = claims
         data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, _document(data), mode=0o600, sync_directory=not self._directory_synced)
         self._directory_synced = True
 
