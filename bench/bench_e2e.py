@@ -1,13 +1,14 @@
 """Issue 11 figures on a real single-node Kubernetes 1.36 with the `fake` DaemonSet.
 
-Run: .venv/bin/python -m bench.bench_e2e --bin /var/tmp/dradriver-k8s-bin \\
-         --image build/image/dradriver-0.1.0.oci.tar [--rounds 15]
+Run: make release VERSION=0.1.0 && .venv/bin/python -m bench.bench_e2e \\
+         --bin /var/tmp/dradriver-k8s-bin --release build/release/dradriver-0.1.0 [--rounds 15]
 
-Starts the cluster (tests/e2e/cluster.py), imports the image, installs `deploy/overlays/fake`,
-then alternates a pod without a claim and the same pod with a one-GPU claim (same image, same
-command), timing create -> Running from the client (the pod is polled every 5 ms). Afterwards it
-reads the kubelet's own histogram of NodePrepareResources (`dra_grpc_operations_duration_seconds`
-from the node's /metrics) and the plugin's per-call durations from its log.
+Starts the cluster (tests/e2e/cluster.py), imports the release's image, installs its `fake`
+overlay manifests, then alternates a pod without a claim and the same pod with a one-GPU claim
+(same image, same command), timing create -> Running from the client (the pod is polled every
+5 ms). Afterwards it reads the kubelet's own histogram of NodePrepareResources
+(`dra_grpc_operations_duration_seconds` from the node's /metrics) and the plugin's per-call
+durations from its log.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.e2e.cluster import LocalCluster
 from tests.e2e.plugin import Deployment
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
+from tests.release.release import ReleaseDirectory
 
 PODS = "/api/v1/namespaces/default/pods"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
@@ -109,7 +111,9 @@ def histogram_quantile(text: str, metric: str, labels: dict[str, str], q: float)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
-    parser.add_argument("--image", type=Path, required=True, help="image archive from `make image`")
+    parser.add_argument(
+        "--release", type=Path, required=True, help="directory `make release` wrote (image and manifests)"
+    )
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
@@ -117,8 +121,9 @@ def main() -> None:
     local.start()
     try:
         cluster = RealCluster(local.kubeconfig, local.node_name, local)
-        local.import_image(args.image)
-        deployment = Deployment(cluster, "overlays/fake")
+        release = ReleaseDirectory.read(args.release)
+        local.import_image(release.archive)
+        deployment = Deployment(cluster, release, "overlays/fake")
         deployment.install()
         client = cluster.client()
         client.request(

@@ -1,12 +1,13 @@
 """`make image`: the plugin's OCI image as an archive, built without Docker or a registry.
 
 Debian bookworm's essential packages plus python3 (mmdebstrap), and a virtual environment at
-/opt/dradriver holding this tree's wheel and its dependencies — the same content as
-deploy/Dockerfile's image. The result is an OCI image layout in one tar file that
-`ctr -n k8s.io images import` (or `podman load`) takes; the image is named
-`docker.io/library/dradriver:<version>`, which is what the manifests in deploy/ refer to.
+/opt/dradriver holding this tree's wheel (or the one given) and exactly the dependencies that
+requirements.lock pins, hash-checked — the same content as deploy/Dockerfile's image. The result
+is an OCI image layout in one tar file that `ctr -n k8s.io images import` (or `podman load`)
+takes; the image is named `docker.io/library/dradriver:<version>`, which is what the manifests
+in deploy/ refer to.
 
-Usage: build_image.py [--out DIR] [--tag NAME:TAG] [--constraints FILE] [--mirror URL]
+Usage: build_image.py [--out DIR] [--tag NAME:TAG] [--constraints LOCK] [--wheel FILE] [--mirror URL]
 Prints the archive's path. Needs root or unprivileged user namespaces (mmdebstrap), network access
 to a Debian mirror and to the Python package index.
 """
@@ -29,7 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+#: Every runtime dependency pinned with hashes (`make lock` writes it for the interpreter below).
+LOCK = REPO / "requirements.lock"
 SUITE = "bookworm"
+#: The image's interpreter and platform (bookworm's python3 on x86_64, glibc 2.36).
+PYTHON_VERSION = "3.11"
+ARCH = "x86_64"
+GLIBC = (2, 36)
+#: The wheel platform tags it runs: pip does not expand a manylinux tag to the older ones itself.
+WHEEL_PLATFORMS = (
+    *(f"manylinux_{GLIBC[0]}_{minor}_{ARCH}" for minor in range(GLIBC[1], 4, -1)),
+    *(f"{legacy}_{ARCH}" for legacy in ("manylinux2014", "manylinux2010", "manylinux1")),
+)
 VENV = "/opt/dradriver"
 #: Debian packages on top of the essential set: the interpreter, and the C++ runtime that the
 #: grpcio and google-re2 wheels link against.
@@ -55,11 +67,21 @@ def source_date_epoch() -> str:
     return done.stdout.strip() or "0"
 
 
-def build_wheels(wheels: Path, constraints: Path | None) -> None:
-    """This tree's wheel, its dependencies' wheels and pip's own (the installer inside the image)."""
+def collect_wheels(wheels: Path, lock: Path, wheel: Path | None) -> None:
+    """The package's wheel (built from this tree unless given), the locked dependencies' wheels
+    for the image's interpreter whatever runs this script, and pip's own (the image's installer)."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    extra = ["--constraint", str(constraints)] if constraints else []
-    subprocess.run([*pip, "wheel", "--wheel-dir", str(wheels), *extra, str(REPO)], check=True)
+    wheels.mkdir(parents=True, exist_ok=True)
+    if wheel is not None:
+        shutil.copy2(wheel, wheels)
+    else:
+        subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO)], check=True)
+    platforms = [option for tag in WHEEL_PLATFORMS for option in ("--platform", tag)]
+    target = ["--only-binary=:all:", *platforms, "--python-version", PYTHON_VERSION]
+    subprocess.run(
+        [*pip, "download", "--no-deps", "--require-hashes", *target, "--dest", str(wheels), "-r", str(lock)],
+        check=True,
+    )
     subprocess.run([*pip, "download", "--no-deps", "--dest", str(wheels), "pip"], check=True)
 
 
@@ -69,8 +91,10 @@ def build_rootfs(wheels: Path, layer: Path, mirror: str, epoch: str) -> None:
     hooks = [
         f'copy-in "{wheels}" /tmp',
         f'chroot "$1" python3 -m venv --without-pip {VENV}',
+        # Offline, from the collected wheels only: a dependency the lock misses fails here.
         f'chroot "$1" {VENV}/bin/python /tmp/{wheels.name}/{pip_wheel.name}/pip install -q '
         f"--no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/{wheels.name} dradriver",
+        f'chroot "$1" {VENV}/bin/python /tmp/{wheels.name}/{pip_wheel.name}/pip check',
         f'rm -rf "$1/tmp/{wheels.name}" "$1"/var/cache/* "$1"/var/log/*',
         # Every native extension must load: a missing system library shows here, not on a node.
         f'chroot "$1" {VENV}/bin/python -c "{NATIVE_IMPORTS}"',
@@ -210,7 +234,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "build/image", help="output directory")
     parser.add_argument("--tag", default=f"dradriver:{version()}", help="image name and tag")
-    parser.add_argument("--constraints", type=Path, help="pip constraints file for the dependencies")
+    parser.add_argument(
+        "--constraints",
+        type=Path,
+        default=LOCK,
+        metavar="LOCK",
+        help="every dependency pinned with hashes, as `make lock` writes it (default: requirements.lock)",
+    )
+    parser.add_argument("--wheel", type=Path, help="the dradriver wheel to install (default: this tree's)")
     parser.add_argument("--mirror", default="http://deb.debian.org/debian", help="Debian mirror")
     args = parser.parse_args()
     if shutil.which("mmdebstrap") is None:
@@ -223,7 +254,7 @@ def main() -> int:
     archive = args.out / f"{name}-{version_}.oci.tar"
     with tempfile.TemporaryDirectory(dir=args.out) as work:
         wheels = Path(work) / "wheels"
-        build_wheels(wheels, args.constraints)
+        collect_wheels(wheels, args.constraints, args.wheel)
         layer = Path(work) / "rootfs.tar"
         build_rootfs(wheels, layer, args.mirror, epoch)
         write_archive(layer, archive, {reference: DRADRIVER_CONFIG}, int(epoch))

@@ -22,6 +22,7 @@ import yaml
 
 from dradriver import kubeletclient
 from dradriver.health.board import Health
+from dradriver.plugin.server import PluginPaths
 
 DRIVER = "gpu.dradriver.dev"
 
@@ -57,6 +58,7 @@ class ServeProcess:
         *,
         claims_from_files: bool = True,
         fake_gpus: str | None = "dgx-h100",
+        pod_uid: str = "",
     ) -> None:
         self.root = root
         self.registry_dir = root / "plugins_registry"
@@ -75,6 +77,7 @@ class ServeProcess:
             "node-1",
             *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
+            *(["--pod-uid", pod_uid] if pod_uid else []),
             *extra_args,
         ]
         # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.
@@ -83,21 +86,24 @@ class ServeProcess:
         }
         self.env = inherited | {"PYTHONUNBUFFERED": "1"} | (env or {})
         self.proc: subprocess.Popen[str] | None = None
-        self.log_path = root / "serve.log"
+        self.log_path = root / (f"serve-{pod_uid}.log" if pod_uid else "serve.log")
+        self.paths = PluginPaths.for_driver(driver, self.plugins_dir, self.registry_dir, pod_uid)
+        if claims_from_files:
+            self.claims_dir.mkdir(exist_ok=True)
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver}-reg.sock"
+        return self.paths.registration_socket
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugins_dir / self.driver / "dra.sock"
+        return self.paths.dra_socket
 
     @property
     def lock_file(self) -> Path:
-        return self.plugins_dir / self.driver / "serve.lock"
+        return self.paths.lock_file
 
-    def start(self, wait: bool = True) -> ServeProcess:
+    def start(self, wait: bool = True, *, umask: int = -1) -> ServeProcess:
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dradriver", "serve", *self.args],
@@ -105,6 +111,7 @@ class ServeProcess:
             stderr=subprocess.STDOUT,
             env=self.env,
             text=True,
+            umask=umask,
         )
         if wait:
             wait_for(self.registration_socket.exists, 20, f"{self.registration_socket} (log: {self.log()})")
@@ -258,16 +265,24 @@ def scrape(port: int) -> str:
         return str(resp.read().decode())
 
 
-def write_gpu_profile(path: Path, count: int, product: str = "NVIDIA H100 80GB HBM3") -> Path:
-    """A fake GPU profile file of `count` identical GPUs (H100 by default, or a Tesla T4)."""
+def write_gpu_profile(
+    path: Path, count: int, product: str = "NVIDIA H100 80GB HBM3", *, mig_empty: bool = False
+) -> Path:
+    """A fake GPU profile file of `count` identical GPUs (H100 by default, or a Tesla T4).
+
+    `mig_empty`: H100s in MIG mode without MIG devices, for --partitionable to create them.
+    """
     hopper = product.startswith("NVIDIA H100")
-    gpu = {
+    gpu: dict[str, object] = {
         "productName": product,
         "count": count,
         "architecture": "Hopper" if hopper else "Turing",
         "computeCapability": "9.0" if hopper else "7.5",
         "memoryMiB": 81559 if hopper else 15360,
     }
+    if mig_empty:
+        assert hopper, "only the H100 has a MIG profile table here"
+        gpu["mig"] = {"table": "h100-80gb", "enabled": True}
     path.write_text(
         yaml.safe_dump({"driverVersion": "570.124.06", "cudaDriverVersion": "12.8", "gpus": [gpu]})
     )

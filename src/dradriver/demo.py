@@ -26,14 +26,13 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from dradriver import kubeletclient
+from dradriver import data, kubeletclient
 from dradriver.plugin.driver import ClaimRef
 
 console = Console(highlight=False, soft_wrap=True)
 DRIVER = "gpu.dradriver.dev"
 NODE = "demo-node"
 PROFILE = "dgx-h100"
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = ("single-gpu.yaml", "two-gpus.yaml", "time-slicing.yaml", "mps.yaml")
 
 
@@ -57,7 +56,7 @@ def allocate_examples(claims_dir: Path) -> list[tuple[str, ClaimRef]]:
 
     slices = [parse_slice(s) for s in build_node_slices(PROFILE, node_name=NODE, driver_name=DRIVER)]
     classes = {}
-    for path in sorted((REPO / "deviceclasses").glob("*.yaml")):
+    for path in sorted(data.DEVICE_CLASSES.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "DeviceClass":
                 device_class = parse_device_class(doc)
@@ -66,7 +65,7 @@ def allocate_examples(claims_dir: Path) -> list[tuple[str, ClaimRef]]:
     allocated: list[tuple[str, ClaimRef]] = []
     taken: list[Any] = []
     for example in EXAMPLES:
-        for doc in yaml.safe_load_all((REPO / "examples" / "claims" / example).read_text()):
+        for doc in yaml.safe_load_all((data.EXAMPLE_CLAIMS / example).read_text()):
             if not doc or doc.get("kind") not in {"ResourceClaim", "ResourceClaimTemplate"}:
                 continue
             spec = doc["spec"]["spec"] if doc["kind"] == "ResourceClaimTemplate" else doc["spec"]

@@ -7,8 +7,11 @@ the import until the first log call.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
+from types import TracebackType
 from typing import Any, Literal, TextIO, cast
 
 LogFormat = Literal["json", "console"]
@@ -49,10 +52,66 @@ def verbosity() -> int:
     return _verbosity
 
 
+#: A log record never carries more than this many characters of any one string value, list
+#: items or map entries, and never renders to more than MAX_RECORD_BYTES: a crafted input must
+#: not be able to flood the log (or the memory of whoever reads it).
+MAX_VALUE_CHARS = 2048
+MAX_ITEMS = 64
+MAX_RECORD_BYTES = 16 * 1024
+_MAX_NESTING = 8
+
+
 def _standard_fields_first(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
     """Put timestamp, level and event at the front of each JSON line, where people look."""
     front = {key: event.pop(key) for key in ("timestamp", "level", "event") if key in event}
     return front | event
+
+
+def clip_text(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was cut (for logs, errors, messages)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def clip(value: Any, depth: int = 0) -> Any:
+    """`value` with long strings cut, long lists and maps shortened, deep nesting summarized;
+    anything that is not JSON data becomes its (clipped) text."""
+    if isinstance(value, str):
+        return clip_text(value, MAX_VALUE_CHARS)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if depth >= _MAX_NESTING:
+        return f"<{type(value).__name__} nested too deeply to log>"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {str(k)[:MAX_VALUE_CHARS]: clip(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["..."] = f"{len(items) - MAX_ITEMS} more entries"
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        clipped = [clip(v, depth + 1) for v in items[:MAX_ITEMS]]
+        if len(items) > MAX_ITEMS:
+            clipped.append(f"... {len(items) - MAX_ITEMS} more items")
+        return clipped
+    return clip(str(value), depth)
+
+
+def _bounded(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    bounded: dict[str, Any] = clip(event)
+    return bounded
+
+
+def _json_line(event: dict[str, Any], **_options: Any) -> str:
+    """One JSON line of at most MAX_RECORD_BYTES; an oversized record keeps only its front fields."""
+    line = json.dumps(event, ensure_ascii=False, default=str)
+    if len(line.encode()) <= MAX_RECORD_BYTES:
+        return line
+    front: dict[str, Any] = {k: event[k] for k in ("timestamp", "level", "event", "component") if k in event}
+    front["event"] = str(front.get("event", ""))[:1024]
+    front["truncated"] = f"record of {len(line.encode())} bytes exceeded {MAX_RECORD_BYTES}; fields dropped"
+    return json.dumps(front, ensure_ascii=False, default=str)
 
 
 class _CurrentStderr:
@@ -69,35 +128,86 @@ class _CurrentStderr:
         return sys.stderr.isatty()
 
 
+def _logger_name(_logger: Any, _method: str, event: Any) -> Any:
+    """Records from other libraries' stdlib loggers say where they come from."""
+    record = event.get("_record")
+    if record is not None:
+        event.setdefault("logger", record.name)
+    return event
+
+
 def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
-    """Route structlog (and stdlib logging, e.g. from grpc or kubernetes) to `stream` (stderr)."""
+    """Route structlog, stdlib logging (grpc, kubernetes, urllib3), warnings and uncaught
+    exceptions to `stream` (stderr), all in one format: JSON lines or readable console text.
+
+    Exception records carry the traceback's frames but never local variables (they may hold
+    whole claims, and rendering them can take unbounded time), and every record is bounded.
+    """
     import structlog
+    from structlog.tracebacks import ExceptionDictTransformer
 
     global _verbosity  # noqa: PLW0603 - one process-wide setting, set once at start-up
     _verbosity = level
     out: TextIO = stream if stream is not None else cast(TextIO, _CurrentStderr())
     min_level = logging.DEBUG if level >= VERBOSITY_DEBUG else logging.INFO
-    processors: list[Any] = [
+    shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    renderer: Any
     if fmt == "json":
-        processors += [
-            structlog.processors.dict_tracebacks,
+        tail: list[Any] = [
+            structlog.processors.ExceptionRenderer(
+                ExceptionDictTransformer(show_locals=False, max_frames=20, use_rich=False)
+            ),
+            _bounded,
             _standard_fields_first,
-            structlog.processors.JSONRenderer(sort_keys=False),
         ]
+        renderer = structlog.processors.JSONRenderer(serializer=_json_line)
     else:
-        processors.append(
-            structlog.dev.ConsoleRenderer(
-                colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
-            )
+        tail = [_bounded]
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
         )
     structlog.configure(
-        processors=processors,
+        processors=[*shared, *tail, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=logging.WARNING, stream=out, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, _logger_name],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING if level < VERBOSITY_DEBUG else logging.DEBUG)
+    logging.captureWarnings(False)  # re-install: a harness may have restored showwarning since
+    logging.captureWarnings(True)
+    if fmt == "json":
+        _log_uncaught_exceptions()
+
+
+def _log_uncaught_exceptions() -> None:
+    """An exception nobody caught (in any thread) is one JSON record too, not a bare traceback."""
+    crash_log = get_logger(component="crash")
+
+    def in_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        thread = args.thread.name if args.thread is not None else "?"
+        crash_log.error(
+            "uncaught exception in a thread",
+            thread=thread,
+            exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback),
+        )
+
+    def in_main(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        crash_log.error("uncaught exception", exc_info=(kind, value, tb))
+
+    threading.excepthook = in_thread
+    sys.excepthook = in_main

@@ -42,6 +42,22 @@ CALL_FAILURES = Counter(
     registry=REGISTRY,
 )
 NVML_ERRORS = Counter("dradriver_nvml_errors_total", "NVML calls that failed", ["call"], registry=REGISTRY)
+MIG_CREATED = Counter(
+    "dradriver_mig_devices_created_total",
+    "MIG devices created for claims (--partitionable)",
+    registry=REGISTRY,
+)
+MIG_DESTROYED = Counter(
+    "dradriver_mig_devices_destroyed_total",
+    "MIG devices made for claims and destroyed again",
+    registry=REGISTRY,
+)
+MIG_FAILURES = Counter(
+    "dradriver_mig_failures_total",
+    "MIG creations and destructions NVML refused, by operation and reason",
+    ["operation", "reason"],
+    registry=REGISTRY,
+)
 XID_EVENTS = Counter(
     "dradriver_xid_events_total", "XID events seen, by code and class", ["xid", "class"], registry=REGISTRY
 )
@@ -64,7 +80,7 @@ def error_reason(message: str) -> str:
         ("invalid namespace", "invalid_reference"),
         ("invalid name", "invalid_reference"),
         ("node-only mode", "no_api_access"),
-        ("does not exist on the GPU yet", "mig_not_created"),
+        ("cannot create the MIG device", "mig_create_failed"),
     ):
         if needle in message:
             return reason
@@ -92,6 +108,19 @@ class HealthCounters:
 
     def nvml_error(self, call: str) -> None:
         NVML_ERRORS.labels(call).inc()
+
+
+class MigCounters:
+    """The MIG manager's MigMetrics."""
+
+    def mig_created(self) -> None:
+        MIG_CREATED.inc()
+
+    def mig_destroyed(self) -> None:
+        MIG_DESTROYED.inc()
+
+    def mig_failed(self, operation: str, reason: str) -> None:
+        MIG_FAILURES.labels(operation, reason).inc()
 
 
 class StateCollector(Collector):

@@ -14,6 +14,8 @@ DRIVER_NAME_MAX = 63
 C_IDENTIFIER_MAX = 32
 #: Attribute string and version values are limited in bytes, not characters.
 ATTRIBUTE_VALUE_MAX_BYTES = 64
+#: Integer fields (counts, int attributes) are Go int64s.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -26,6 +28,27 @@ _SEMVER = re.compile(
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
 )
 _LOOSE_VERSION = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def int64_error(value: object) -> str | None:
+    """An integer field: a JSON string or float is not one, nor is a number beyond int64."""
+    if type(value) is not int:
+        return (
+            f"must be an integer, not {'a boolean' if isinstance(value, bool) else f'a {_json_type(value)}'}"
+        )
+    if not INT64_MIN <= value <= INT64_MAX:
+        return "must fit in a 64-bit integer (int64)"
+    return None
+
+
+def _json_type(value: object) -> str:
+    return {
+        str: "string",
+        float: "number with a fraction",
+        list: "list",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def dns_label_error(value: str) -> str | None:

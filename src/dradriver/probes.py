@@ -1,16 +1,16 @@
 """HTTP endpoints for the kubelet's probes and Prometheus: /healthz, /readyz and /metrics.
 
-Served by the stdlib's threading HTTP server on `--metrics-address`; off unless configured,
-because a DaemonSet on the host network would otherwise expose it on every node address.
+Served by `httpserver.HttpServer` (bounded threads and time per request) on
+`--metrics-address`; off unless configured, because a DaemonSet on the host network would
+otherwise expose it on every node address.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from dradriver import logs
+from dradriver.httpserver import HttpServer, Response
 
 #: A check returns None when fine, else the reason it is not.
 Check = Callable[[], str | None]
@@ -33,47 +33,23 @@ class ProbeServer:
         self._checks = {"/healthz": liveness, "/readyz": readiness}
         self._metrics = metrics
         host, port = parse_address(address)
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="probes", daemon=True)
+        self._httpd = HttpServer(host, port, self._respond)
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return self._httpd.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._httpd.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._httpd.stop()
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        checks = self._checks
-        metrics = self._metrics
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics" and metrics is not None:
-                    self._reply(200, metrics().decode(), "text/plain; version=0.0.4; charset=utf-8")
-                    return
-                check = checks.get(path)
-                if check is None:
-                    self._reply(404, "not found\n")
-                    return
-                problem = check()
-                self._reply(200, "ok\n") if problem is None else self._reply(503, f"{problem}\n")
-
-            def _reply(self, code: int, body: str, content_type: str = "text/plain; charset=utf-8") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: object) -> None:
-                """Probes arrive every few seconds: keep them out of the log."""
-
-        return Handler
+    def _respond(self, path: str) -> Response:
+        if path == "/metrics" and self._metrics is not None:
+            return Response(200, self._metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        check = self._checks.get(path)
+        if check is None:
+            return Response(404, b"not found\n")
+        problem = check()
+        return Response(200, b"ok\n") if problem is None else Response(503, f"{problem}\n".encode())

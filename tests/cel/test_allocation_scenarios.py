@@ -347,3 +347,34 @@ def test_allocation_is_deterministic() -> None:
     expected = [("gpu", "a-0"), ("gpu", "a-1")]
     assert allocated(run([claim("c", exactly("gpu", count=2))], slices)) == expected
     assert allocated(run([claim("c", exactly("gpu", count=2))], slices[::-1])) == expected
+
+
+def test_a_thousand_claims_allocate_without_recursion() -> None:
+    """One frame per allocated device lives on an explicit stack, not Python's (issues 12, 14)."""
+    claims = [claim(f"c{i}", exactly("gpu")) for i in range(1000)]
+    pools = [{"name": f"pool-{s}", "generation": 1, "resourceSliceCount": 1} for s in range(8)]
+    slices = [slice_of(gpus(125, prefix=f"s{s}"), name=f"node-a-{s}", pool=pools[s]) for s in range(8)]
+    sim = run(claims, slices)
+    assert sim.satisfiable
+    taken = {r.device for report in sim.nodes[0].claims for r in report.results}
+    assert len(taken) == 1000
+
+
+def test_distinct_attribute_takes_devices_with_different_values() -> None:
+    numa = [{"int": n} for n in (0, 0, 1, 1)]
+    constraint = [{"distinctAttribute": f"{DRIVER}/numaNode", "requests": ["gpu"]}]
+    sim = run(
+        [claim("c", exactly("gpu", count=2), constraints=constraint)],
+        [slice_of(gpus(4, attributes={"numaNode": numa}))],
+    )
+    assert allocated(sim) == [("gpu", "gpu-0"), ("gpu", "gpu-2")]
+
+
+def test_distinct_attribute_unsatisfiable_when_values_repeat() -> None:
+    numa = [{"int": 0}] * 4
+    constraint = [{"distinctAttribute": f"{DRIVER}/numaNode"}]
+    sim = run(
+        [claim("c", exactly("gpu", count=2), constraints=constraint)],
+        [slice_of(gpus(4, attributes={"numaNode": numa}))],
+    )
+    assert not sim.satisfiable

@@ -37,7 +37,10 @@ def test_compile_errors_are_cached_and_raised_each_time() -> None:
 def test_compile_error_has_cel_go_layout() -> None:
     with pytest.raises(CELCompileError) as info:
         compile_selector("device.foo == 1")
-    assert info.value.message == "ERROR: <input>:1:7: undefined field 'foo'\n | device.foo == 1\n | ......^"
+    assert (
+        info.value.message
+        == "compilation failed: ERROR: <input>:1:7: undefined field 'foo'\n | device.foo == 1\n | ......^"
+    )
 
 
 def test_cel_device_is_reused_across_selectors() -> None:

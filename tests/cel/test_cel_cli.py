@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.cel.cel_fixtures import DRIVER, gpu_device
+from tests.deploy.manifests import DEVICECLASSES
 
 A = f'device.attributes["{DRIVER}"]'
 
@@ -346,7 +347,10 @@ def test_dry_run_compile_error_exits_2_with_hint(cache_home: Path, files: dict[s
     files["claim"].write_text(yaml.safe_dump(claim(f"{A}.compute.major >= 8 && device.foo")))
     result = dry_run(cache_home, files)
     assert result.returncode == 2
-    assert "claim.yaml:1: claim default/c, request gpu selector #0: ERROR: <input>:1:" in result.stderr
+    assert (
+        "claim.yaml:1: claim default/c, request gpu selector #0: compilation failed: ERROR: <input>:1:"
+        in result.stderr
+    )
     assert f"try: {A}.computeMajor >= 8 && device.foo" in result.stderr
 
 
@@ -372,15 +376,33 @@ def test_dry_run_cluster_without_access_is_a_clear_error(
     )
 
 
-def test_dry_run_uses_deviceclasses_directory_by_default(
+def test_dry_run_uses_the_builtin_deviceclasses_by_default(
     cache_home: Path, files: dict[str, Path], tmp_path: Path
 ) -> None:
+    # Without --class the repository's deviceclasses/ (shipped in the package) decide, wherever
+    # dry-run runs: a deviceclasses/ directory in the working directory is not consulted.
     (tmp_path / "deviceclasses").mkdir()
-    (tmp_path / "deviceclasses" / "gpu.yaml").write_text(yaml.safe_dump(DEVICE_CLASS))
+    (tmp_path / "deviceclasses" / "gpu.yaml").write_text(
+        yaml.safe_dump({**DEVICE_CLASS, "spec": {"selectors": [{"cel": {"expression": "false"}}]}})
+    )
     result = dradriver(
-        cache_home, "dry-run", "--claim", str(files["claim"]), "--slices", str(files["slices"]), cwd=tmp_path
+        cache_home,
+        "dry-run",
+        "--claim",
+        str(files["claim"]),
+        "--slices",
+        str(files["slices"]),
+        "-o",
+        "json",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
+    (builtin,) = yaml.safe_load_all((DEVICECLASSES / "gpu.yaml").read_text())
+    (request,) = json.loads(result.stdout)["nodes"][0]["claims"][0]["requests"]
+    class_selectors = [
+        s["expression"] for s in request["devices"][0]["selectors"] if s["source"].startswith("class")
+    ]
+    assert class_selectors == [s["cel"]["expression"] for s in builtin["spec"]["selectors"]]
 
 
 # -- validate --------------------------------------------------------------------------------------------

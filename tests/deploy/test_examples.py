@@ -24,6 +24,7 @@ from tests.deploy.manifests import (
     EXAMPLES,
     FAKE_PROFILES,
     OUTCOMES,
+    PROFILE_FLAGS,
     ExampleRow,
     Manifest,
     claim_specs,
@@ -228,9 +229,19 @@ def test_examples_table_covers_every_example() -> None:
     files = {p.name for p in example_files()}
     for row in rows:
         assert row.file in files, f"README row names missing file {row.file}"
-        assert row.profile in FAKE_PROFILES, f"{row.file}: unknown profile {row.profile}"
+        profile, *flags = row.profile.split()
+        assert profile in FAKE_PROFILES, f"{row.file}: unknown profile {profile}"
+        assert set(flags) <= PROFILE_FLAGS, f"{row.file}: unknown flags {flags}"
         assert row.expected in OUTCOMES, f"{row.file}: expected outcome {row.expected!r}"
-        assert row.pod in POD_OUTCOMES[row.expected], f"{row.file}@{row.profile}: pod outcome {row.pod!r}"
+        pods = row.pod.split(", ")
+        assert set(pods) <= POD_OUTCOMES[row.expected] | {"Running"}, f"{row.file}@{row.profile}: {row.pod!r}"
+        # A satisfiable file runs everywhere; an unsatisfiable one leaves at least one pod waiting.
+        assert ("Pending" in pods) == (row.expected == "unsatisfiable"), (
+            f"{row.file}@{row.profile}: {row.pod!r}"
+        )
+        if len(pods) > 1:
+            named = [d for path in [EXAMPLES / row.file] for d in load_documents(path) if d["kind"] == "Pod"]
+            assert len(pods) == len(named), f"{row.file}@{row.profile}: one outcome per Pod of the file"
         assert row.shows, f"{row.file}: empty 'shows' cell"
     assert files == {row.file for row in rows}, (
         f"examples missing from the README: {files - {r.file for r in rows}}"
@@ -264,7 +275,7 @@ def test_examples_table_matches_dry_run_and_validate(
     path = str(EXAMPLES / row.file)
     assert main(["validate", path]) == 0, capsys.readouterr()
     capsys.readouterr()
-    code = main(["dry-run", "--claim", path, "--fake-gpus", row.profile, "-o", "json"])
+    code = main(["dry-run", "--claim", path, "--fake-gpus", *row.profile.split(), "-o", "json"])
     report = capsys.readouterr().out
     assert code == {"satisfiable": 0, "unsatisfiable": 1}[row.expected], report
 

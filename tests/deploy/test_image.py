@@ -93,3 +93,20 @@ def test_image_builds_and_runs_dradriver() -> None:
         assert "MPS stand-in ok" in mps.stdout, mps.stderr
     finally:
         subprocess.run([tool, "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def test_build_context_admits_everything_the_dockerfile_copies() -> None:
+    # .dockerignore shuts everything out ("*") and lets paths back in ("!path"): a COPY of
+    # anything else fails the build, which test_image_builds_and_runs_dradriver sees only where
+    # a base image is at hand.
+    rules = [r.strip() for r in (REPO / ".dockerignore").read_text().splitlines()]
+    rules = [r for r in rules if r and not r.startswith("#")]
+    assert rules[0] == "*"
+    admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from=") for w in words):
+            copied |= {source.rstrip("/") for source in words[1:-1]}
+    assert copied, "no COPY from the build context"
+    assert copied <= admitted, f"COPY of paths .dockerignore keeps out: {sorted(copied - admitted)}"

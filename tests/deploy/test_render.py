@@ -161,9 +161,11 @@ def test_scheduling_and_rollout(kustomization: str) -> None:
         {"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}
     ]
     assert {"operator": "Exists"} in pod["tolerations"]
-    # Fixed socket names and the instance lock rule out two plugin pods on one node: no surge.
+    # Surge: the new pod (its sockets named by its pod UID) serves before the old one goes.
     rolling = daemonset["spec"]["updateStrategy"]["rollingUpdate"]
-    assert rolling == {"maxUnavailable": 1, "maxSurge": 0}
+    assert rolling == {"maxUnavailable": 0, "maxSurge": 1}
+    env = {e["name"]: e for e in plugin_container(objects)["env"]}
+    assert env["DRADRIVER_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     resources = plugin_container(objects)["resources"]
     assert set(resources["requests"]) == {"cpu", "memory"}
     assert set(resources["limits"]) == {"memory"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,12 +17,14 @@ import pytest
 from dradriver.discovery import builtin_profile_names
 from dradriver.slices import Finding, build_node_slices, stored_differences
 from tests.e2e.realcluster import RealCluster
+from tests.helpers import write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"
 
 
-def test_stored_differences_names_dropped_fields_and_their_gate() -> None:
-    sent = build_node_slices("dgx-a100-mig", node_name="n", driver_name=DRIVER, partitionable=True)
+def test_stored_differences_names_dropped_fields_and_their_gate(tmp_path: Path) -> None:
+    profile = write_gpu_profile(tmp_path / "mig.yaml", 6, mig_empty=True)
+    sent = build_node_slices(str(profile), node_name="n", driver_name=DRIVER, partitionable=True)
     assert all(stored_differences(s, copy.deepcopy(s)) == [] for s in sent)
     stored = copy.deepcopy(sent[0])
     for device in stored["spec"]["devices"]:

@@ -162,9 +162,11 @@ def test_discover_yaml_partitionable(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["discover", "--fake-gpus", "mixed", "--partitionable", "-o", "yaml"]) == 0
     report = yaml.safe_load(capsys.readouterr().out)
     assert [c["name"] for c in report["counterSets"]] == ["gpu-3-counters"]
-    placement = next(d for d in report["devices"] if d["name"] == "gpu-3-mig-7g40gb-0")
+    placement = next(d for d in report["devices"] if d["name"] == "gpu-3-mig-1g5gb-3")
     assert placement["hardware"]["kind"] == "mig-placement"
-    assert placement["hardware"]["existingUUID"] is None
+    assert placement["hardware"]["createdOn"] == "prepare"
+    # The operator's 3g.20gb, 2g.10gb and 1g.5gb leave slice 3: nothing larger fits.
+    assert "gpu-3-mig-7g40gb-0" not in {d["name"] for d in report["devices"]}
 
 
 def test_discover_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,14 @@ from dradriver.devicemodel import (
 )
 from dradriver.devicemodel import attributes as published
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
-from dradriver.discovery import Gpu, MigDevice, NodeInventory, builtin_profile_names, open_library
+from dradriver.discovery import (
+    Gpu,
+    MigDevice,
+    MigPlacement,
+    NodeInventory,
+    builtin_profile_names,
+    open_library,
+)
 from dradriver.names import dns_label_error
 from dradriver.quantity import parse_quantity
 
@@ -115,56 +122,66 @@ def test_mig_naming_rule() -> None:
     assert counter_set_name(5) == "gpu-5-counters"
 
 
-def test_partitionable_publishes_full_gpu_and_every_placement() -> None:
-    inventory = _inventory("dgx-a100-mig")
+def test_partitionable_never_offers_a_gpu_in_mig_mode_whole() -> None:
+    inventory = _inventory("a100-mig-empty")
     devices = build_devices(inventory, driver_name=DRIVER, partitionable=True)
-    gpu0 = [d for d in devices.devices if d.name == "gpu-0" or d.name.startswith("gpu-0-")]
-    profiles = inventory.gpus[0].mig_profiles
-    assert len(gpu0) == 1 + sum(len(p.placements) for p in profiles)
-    assert gpu0[0].name == "gpu-0"
-    # MIG devices that exist keep their static name and are attached to their placement.
-    existing = {
-        d.name: d.hardware for d in gpu0 if isinstance(d.hardware, PossibleMig) and d.hardware.existing
-    }
-    assert set(existing) == {"gpu-0-mig-3g40gb-0", "gpu-0-mig-2g20gb-4", "gpu-0-mig-1g10gb-6"}
-    assert devices.get("gpu-0-mig-7g80gb-0") is not None
-    # GPUs with MIG off are not partitioned.
-    assert "consumesCounters" not in devices.get("gpu-7").json  # type: ignore[union-attr]
-    assert [c["name"] for c in devices.counter_sets] == [counter_set_name(m) for m in range(6)]
+    assert devices.get("gpu-0") is None
+    placements = [d for d in devices.devices if isinstance(d.hardware, PossibleMig)]
+    assert len(placements) == sum(len(p.placements) for p in inventory.gpus[0].mig_profiles)
+    assert all(d.name.startswith("gpu-0-mig-") and "uuid" not in d.json["attributes"] for d in placements)
+    # A GPU with MIG off stays whole and consumes no counters: dradriver never changes MIG mode.
+    gpu1 = devices.get("gpu-1")
+    assert gpu1 is not None
+    assert "consumesCounters" not in gpu1.json
+    assert [c["name"] for c in devices.counter_sets] == [counter_set_name(0)]
 
 
-def test_partitionable_counters_make_overlapping_placements_exclusive() -> None:
-    devices = build_devices(_inventory("dgx-a100-mig"), driver_name=DRIVER, partitionable=True)
-    counters = devices.counter_sets[0]["counters"]
-    assert counters["memory"] == {"value": "80Gi"}
-    assert counters["multiprocessors"] == {"value": "98"}
-    assert {f"memory-slice-{i}" for i in range(8)} <= set(counters)
-    assert "encoders" not in counters  # zero on A100: constrains nothing
+def test_partitionable_publishes_operator_made_mig_devices_as_they_are() -> None:
+    """dgx-a100-mig's MIG GPUs are full of operator-made devices: nothing is left to create there."""
+    inventory = _inventory("dgx-a100-mig")
+    partitioned = build_devices(inventory, driver_name=DRIVER, partitionable=True)
+    static = build_devices(inventory, driver_name=DRIVER)
+    assert [d.name for d in partitioned.devices] == [d.name for d in static.devices]
+    assert partitioned.counter_sets == ()
+    assert not any("consumesCounters" in d.json for d in partitioned.devices)
 
-    def consumed(name: str) -> dict[str, dict[str, str]]:
-        device = devices.get(name)
-        assert device is not None
-        [consumption] = device.json["consumesCounters"]
-        assert consumption["counterSet"] == "gpu-0-counters"
-        return dict(consumption["counters"])
 
-    assert consumed("gpu-0") == counters
-    three_g = consumed("gpu-0-mig-3g40gb-4")
-    assert {k for k in three_g if k.startswith("memory-slice-")} == {f"memory-slice-{i}" for i in range(4, 8)}
-    assert three_g["memory"] == {"value": "40192Mi"}
+def test_instances_dradriver_created_stay_free_placements() -> None:
+    """A MIG device made for a claim is published as the placement it came from, so the slices do
+    not change when it is created or destroyed; the claim's allocation holds its counters."""
+    empty = _inventory("a100-mig-empty")
+    gpu0 = empty.gpus[0]
+    three_g = next(p for p in gpu0.mig_profiles if p.name == "3g.40gb")
+    created = MigDevice(
+        uuid="MIG-created",
+        parent_minor=0,
+        parent_uuid=gpu0.uuid,
+        gi_id=2,
+        ci_id=0,
+        profile="3g.40gb",
+        gi_profile_id=three_g.profile_id,
+        placement=MigPlacement(4, 4),
+        compute_placement=MigPlacement(0, 3),
+        full_gpu_instance=True,
+        resources=three_g.resources,
+        gi_caps_minor=None,
+        ci_caps_minor=None,
+    )
+    with_device = replace(empty, gpus=(replace(gpu0, mig_devices=(created,)), *empty.gpus[1:]))
+    before = build_devices(empty, driver_name=DRIVER, partitionable=True)
+    ours = build_devices(with_device, driver_name=DRIVER, partitionable=True, created={(gpu0.uuid, 2)})
+    assert [d.json for d in ours.devices] == [d.json for d in before.devices]
+    assert ours.counter_sets == before.counter_sets
+    # Not ours: an operator's device, published as it is, with the placements it overlaps gone.
+    theirs = build_devices(with_device, driver_name=DRIVER, partitionable=True)
+    assert isinstance(theirs.get("gpu-0-mig-3g40gb-4").hardware, MigDevice)  # type: ignore[union-attr]
+    assert theirs.get("gpu-0-mig-1g10gb-5") is None
 
-    def fits(names: list[str]) -> bool:
-        total: dict[str, float] = {}
-        for name in names:
-            for counter, value in consumed(name).items():
-                total[counter] = total.get(counter, 0) + float(parse_quantity(value["value"]) or 0)
-        return all(total[c] <= float(parse_quantity(counters[c]["value"]) or 0) for c in total)
 
-    assert fits(["gpu-0-mig-3g40gb-0", "gpu-0-mig-3g40gb-4"])
-    assert fits([f"gpu-0-mig-1g10gb-{i}" for i in range(7)])
-    assert not fits(["gpu-0", "gpu-0-mig-1g10gb-0"])
-    assert not fits(["gpu-0-mig-4g40gb-0", "gpu-0-mig-2g20gb-2"])  # overlapping memory slices
-    assert not fits(["gpu-0-mig-1g10gbme-0", "gpu-0-mig-1g10gbme-1"])  # one OFA engine
+def test_mig_mode_without_mig_devices_warns_when_not_partitionable() -> None:
+    devices = build_devices(_inventory("a100-mig-empty"), driver_name=DRIVER)
+    assert [d.name for d in devices.devices] == ["gpu-1"]
+    assert any("GPU 0: MIG mode is on but it has no MIG devices" in w for w in devices.warnings)
 
 
 def test_value_rules_truncate_and_drop_with_warnings() -> None:
@@ -252,10 +269,14 @@ def test_invalid_driver_name_is_rejected() -> None:
 
 def test_the_published_attribute_table_is_what_the_device_model_writes() -> None:
     """devicemodel.attributes (what tools without devices rely on) equals what build_devices
-    publishes over every built-in profile, both modes, plus a MIG GPU with an addressing mode."""
-    gh200 = replace(_inventory("dgx-h100-mig").gpus[0], addressing_mode="ATS")
+    publishes over every built-in profile, both modes, plus GPUs with an addressing mode: one in
+    MIG mode (its MIG devices carry it) and one not (offered whole)."""
+    gpus = _inventory("dgx-h100-mig").gpus
+    gh200 = replace(gpus[0], addressing_mode="ATS")
+    assert not gpus[-1].mig_enabled
+    whole = replace(gpus[-1], addressing_mode="ATS")
     inventories = [_inventory(p) for p in builtin_profile_names()]
-    inventories.append(NodeInventory("580.65.06", "13.0", (gh200,)))
+    inventories.append(NodeInventory("580.65.06", "13.0", (gh200, whole)))
     seen: dict[tuple[str, str], set[str]] = {}
     capacities: dict[str, set[str]] = {}
     for inventory in inventories:

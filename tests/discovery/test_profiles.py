@@ -153,7 +153,7 @@ def test_inline_mig_profile_table(tmp_path: Path) -> None:
             r"profile: GPU minor 0 is used by two GPU groups",
         ),
         ({"gpus": []}, r"driverVersion: Field required"),
-        ("gpus: [", r"not valid YAML"),
+        ("gpus: [", r"invalid YAML"),
         ("- just\n- a list\n", r"must be a mapping with a 'gpus' list"),
     ],
 )
@@ -167,7 +167,7 @@ def test_invalid_profile_names_the_file_and_field(tmp_path: Path, data: Any, mes
 
 
 def test_missing_profile_file(tmp_path: Path) -> None:
-    with pytest.raises(DiscoveryError, match=r"cannot read fake GPU profile .*nope\.yaml: No such file"):
+    with pytest.raises(DiscoveryError, match=r"fake GPU profile .*nope\.yaml: cannot read: No such file"):
         open_library(str(tmp_path / "nope.yaml"))
 
 

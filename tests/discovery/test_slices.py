@@ -15,6 +15,7 @@ from dradriver.cli._output import dump_yaml_documents
 from dradriver.devicemodel import build_devices
 from dradriver.discovery import NodeInventory, builtin_profile_names, open_library
 from dradriver.slices import build_node_slices, render_slices, slice_name_prefix, validate_slices
+from tests.helpers import write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"
 NODE = "gpu-node-1"
@@ -78,9 +79,10 @@ def test_split_at_128_devices_in_stable_order() -> None:
     assert validate_slices(slices) == []
 
 
-def test_split_at_64_devices_when_counters_are_used() -> None:
-    slices = build_node_slices("dgx-a100-mig", node_name=NODE, driver_name=DRIVER, partitionable=True)
-    assert [len(s["spec"].get("devices", [])) for s in slices] == [64, 64, 30, 0]
+def test_split_at_64_devices_when_counters_are_used(tmp_path: Path) -> None:
+    profile = write_gpu_profile(tmp_path / "mig.yaml", 6, mig_empty=True)
+    slices = build_node_slices(str(profile), node_name=NODE, driver_name=DRIVER, partitionable=True)
+    assert [len(s["spec"].get("devices", [])) for s in slices] == [64, 64, 22, 0]
     assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [0, 0, 0, 6]
     consumed = {c["counterSet"] for d in _devices(slices) for c in d.get("consumesCounters", [])}
     assert consumed == {f"gpu-{m}-counters" for m in range(6)}

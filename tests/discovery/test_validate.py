@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dradriver.slices import Finding, build_node_slices, validate_slice, validate_slices
+from tests.helpers import write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"
 Slices = list[dict[str, Any]]
@@ -20,8 +21,10 @@ def static() -> Slices:
 
 
 @pytest.fixture(scope="module")
-def partitioned() -> Slices:
-    return build_node_slices("dgx-a100-mig", node_name="node-a", driver_name=DRIVER, partitionable=True)
+def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Slices:
+    """Six H100s in MIG mode without MIG devices: 150 placements and six counter sets."""
+    profile = write_gpu_profile(tmp_path_factory.mktemp("profile") / "mig.yaml", 6, mig_empty=True)
+    return build_node_slices(str(profile), node_name="node-a", driver_name=DRIVER, partitionable=True)
 
 
 def _device(slices: Slices, index: int = 0) -> dict[str, Any]:

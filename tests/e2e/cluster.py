@@ -27,17 +27,21 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
 from tests.e2e.pki import Pki
 from tests.e2e.processes import Component, free_port, wait_until
+
+if TYPE_CHECKING:
+    from scripts.build_image import ImageConfig
 
 BINARIES = (
     "etcd",
@@ -88,6 +92,31 @@ def node_ip() -> str:
             for info in link.get("addr_info", []):
                 return str(info["local"])
     raise ClusterError("no default route: cannot choose the node's address")
+
+
+#: Pod networks to pick from: the first that overlaps nothing on this host (podman, for one,
+#: leaves a cni-podman0 bridge on 10.88.0.0/16 behind, with its address still assigned).
+POD_CIDRS = ("10.88.0.0/16", "10.244.0.0/16", "10.42.0.0/16", "172.31.0.0/16")
+
+
+def free_pod_cidr() -> str:
+    def ip_json(*args: str) -> list[dict[str, Any]]:
+        done = subprocess.run(["ip", "-4", "-j", *args], capture_output=True, text=True, check=False)
+        result: list[dict[str, Any]] = json.loads(done.stdout or "[]")
+        return result
+
+    destinations = [str(r.get("dst", "")) for r in ip_json("route", "show", "table", "all")]
+    taken = [ipaddress.ip_network(d, strict=False) for d in destinations if d and d != "default"]
+    taken += [
+        ipaddress.ip_network(f"{info['local']}/{info['prefixlen']}", strict=False)
+        for link in ip_json("addr", "show")
+        for info in link.get("addr_info", [])
+    ]
+    for candidate in POD_CIDRS:
+        network = ipaddress.ip_network(candidate)
+        if not any(network.overlaps(t) for t in taken if not t.is_loopback):
+            return candidate
+    raise ClusterError(f"every candidate pod network overlaps one of this host's: {', '.join(POD_CIDRS)}")
 
 
 def _static_busybox() -> Path:
@@ -255,14 +284,14 @@ class LocalCluster:
         work_dir: Path,
         *,
         node_name: str = "e2e-node",
-        pod_cidr: str = "10.88.0.0/16",
+        pod_cidr: str | None = None,
         feature_gates: str = "",
         kubelet_verbosity: int = 4,
     ) -> None:
         self.bin_dir = bin_dir.resolve()
         self.work_dir = work_dir.resolve()
         self.node_name = node_name
-        self.pod_cidr = pod_cidr
+        self.pod_cidr = pod_cidr or free_pod_cidr()
         self.kubelet_verbosity = kubelet_verbosity
         self.node_ip = node_ip()
         self.control_plane = ControlPlane(self.bin_dir, self.work_dir, self.node_ip, feature_gates)
@@ -438,12 +467,37 @@ state = "{self.work_dir / "containerd/state"}"
         )
 
     def import_image(self, archive: Path) -> None:
+        """Import an OCI archive under the names its index gives; an archive of one image (`make
+        image`) also under `name@sha256:<manifest>`, which a reference pinned by digest (the
+        release's manifests) resolves to. Only the local importer names manifests, not the
+        index, by digest."""
         self.ctr("images", "import", str(archive))
+        with tarfile.open(archive) as tar:
+            index = tar.extractfile("index.json")
+            assert index is not None, f"{archive}: no index.json"
+            names = {m["annotations"]["io.containerd.image.name"] for m in json.load(index)["manifests"]}
+        if len(names) == 1:
+            base = names.pop().rsplit(":", 1)[0]
+            self.ctr("images", "import", "--local", "--digests", "--base-name", base, str(archive))
 
     def _import_base_images(self) -> None:
         """busybox (what the examples run) and the pause image, from the host's static busybox:
         nothing can be pulled here."""
-        from scripts.build_image import ImageConfig, write_archive
+        from scripts.build_image import ImageConfig
+
+        self.import_busybox_images(
+            {
+                BUSYBOX_IMAGE: ImageConfig(env=("PATH=/bin",), cmd=("sh",)),
+                PAUSE_IMAGE: ImageConfig(env=("PATH=/bin",), entrypoint=("/bin/sleep", "2147483647")),
+            }
+        )
+
+    def import_busybox_images(
+        self, images: Mapping[str, ImageConfig], scripts: Mapping[str, str] | None = None
+    ) -> None:
+        """Import images under these references, all one layer: the host's static busybox with
+        every applet in /bin, plus `scripts` (path in the image -> content, executable)."""
+        from scripts.build_image import write_archive
 
         busybox = _static_busybox()
         with tempfile.TemporaryDirectory(dir=self.work_dir) as work:
@@ -458,6 +512,11 @@ state = "{self.work_dir / "containerd/state"}"
             (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
             (root / "etc/group").write_text("root:x:0:\n")
             (root / "tmp").chmod(0o1777)
+            for name, content in (scripts or {}).items():
+                script = root / name.lstrip("/")
+                script.parent.mkdir(parents=True, exist_ok=True)
+                script.write_text(content)
+                script.chmod(0o755)
             layer = Path(work) / "layer.tar"
             subprocess.run(
                 [
@@ -476,15 +535,7 @@ state = "{self.work_dir / "containerd/state"}"
                 check=True,
             )
             archive = Path(work) / "images.tar"
-            write_archive(
-                layer,
-                archive,
-                {
-                    BUSYBOX_IMAGE: ImageConfig(env=("PATH=/bin",), cmd=("sh",)),
-                    PAUSE_IMAGE: ImageConfig(env=("PATH=/bin",), entrypoint=("/bin/sleep", "2147483647")),
-                },
-                epoch=0,
-            )
+            write_archive(layer, archive, images, epoch=0)
             self.import_image(archive)
 
     def _start_controllers(self) -> None:

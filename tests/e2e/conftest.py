@@ -3,44 +3,36 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from scripts.build_image import version
 from tests.e2e.plugin import REPO, Deployment
 from tests.e2e.realcluster import RealCluster
-
-#: An image archive from `make image`; built here when unset.
-IMAGE_ENV = "DRADRIVER_E2E_IMAGE"
+from tests.release.release import RELEASE_ENV, ReleaseDirectory, build_release
 
 
 @pytest.fixture(scope="session")
-def plugin_image(real_cluster: RealCluster) -> str:
-    """The plugin's image, imported into the local cluster's containerd. On an existing cluster
-    the nodes must have it already (e.g. `kind load image-archive build/image/...`)."""
-    if real_cluster.local is None:
-        return "dradriver (loaded by you)"
-    archive = os.environ.get(IMAGE_ENV)
-    if not archive:
-        built = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build_image.py")],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert built.returncode == 0, f"scripts/build_image.py failed:\n{built.stderr[-4000:]}"
-        archive = built.stdout.strip().splitlines()[-1]
-    real_cluster.local.import_image(Path(archive))
-    return archive
+def release(real_cluster: RealCluster) -> ReleaseDirectory:
+    """The release the suite deploys: $DRADRIVER_RELEASE (`make e2e` and CI build it first), else
+    one built here from this checkout. Its image is imported into the local cluster's containerd;
+    on an existing cluster the nodes must have it already (`kind load image-archive ...`)."""
+    given = os.environ.get(RELEASE_ENV)
+    if given:
+        directory = ReleaseDirectory.read(Path(given))
+    else:
+        directory = build_release(REPO, version(), REPO / "build/e2e" / f"dradriver-{version()}")
+    if real_cluster.local is not None:
+        real_cluster.local.import_image(directory.archive)
+    return directory
 
 
 @pytest.fixture(scope="module")
-def fake_deployment(real_cluster: RealCluster, plugin_image: str) -> Iterator[Deployment]:
+def fake_deployment(real_cluster: RealCluster, release: ReleaseDirectory) -> Iterator[Deployment]:
     """The `fake` overlay (fake dgx-h100 GPUs) as a DaemonSet, for one test module."""
-    deployment = Deployment(real_cluster, "overlays/fake")
+    deployment = Deployment(real_cluster, release, "overlays/fake")
     deployment.install()
     try:
         yield deployment

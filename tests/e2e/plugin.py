@@ -1,4 +1,5 @@
-"""The plugin as operators run it: a kustomization from deploy/ applied to the real cluster."""
+"""The plugin as operators install it: a release's rendered manifests (one per kustomization of
+deploy/, the image pinned by digest) applied to the real cluster."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from dradriver import DEFAULT_DRIVER_NAME
 from tests.deploy.manifests import kubectl
 from tests.e2e.realcluster import RealCluster
+from tests.release.release import ReleaseDirectory
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "dradriver"
@@ -23,6 +25,8 @@ GPU_NODE_LABEL = "gpu.dradriver.dev/present"
 DRIVER = DEFAULT_DRIVER_NAME
 CDI_DIR = "/var/run/cdi"
 STATE_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
+#: The fake GPU profile deploy/overlays/fake sets.
+FAKE_OVERLAY_PROFILE = "dgx-h100"
 
 
 def wait(condition: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -51,9 +55,11 @@ class CdiRecorder:
 
 @dataclass
 class Deployment:
-    """dradriver installed from one kustomization (`overlays/fake`, `base`, `gpu-operator`)."""
+    """dradriver installed from a release's manifests of one kustomization (`overlays/fake`,
+    `base`, `overlays/gpu-operator`)."""
 
     cluster: RealCluster
+    release: ReleaseDirectory
     kustomization: str
     env: dict[str, str] = field(default_factory=dict)
 
@@ -62,8 +68,8 @@ class Deployment:
             self.cluster.kubectl(
                 "label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite"
             )
-        self.cluster.kubectl("apply", "-k", str(REPO / "deploy" / self.kustomization))
-        self.cluster.kubectl("apply", "-f", str(REPO / "deviceclasses"))
+        self.cluster.kubectl("apply", "-f", str(self.release.manifests(self.kustomization)))
+        self.cluster.kubectl("apply", "-f", str(self.release.device_classes))
         if self.env:
             self.set_env(**self.env)
         self.wait_ready()
@@ -75,6 +81,19 @@ class Deployment:
         pairs = [f"{k}={v}" for k, v in env.items()]
         self.cluster.kubectl("-n", NAMESPACE, "set", "env", f"daemonset/{DAEMONSET}", "-c", "plugin", *pairs)
         self.wait_ready()
+
+    def use_profile(self, profile_cell: str) -> None:
+        """Give the fake backend this GPU profile, with serve flags (`a100-mig-empty --partitionable`),
+        by a rollout unless it has them already."""
+        profile, *flags = profile_cell.split()
+        wanted = {
+            "DRADRIVER_FAKE_GPUS": profile,
+            "DRADRIVER_PARTITIONABLE": str("--partitionable" in flags).lower(),
+        }
+        defaults = {"DRADRIVER_FAKE_GPUS": FAKE_OVERLAY_PROFILE, "DRADRIVER_PARTITIONABLE": "false"}
+        current = defaults | self.env
+        if any(current[k] != v for k, v in wanted.items()):
+            self.set_env(**wanted)
 
     def wait_ready(self) -> None:
         """Rolled out, the new pod Ready (registered, slices published) and the old one gone."""
@@ -185,14 +204,14 @@ class Deployment:
         self.cluster.log_sources.pop("plugin", None)
         self.cluster.kubectl(
             "delete",
-            "-k",
-            str(REPO / "deploy" / self.kustomization),
+            "-f",
+            str(self.release.manifests(self.kustomization)),
             "--ignore-not-found",
             "--wait=true",
             "--timeout=120s",
             timeout=150,
         )
-        self.cluster.kubectl("delete", "-f", str(REPO / "deviceclasses"), "--ignore-not-found")
+        self.cluster.kubectl("delete", "-f", str(self.release.device_classes), "--ignore-not-found")
         self.cluster.kubectl(
             "delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", "--ignore-not-found"
         )

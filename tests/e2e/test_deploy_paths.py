@@ -22,6 +22,7 @@ from tests.e2e.fakedriver import NVIDIA_SMI_LOG, FakeHostDriver, fake_host_drive
 from tests.e2e.plugin import Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import check_container, load, pods_of, promised, wait_pods, wait_unprepared
+from tests.release.release import ReleaseDirectory
 
 pytestmark = pytest.mark.cluster
 
@@ -31,12 +32,12 @@ DRIVER_ROOTS = {"base": Path("/"), "overlays/gpu-operator": Path("/run/nvidia/dr
 
 @pytest.fixture(params=sorted(DRIVER_ROOTS), ids=lambda k: k.rsplit("/", 1)[-1])
 def gpu_deployment(
-    request: pytest.FixtureRequest, real_cluster: RealCluster, plugin_image: str, tmp_path: Path
+    request: pytest.FixtureRequest, real_cluster: RealCluster, release: ReleaseDirectory, tmp_path: Path
 ) -> Iterator[tuple[Deployment, FakeHostDriver]]:
     real_cluster.require_local("it lays out a fake host driver on the node")
     kustomization: str = request.param
     with fake_host_driver(DRIVER_ROOTS[kustomization], "dgx-h100", tmp_path) as driver:
-        deployment = Deployment(real_cluster, kustomization)
+        deployment = Deployment(real_cluster, release, kustomization)
         deployment.install()
         try:
             yield deployment, driver

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.deploy.manifests import kubectl
 from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 
 Json = dict[str, Any]
 
 
-def pods_of(cluster: RealCluster, documents: list[Json]) -> list[Json]:
-    """The live pods the objects of a manifest file made: Pods by name, Jobs and Deployments by label."""
+def pods_of(cluster: RealCluster, documents: list[Json], *, terminating: bool = False) -> list[Json]:
+    """The live pods the objects of a manifest file made: Pods by name, Jobs and Deployments by
+    label; with `terminating`, those being deleted too."""
     pods: list[Json] = []
     for doc in documents:
         namespace = doc["metadata"].get("namespace", "default")
@@ -35,7 +41,7 @@ def pods_of(cluster: RealCluster, documents: list[Json]) -> list[Json]:
             items = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
             assert isinstance(items, list)
             pods += items
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return [p for p in pods if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def expected_pod_count(documents: list[Json]) -> int:
@@ -84,7 +90,7 @@ class ContainerDevices:
     mounts: list[str]
 
 
-def _claims_of(pod: Json) -> dict[str, str]:
+def claim_names(pod: Json) -> dict[str, str]:
     """Pod-level claim name -> ResourceClaim name."""
     names = {}
     for entry in pod["spec"].get("resourceClaims", []):
@@ -96,6 +102,15 @@ def _claims_of(pod: Json) -> dict[str, str]:
     return names
 
 
+def claims_of(pod: Json) -> set[str]:
+    """The names of every ResourceClaim the pod uses, the scheduler's extended-resource one too."""
+    names = set(claim_names(pod).values())
+    extended = pod.get("status", {}).get("extendedResourceClaimStatus")
+    if extended:
+        names.add(extended["resourceClaimName"])
+    return names
+
+
 def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[ContainerDevices]:
     """Per container: the device nodes, env and mounts its claims' CDI specs inject into it.
 
@@ -103,23 +118,26 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
     no request); the extended-resource claim the scheduler makes maps requests to containers.
     """
     namespace = pod["metadata"]["namespace"]
-    claim_names = _claims_of(pod)
+    names = claim_names(pod)
     references: dict[str, list[tuple[str, str | None]]] = {}
     for container in pod["spec"]["containers"]:
         refs = references.setdefault(container["name"], [])
         for claim in (container.get("resources") or {}).get("claims", []):
-            refs.append((claim_names[claim["name"]], claim.get("request")))
+            refs.append((names[claim["name"]], claim.get("request")))
     extended = pod.get("status", {}).get("extendedResourceClaimStatus")
     if extended:
         for mapping in extended.get("requestMappings", []):
             references.setdefault(mapping["containerName"], []).append(
                 (extended["resourceClaimName"], mapping["requestName"])
             )
+    # Each claim and its CDI spec once, however many containers use it.
+    claims = {name: cluster.get_json("resourceclaim", "-n", namespace, name) for name in _used(references)}
+    specs: dict[str, Json] = {}
     result = []
     for container, refs in references.items():
         edits: list[Json] = []
         for claim_name, request in refs:
-            claim = cluster.get_json("resourceclaim", "-n", namespace, claim_name)
+            claim = claims[claim_name]
             uid = claim["metadata"]["uid"]  # type: ignore[index]
             results = claim["status"]["allocation"]["devices"]["results"]  # type: ignore[index]
             ours = [
@@ -129,7 +147,9 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
             ]
             if not ours:
                 continue
-            spec = deployment.cdi_spec(uid)
+            if uid not in specs:
+                specs[uid] = deployment.cdi_spec(uid)
+            spec = specs[uid]
             edits.append(spec.get("containerEdits", {}))
             for allocated in ours:
                 edits += [
@@ -139,6 +159,10 @@ def promised(cluster: RealCluster, deployment: Deployment, pod: Json) -> list[Co
                 ]
         result.append(_merged(pod, container, edits))
     return result
+
+
+def _used(references: dict[str, list[tuple[str, str | None]]]) -> list[str]:
+    return sorted({claim for refs in references.values() for claim, _ in refs})
 
 
 def promised_by_specs(pod: Json, specs: list[Json]) -> list[ContainerDevices]:
@@ -255,3 +279,56 @@ def wait_pods(
 
     result: list[Json] = wait(ready, timeout, what, interval=0.3)
     return result
+
+
+@dataclass
+class ClaimHistory:
+    """Every version of every ResourceClaim the API server sent since the history began."""
+
+    versions: list[Json] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reserved(self, namespace: str, name: str, pod_uid: str) -> bool:
+        """Whether a version of the claim was allocated and reserved for the pod."""
+        with self.lock:
+            return any(
+                c["metadata"]["namespace"] == namespace
+                and c["metadata"]["name"] == name
+                and c.get("status", {}).get("allocation")
+                and any(r.get("uid") == pod_uid for r in c["status"].get("reservedFor", []))
+                for c in self.versions
+            )
+
+
+@contextmanager
+def claim_history(cluster: RealCluster) -> Iterator[ClaimHistory]:
+    """Watch ResourceClaims (all namespaces) from now on: the claims of a short-lived pod are
+    deallocated and deleted again before a test could look at them."""
+    listed = cluster.get_json("resourceclaims", "-A")
+    version = listed["metadata"]["resourceVersion"]  # type: ignore[index]
+    # From the listed version: no event is lost however late the connection comes up.
+    path = f"/apis/resource.k8s.io/v1/resourceclaims?watch=1&resourceVersion={version}"
+    watcher = subprocess.Popen(
+        [kubectl(), "--kubeconfig", str(cluster.kubeconfig), "get", "--raw", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    history = ClaimHistory()
+
+    def read() -> None:
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            event = json.loads(line)
+            if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
+                with history.lock:
+                    history.versions.append(event["object"])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield history
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+        reader.join(10)

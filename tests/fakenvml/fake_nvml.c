@@ -5,8 +5,10 @@
  * struct layouts of nvml.h, and serves GPUs described by a tab-separated text file named by the
  * environment variable FAKE_NVML_CONFIG, else `fake-nvml.conf` next to the library itself (so that
  * a process whose environment the test does not control, e.g. serve in a DaemonSet pod, loads a
- * fake driver root laid out with it). The file is (re)read by every nvmlInitWithFlags, so one
- * process can go through several configurations. Line formats (fields separated by one TAB):
+ * fake driver root laid out with it). The file is read by nvmlInitWithFlags when the reference
+ * count goes from 0 to 1, and again by any later nvmlInitWithFlags once the file has changed (as
+ * real NVML sees MIG devices created or destroyed by others, and a test can add or remove GPUs
+ * under a running process); the health state of GPUs that stay (by UUID) is kept. Line formats (fields separated by one TAB):
  *
  *   driver   VERSION
  *   cuda     INT                      e.g. 12080 for CUDA 12.8
@@ -18,9 +20,25 @@
  *            STARTS is a comma-separated list of placement starts
  *   mig      GPU UUID GI CI GI_PROFILE_ID GI_START GI_SIZE CI_START CI_SIZE GI_SLICES CI_SLICES
  *            SM CE DEC ENC JPEG OFA MEMORY_MB
- *   fail     FUNCTION GPU CODE        FUNCTION returns CODE for GPU (its position, or * for all)
+ *            a MIG device: a compute instance in GPU instance GI (created by the first line naming it)
+ *   gi       GPU GI PROFILE_ID START SIZE      a GPU instance without compute instances
+ *   fail     FUNCTION GPU CODE        FUNCTION returns CODE for GPU (its position, or * for all);
+ *                                     CODE -9: the process kills itself with SIGKILL in FUNCTION
+ *   slow     FUNCTION MS              FUNCTION takes MS milliseconds (MIG reconfiguration is slow)
+ *   serial   N                        numbers the next MIG device UUID this fake makes
  *
  * GPU is the position of the gpu line (the NVML index).
+ *
+ * MIG reconfiguration, as NVML does it: nvmlDeviceCreateGpuInstanceWithPlacement (errors:
+ * INVALID_ARGUMENT for a placement the profile lacks, INSUFFICIENT_RESOURCES when it overlaps an
+ * instance or the profile has no instance left), nvmlGpuInstanceCreateComputeInstance
+ * (INSUFFICIENT_RESOURCES when the compute slices are taken), nvmlComputeInstanceDestroy,
+ * nvmlGpuInstanceDestroy (IN_USE while it has compute instances). The environment variable
+ * FAKE_NVML_STATE names a file that holds the node's MIG devices across processes, as the GPU
+ * does across a crash of its user: when it exists it replaces the config's mig/gi lines, and
+ * every reconfiguration rewrites it (atomically). This fake is stricter than NVML in one way: a
+ * reconfiguration call that overlaps another on the same GPU fails with IN_USE (and says so on
+ * stderr), so callers that do not serialize them are caught.
  *
  * Health events: the environment variable FAKE_NVML_EVENTS names a FIFO that nvmlEventSetCreate
  * opens; nvmlEventSetWait_v2 blocks on it (poll, with the caller's timeout) and turns each line
@@ -34,6 +52,8 @@
  *   temp GPU CELSIUS         its temperature from now on (no event; default 40)
  *   ecc GPU COUNT            its volatile uncorrected ECC error count (no event; default 0)
  *   remap GPU PENDING FAIL   its row-remapping state (no event; default 0 0)
+ *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
+ *                            the GPU registered for it; rewrite the config file first
  *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
@@ -44,9 +64,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,19 +83,27 @@ enum {
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_UNKNOWN = 999,
 };
 
 #define EVENT_TYPE_SINGLE_BIT_ECC 0x1ULL
 #define EVENT_TYPE_DOUBLE_BIT_ECC 0x2ULL
 #define EVENT_TYPE_XID 0x8ULL
+#define EVENT_TYPE_MIG_CONFIG_CHANGE 0x100ULL
 #define WHOLE_GPU 0xFFFFFFFFu
 /* What a line on the events FIFO produced when it is not an event. */
 #define NO_EVENT (-1)
 
 #define MAX_GPUS 64
 #define MAX_PROFILES 256
-#define MAX_MIGS 512
+#define MAX_GIS 256
+#define MAX_CIS 512
+#define MAX_GI_ID 14
+#define MAX_CIS_PER_GI 8
+/* A fail line's CODE that makes the process kill itself, as kill -9 would. */
+#define KILL_CODE (-9)
 #define MAX_FAILS 64
 #define MAX_PLACEMENTS 16
 
@@ -104,11 +135,18 @@ struct profile {
     char name[96];
 };
 
-struct mig {
-    struct tag tag, gi_tag, ci_tag;
-    int gpu;
-    unsigned gi, ci, gi_profile_id, gi_start, gi_size, ci_start, ci_size, gi_slices, ci_slices;
-    unsigned sm, ce, dec, enc, jpeg, ofa;
+/* A GPU instance; its handle is &tag. Slots of destroyed instances are reused. */
+struct gi {
+    struct tag tag;
+    int alive, gpu;
+    unsigned id, profile_id, start, size;
+};
+
+/* A compute instance in gis[gi]: the MIG device (handle &tag) and the compute instance (&ci_tag). */
+struct ci {
+    struct tag tag, ci_tag;
+    int alive, gi;
+    unsigned id, start, size, gi_slices, ci_slices, sm, ce, dec, enc, jpeg, ofa;
     unsigned long long memory_mb;
     char uuid[96];
 };
@@ -117,6 +155,11 @@ struct fail {
     char function[64];
     int gpu; /* -1: every GPU */
     nvmlReturn_t code;
+};
+
+struct slow {
+    char function[64];
+    unsigned ms;
 };
 
 /* The one event set this fake supports, reading commands from the FIFO named by FAKE_NVML_EVENTS. */
@@ -131,12 +174,19 @@ static struct {
     int initialized; /* nvmlInit reference count */
     char driver[80];
     int cuda;
-    int ngpus, nprofiles, nmigs, nfails;
+    int ngpus, nprofiles, ngis, ncis, nfails, nslows;
+    unsigned serial;
     struct gpu gpus[MAX_GPUS];
     struct profile profiles[MAX_PROFILES];
-    struct mig migs[MAX_MIGS];
+    struct gi gis[MAX_GIS];
+    struct ci cis[MAX_CIS];
     struct fail fails[MAX_FAILS];
+    struct slow slows[MAX_FAILS];
+    int reconfiguring[MAX_GPUS];
 } state;
+
+/* Guards the GPU and compute instance tables, which reconfiguration changes while other threads read. */
+static pthread_mutex_t mig_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* NVML's structs, laid out as in nvml.h (and pynvml's ctypes mirrors). */
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -170,6 +220,12 @@ typedef struct {
 } nvmlGpuInstanceProfileInfo_v2_t;
 
 typedef struct {
+    unsigned version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
     void *device;
     unsigned long long eventType, eventData;
     unsigned gpuInstanceId, computeInstanceId;
@@ -190,26 +246,154 @@ static int split_tabs(char *line, char **fields, int max) {
 
 static unsigned u(const char *text) { return (unsigned)strtoul(text, NULL, 10); }
 
+static struct gi *find_gi(int gpu, unsigned id) {
+    for (int i = 0; i < state.ngis; i++)
+        if (state.gis[i].alive && state.gis[i].gpu == gpu && state.gis[i].id == id)
+            return &state.gis[i];
+    return NULL;
+}
+
+static struct gi *add_gi(int gpu, unsigned id, unsigned profile_id, unsigned start, unsigned size) {
+    int index = 0;
+    while (index < state.ngis && state.gis[index].alive)
+        index++;
+    if (index == MAX_GIS)
+        return NULL;
+    if (index == state.ngis)
+        state.ngis++;
+    state.gis[index] = (struct gi){{KIND_GI, index}, 1, gpu, id, profile_id, start, size};
+    return &state.gis[index];
+}
+
+static struct ci *add_ci(int gi) {
+    int index = 0;
+    while (index < state.ncis && state.cis[index].alive)
+        index++;
+    if (index == MAX_CIS)
+        return NULL;
+    if (index == state.ncis)
+        state.ncis++;
+    struct ci *c = &state.cis[index];
+    memset(c, 0, sizeof *c);
+    c->tag = (struct tag){KIND_MIG, index};
+    c->ci_tag = (struct tag){KIND_CI, index};
+    c->alive = 1;
+    c->gi = gi;
+    return c;
+}
+
+/* A gi, mig or serial line (config or state file); 0 if the line is none of those. */
+static int parse_mig_line(char **f, int n) {
+    if (n == 6 && !strcmp(f[0], "gi")) {
+        int gpu = atoi(f[1]);
+        if (!find_gi(gpu, u(f[2])))
+            add_gi(gpu, u(f[2]), u(f[3]), u(f[4]), u(f[5]));
+        return 1;
+    }
+    if (n == 19 && !strcmp(f[0], "mig")) {
+        int gpu = atoi(f[1]);
+        struct gi *g = find_gi(gpu, u(f[3]));
+        if (!g)
+            g = add_gi(gpu, u(f[3]), u(f[5]), u(f[6]), u(f[7]));
+        struct ci *c = g ? add_ci(g->tag.index) : NULL;
+        if (!c)
+            return 1;
+        unsigned *nums[] = {&c->start, &c->size, &c->gi_slices, &c->ci_slices, &c->sm, &c->ce,
+                            &c->dec, &c->enc, &c->jpeg, &c->ofa};
+        copy_field(c->uuid, sizeof c->uuid, f[2]);
+        c->id = u(f[4]);
+        for (int i = 0; i < 10; i++)
+            *nums[i] = u(f[8 + i]);
+        c->memory_mb = strtoull(f[18], NULL, 10);
+        return 1;
+    }
+    if (n == 2 && !strcmp(f[0], "serial")) {
+        state.serial = u(f[1]);
+        return 1;
+    }
+    return 0;
+}
+
+/* The MIG devices of the state file, when there is one; 1 if it was read. */
+static int load_state(void) {
+    const char *path = getenv("FAKE_NVML_STATE");
+    FILE *file = path ? fopen(path, "r") : NULL;
+    char line[1024], *f[24];
+    if (!file)
+        return 0;
+    while (fgets(line, sizeof line, file))
+        parse_mig_line(f, split_tabs(line, f, 24));
+    fclose(file);
+    return 1;
+}
+
+/* Write every GPU and compute instance to the state file: a temporary file, then rename. A process
+   crash cannot tear it; surviving power loss, the only reason to fsync, is not this fake's job. */
+static void save_state(void) {
+    const char *path = getenv("FAKE_NVML_STATE");
+    char tmp[4096];
+    if (!path)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *file = fopen(tmp, "w");
+    if (!file) {
+        fprintf(stderr, "fake NVML: cannot write %s: %s\n", tmp, strerror(errno));
+        return;
+    }
+    fprintf(file, "serial\t%u\n", state.serial);
+    for (int i = 0; i < state.ngis; i++) {
+        struct gi *g = &state.gis[i];
+        if (g->alive)
+            fprintf(file, "gi\t%d\t%u\t%u\t%u\t%u\n", g->gpu, g->id, g->profile_id, g->start, g->size);
+    }
+    for (int i = 0; i < state.ncis; i++) {
+        struct ci *c = &state.cis[i];
+        struct gi *g = &state.gis[c->gi];
+        if (c->alive)
+            fprintf(file, "mig\t%d\t%s\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%u\t%llu\n",
+                    g->gpu, c->uuid, g->id, c->id, g->profile_id, g->start, g->size, c->start, c->size,
+                    c->gi_slices, c->ci_slices, c->sm, c->ce, c->dec, c->enc, c->jpeg, c->ofa, c->memory_mb);
+    }
+    fclose(file);
+    rename(tmp, path);
+}
+
 /* FAKE_NVML_CONFIG, else fake-nvml.conf in the directory this library was loaded from. */
-static FILE *open_config(void) {
+static const char *config_path(void) {
     static char beside[4096];
     const char *path = getenv("FAKE_NVML_CONFIG");
     Dl_info self;
-    if (!path && dladdr((void *)open_config, &self) && self.dli_fname) {
+    if (!path && dladdr((void *)config_path, &self) && self.dli_fname) {
         const char *slash = strrchr(self.dli_fname, '/');
         int dir = slash ? (int)(slash - self.dli_fname) : 1;
         snprintf(beside, sizeof beside, "%.*s/fake-nvml.conf", dir, slash ? self.dli_fname : ".");
         path = beside;
     }
-    return path ? fopen(path, "r") : NULL;
+    return path;
+}
+
+/* The config file as last read: inode, modification time and size. */
+static struct stat config_seen;
+
+static int config_changed(void) {
+    struct stat now;
+    const char *path = config_path();
+    if (!path || stat(path, &now) != 0)
+        return 0;
+    return now.st_ino != config_seen.st_ino || now.st_size != config_seen.st_size ||
+           now.st_mtim.tv_sec != config_seen.st_mtim.tv_sec || now.st_mtim.tv_nsec != config_seen.st_mtim.tv_nsec;
 }
 
 static nvmlReturn_t load_config(void) {
-    FILE *file = open_config();
+    const char *path = config_path();
+    FILE *file = path ? fopen(path, "r") : NULL;
     char line[1024], *f[24];
     memset(&state, 0, sizeof state);
     if (!file)
         return NVML_ERROR_UNKNOWN;
+    /* The state file, when there is one, knows the MIG devices better than the config. */
+    int from_state = load_state();
+    fstat(fileno(file), &config_seen);
     while (fgets(line, sizeof line, file)) {
         int n = split_tabs(line, f, 24);
         if (n == 2 && !strcmp(f[0], "driver")) {
@@ -247,25 +431,19 @@ static nvmlReturn_t load_config(void) {
             for (char *s = strtok_r(f[15], ",", &save); s && p->nstarts < MAX_PLACEMENTS;
                  s = strtok_r(NULL, ",", &save))
                 p->starts[p->nstarts++] = u(s);
-        } else if (n == 19 && !strcmp(f[0], "mig") && state.nmigs < MAX_MIGS) {
-            int index = state.nmigs++;
-            struct mig *m = &state.migs[index];
-            unsigned *nums[] = {&m->gi, &m->ci, &m->gi_profile_id, &m->gi_start, &m->gi_size, &m->ci_start,
-                                &m->ci_size, &m->gi_slices, &m->ci_slices, &m->sm, &m->ce, &m->dec,
-                                &m->enc, &m->jpeg, &m->ofa};
-            m->tag = (struct tag){KIND_MIG, index};
-            m->gi_tag = (struct tag){KIND_GI, index};
-            m->ci_tag = (struct tag){KIND_CI, index};
-            m->gpu = atoi(f[1]);
-            copy_field(m->uuid, sizeof m->uuid, f[2]);
-            for (int i = 0; i < 15; i++)
-                *nums[i] = u(f[3 + i]);
-            m->memory_mb = strtoull(f[18], NULL, 10);
+        } else if ((n == 19 && !strcmp(f[0], "mig")) || (n == 6 && !strcmp(f[0], "gi")) ||
+                   (n == 2 && !strcmp(f[0], "serial"))) {
+            if (!from_state)
+                parse_mig_line(f, n);
         } else if (n == 4 && !strcmp(f[0], "fail") && state.nfails < MAX_FAILS) {
             struct fail *x = &state.fails[state.nfails++];
             copy_field(x->function, sizeof x->function, f[1]);
             x->gpu = strcmp(f[2], "*") ? atoi(f[2]) : -1;
             x->code = atoi(f[3]);
+        } else if (n == 3 && !strcmp(f[0], "slow") && state.nslows < MAX_FAILS) {
+            struct slow *x = &state.slows[state.nslows++];
+            copy_field(x->function, sizeof x->function, f[1]);
+            x->ms = u(f[2]);
         } else if (n > 0) {
             /* A line this fake does not understand: fail loudly rather than serve a different node. */
             fprintf(stderr, "fake NVML: bad config line starting with %s (%d fields)\n", f[0], n);
@@ -280,8 +458,11 @@ static nvmlReturn_t load_config(void) {
 /* The configured failure of `function` for GPU position `gpu` (-1: a call without a device). */
 static nvmlReturn_t injected(const char *function, int gpu) {
     for (int i = 0; i < state.nfails; i++)
-        if (!strcmp(state.fails[i].function, function) && (state.fails[i].gpu < 0 || state.fails[i].gpu == gpu))
+        if (!strcmp(state.fails[i].function, function) && (state.fails[i].gpu < 0 || state.fails[i].gpu == gpu)) {
+            if (state.fails[i].code == KILL_CODE)
+                kill(getpid(), SIGKILL);
             return state.fails[i].code;
+        }
     return NVML_SUCCESS;
 }
 
@@ -290,16 +471,24 @@ static struct gpu *as_gpu(void *handle) {
     return t && t->kind == KIND_GPU ? &state.gpus[t->index] : NULL;
 }
 
-static struct mig *as_kind(void *handle, int kind) {
+/* A live compute instance by its MIG device handle (KIND_MIG) or compute instance handle (KIND_CI). */
+static struct ci *as_ci(void *handle, int kind) {
     struct tag *t = handle;
-    return t && t->kind == kind ? &state.migs[t->index] : NULL;
+    struct ci *c = t && t->kind == kind ? &state.cis[t->index] : NULL;
+    return c && c->alive ? c : NULL;
+}
+
+static struct gi *as_gi(void *handle) {
+    struct tag *t = handle;
+    struct gi *g = t && t->kind == KIND_GI ? &state.gis[t->index] : NULL;
+    return g && g->alive ? g : NULL;
 }
 
 /* The GPU position a device handle (full GPU or MIG) belongs to, or -1. */
 static int gpu_of(void *handle) {
     struct gpu *g = as_gpu(handle);
-    struct mig *m = as_kind(handle, KIND_MIG);
-    return g ? g->tag.index : m ? m->gpu : -1;
+    struct ci *c = as_ci(handle, KIND_MIG);
+    return g ? g->tag.index : c ? state.gis[c->gi].gpu : -1;
 }
 
 #define ENTER(name, handle)                                                \
@@ -329,9 +518,34 @@ static void close_event_set(void) {
     event_set = (struct event_set){.fd = -1, .writer_fd = -1};
 }
 
+/* Read a changed config under a running process, keeping the reference count and the health
+   state of the GPUs that are still there; a config that cannot be read leaves everything as it was. */
+static void reload_config(void) {
+    static __typeof__(state) before;
+    memcpy(&before, &state, sizeof state);
+    if (load_config() != NVML_SUCCESS) {
+        memcpy(&state, &before, sizeof state);
+        return;
+    }
+    state.initialized = before.initialized;
+    for (int i = 0; i < state.ngpus; i++)
+        for (int j = 0; j < before.ngpus; j++)
+            if (!strcmp(state.gpus[i].uuid, before.gpus[j].uuid)) {
+                struct gpu *g = &state.gpus[i], *old = &before.gpus[j];
+                g->lost = old->lost;
+                g->temperature = old->temperature;
+                g->remap_pending = old->remap_pending;
+                g->remap_failure = old->remap_failure;
+                g->ecc_uncorrected = old->ecc_uncorrected;
+                g->registered_events = old->registered_events;
+            }
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
     if (state.initialized) {
+        if (config_changed())
+            reload_config();
         state.initialized++;
         return NVML_SUCCESS;
     }
@@ -389,12 +603,20 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned length) {
-    ENTER("nvmlDeviceGetUUID", device);
+    pthread_mutex_lock(&mig_lock);
+    nvmlReturn_t ret = injected("nvmlDeviceGetUUID", gpu_of(device));
     struct gpu *g = as_gpu(device);
-    struct mig *m = as_kind(device, KIND_MIG);
-    if (!g && !m)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    return put_string(uuid, length, g ? g->uuid : m->uuid);
+    struct ci *c = as_ci(device, KIND_MIG);
+    if (!state.initialized)
+        ret = NVML_ERROR_UNINITIALIZED;
+    else if (ret == NVML_SUCCESS && !g && !c)
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    else if (ret == NVML_SUCCESS && state.gpus[gpu_of(device)].lost)
+        ret = NVML_ERROR_GPU_IS_LOST;
+    else if (ret == NVML_SUCCESS)
+        ret = put_string(uuid, length, g ? g->uuid : c->uuid);
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
 }
 
 nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned length) {
@@ -532,96 +754,112 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned *count) {
 }
 
 /* The index-th MIG device of a GPU; slots past the last one are empty, as on real hardware. */
+static nvmlReturn_t mig_device_by_index(struct gpu *g, unsigned index, void **mig) {
+    unsigned seen = 0;
+    for (int i = 0; i < state.ncis; i++)
+        if (state.cis[i].alive && state.gis[state.cis[i].gi].gpu == g->tag.index && seen++ == index) {
+            *mig = &state.cis[i].tag;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned index, void **mig) {
     ENTER("nvmlDeviceGetMigDeviceHandleByIndex", device);
     struct gpu *g = as_gpu(device);
     if (!g || index >= 7)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned seen = 0;
-    for (int i = 0; i < state.nmigs; i++)
-        if (state.migs[i].gpu == g->tag.index && seen++ == index) {
-            *mig = &state.migs[i].tag;
-            return NVML_SUCCESS;
-        }
-    return NVML_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mig_lock);
+    nvmlReturn_t ret = mig_device_by_index(g, index, mig);
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
+}
+
+/* Reads of one live compute instance, under the lock: `what` 0 GI id, 1 CI id, 2 attributes. */
+static nvmlReturn_t read_ci(const char *name, void *device, int what, unsigned *id, nvmlDeviceAttributes_t *attributes) {
+    pthread_mutex_lock(&mig_lock);
+    nvmlReturn_t ret = state.initialized ? injected(name, gpu_of(device)) : NVML_ERROR_UNINITIALIZED;
+    struct ci *c = as_ci(device, KIND_MIG);
+    if (ret == NVML_SUCCESS && !c)
+        ret = what == 2 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    if (ret == NVML_SUCCESS) {
+        if (what == 0)
+            *id = state.gis[c->gi].id;
+        else if (what == 1)
+            *id = c->id;
+        else
+            *attributes = (nvmlDeviceAttributes_t){c->sm, c->ce, c->dec, c->enc, c->jpeg, c->ofa,
+                                                   c->gi_slices, c->ci_slices, c->memory_mb};
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *device, unsigned *id) {
-    ENTER("nvmlDeviceGetGpuInstanceId", device);
-    struct mig *m = as_kind(device, KIND_MIG);
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = m->gi;
-    return NVML_SUCCESS;
+    return read_ci("nvmlDeviceGetGpuInstanceId", device, 0, id, NULL);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *device, unsigned *id) {
-    ENTER("nvmlDeviceGetComputeInstanceId", device);
-    struct mig *m = as_kind(device, KIND_MIG);
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = m->ci;
-    return NVML_SUCCESS;
+    return read_ci("nvmlDeviceGetComputeInstanceId", device, 1, id, NULL);
 }
 
 nvmlReturn_t nvmlDeviceGetAttributes_v2(void *device, nvmlDeviceAttributes_t *attributes) {
-    ENTER("nvmlDeviceGetAttributes_v2", device);
-    struct mig *m = as_kind(device, KIND_MIG);
-    if (!m)
-        return NVML_ERROR_NOT_SUPPORTED;
-    *attributes = (nvmlDeviceAttributes_t){m->sm, m->ce, m->dec, m->enc, m->jpeg, m->ofa,
-                                           m->gi_slices, m->ci_slices, m->memory_mb};
-    return NVML_SUCCESS;
+    return read_ci("nvmlDeviceGetAttributes_v2", device, 2, NULL, attributes);
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *device, unsigned id, void **instance) {
     ENTER("nvmlDeviceGetGpuInstanceById", device);
     struct gpu *g = as_gpu(device);
-    if (!g)
+    if (!g || !instance)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < state.nmigs; i++)
-        if (state.migs[i].gpu == g->tag.index && state.migs[i].gi == id) {
-            *instance = &state.migs[i].gi_tag;
-            return NVML_SUCCESS;
-        }
-    return NVML_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mig_lock);
+    struct gi *found = find_gi(g->tag.index, id);
+    if (found)
+        *instance = &found->tag;
+    pthread_mutex_unlock(&mig_lock);
+    return found ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 
 nvmlReturn_t nvmlGpuInstanceGetInfo(void *instance, nvmlGpuInstanceInfo_t *info) {
-    struct mig *m = as_kind(instance, KIND_GI);
-    if (!state.initialized)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t forced = injected("nvmlGpuInstanceGetInfo", m->gpu);
-    if (forced != NVML_SUCCESS)
-        return forced;
-    *info = (nvmlGpuInstanceInfo_t){&state.gpus[m->gpu].tag, m->gi, m->gi_profile_id, {m->gi_start, m->gi_size}};
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&mig_lock);
+    struct gi *g = as_gi(instance);
+    nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
+                       : !g || !info    ? NVML_ERROR_INVALID_ARGUMENT
+                                        : injected("nvmlGpuInstanceGetInfo", g->gpu);
+    if (ret == NVML_SUCCESS)
+        *info = (nvmlGpuInstanceInfo_t){&state.gpus[g->gpu].tag, g->id, g->profile_id, {g->start, g->size}};
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
 }
 
 nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *instance, unsigned id, void **compute) {
-    struct mig *gi = as_kind(instance, KIND_GI);
-    if (!state.initialized)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!gi)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < state.nmigs; i++)
-        if (state.migs[i].gpu == gi->gpu && state.migs[i].gi == gi->gi && state.migs[i].ci == id) {
-            *compute = &state.migs[i].ci_tag;
-            return NVML_SUCCESS;
+    pthread_mutex_lock(&mig_lock);
+    struct gi *g = as_gi(instance);
+    nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
+                       : !g || !compute ? NVML_ERROR_INVALID_ARGUMENT
+                                        : NVML_ERROR_NOT_FOUND;
+    for (int i = 0; g && compute && i < state.ncis; i++)
+        if (state.cis[i].alive && state.cis[i].gi == g->tag.index && state.cis[i].id == id) {
+            *compute = &state.cis[i].ci_tag;
+            ret = NVML_SUCCESS;
+            break;
         }
-    return NVML_ERROR_NOT_FOUND;
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
 }
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *compute, nvmlComputeInstanceInfo_t *info) {
-    struct mig *m = as_kind(compute, KIND_CI);
-    if (!state.initialized)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *info = (nvmlComputeInstanceInfo_t){&state.gpus[m->gpu].tag, &m->gi_tag, m->ci, 0, {m->ci_start, m->ci_size}};
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&mig_lock);
+    struct ci *c = as_ci(compute, KIND_CI);
+    nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
+                       : !c || !info    ? NVML_ERROR_INVALID_ARGUMENT
+                                        : NVML_SUCCESS;
+    if (ret == NVML_SUCCESS) {
+        struct gi *g = &state.gis[c->gi];
+        *info = (nvmlComputeInstanceInfo_t){&state.gpus[g->gpu].tag, &g->tag, c->id, 0, {c->start, c->size}};
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
 }
 
 static struct profile *find_profile(int gpu, int by_index, unsigned key) {
@@ -643,7 +881,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(void *device, unsigned index, 
         return NVML_ERROR_NOT_SUPPORTED;
     *info = (nvmlGpuInstanceProfileInfo_v2_t){info->version, p->id, 0, p->slices, p->instances, p->sm, p->ce,
                                                p->dec, p->enc, p->jpeg, p->ofa, p->memory_mb, {0}};
-    snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+    snprintf(info->name, sizeof info->name, "MIG %.80s", p->name);
     return NVML_SUCCESS;
 }
 
@@ -664,6 +902,249 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigne
         placements[i] = (nvmlPlacement_t){p->starts[i], p->placement_size};
     *count = p->nstarts;
     return NVML_SUCCESS;
+}
+
+/* --- MIG reconfiguration ------------------------------------------------------------------- */
+
+static unsigned slow_ms(const char *function) {
+    for (int i = 0; i < state.nslows; i++)
+        if (!strcmp(state.slows[i].function, function))
+            return state.slows[i].ms;
+    return 0;
+}
+
+/* Start reconfiguring GPU `gpu`: IN_USE while another call does. On success the lock is held. */
+static nvmlReturn_t begin_reconfiguration(const char *function, int gpu) {
+    pthread_mutex_lock(&mig_lock);
+    if (state.reconfiguring[gpu]) {
+        pthread_mutex_unlock(&mig_lock);
+        fprintf(stderr, "fake NVML: %s: GPU %d is being reconfigured by another call\n", function, gpu);
+        return NVML_ERROR_IN_USE;
+    }
+    state.reconfiguring[gpu] = 1;
+    pthread_mutex_unlock(&mig_lock);
+    unsigned ms = slow_ms(function);
+    if (ms) {
+        struct timespec pause = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&mig_lock);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t end_reconfiguration(int gpu, nvmlReturn_t ret) {
+    if (ret == NVML_SUCCESS)
+        save_state();
+    state.reconfiguring[gpu] = 0;
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
+}
+
+static int slices_overlap(unsigned a_start, unsigned a_size, unsigned b_start, unsigned b_size) {
+    return a_start < b_start + b_size && b_start < a_start + a_size;
+}
+
+/* Compute slices of the GPU's largest profile: all a GPU has. */
+static unsigned compute_slices(int gpu) {
+    unsigned most = 0;
+    for (int i = 0; i < state.nprofiles; i++)
+        if (state.profiles[i].gpu == gpu && state.profiles[i].slices > most)
+            most = state.profiles[i].slices;
+    return most;
+}
+
+static nvmlReturn_t create_gi(struct gpu *g, unsigned profile_id, const nvmlPlacement_t *placement, void **instance) {
+    struct profile *p = find_profile(g->tag.index, 0, profile_id);
+    int placement_ok = 0;
+    for (unsigned i = 0; p && i < p->nstarts; i++)
+        placement_ok |= p->starts[i] == placement->start && p->placement_size == placement->size;
+    if (!placement_ok)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned same_profile = 0, used_compute = 0;
+    int used_ids[MAX_GI_ID + 1] = {0};
+    for (int i = 0; i < state.ngis; i++) {
+        struct gi *other = &state.gis[i];
+        if (!other->alive || other->gpu != g->tag.index)
+            continue;
+        if (slices_overlap(other->start, other->size, placement->start, placement->size))
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+        struct profile *q = find_profile(g->tag.index, 0, other->profile_id);
+        used_compute += q ? q->slices : 0;
+        same_profile += other->profile_id == profile_id;
+        if (other->id <= MAX_GI_ID)
+            used_ids[other->id] = 1;
+    }
+    if (same_profile >= p->instances || used_compute + p->slices > compute_slices(g->tag.index))
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned id = 1;
+    while (id <= MAX_GI_ID && used_ids[id])
+        id++;
+    struct gi *created = id <= MAX_GI_ID ? add_gi(g->tag.index, id, profile_id, placement->start, placement->size) : NULL;
+    if (!created)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    *instance = &created->tag;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *device, unsigned profile_id, const nvmlPlacement_t *placement,
+                                                      void **instance) {
+    ENTER("nvmlDeviceCreateGpuInstanceWithPlacement", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !placement || !instance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode != 1)
+        return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t ret = begin_reconfiguration("nvmlDeviceCreateGpuInstanceWithPlacement", g->tag.index);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    return end_reconfiguration(g->tag.index, create_gi(g, profile_id, placement, instance));
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstances(void *device, unsigned profile_id, void **instances, unsigned *count) {
+    ENTER("nvmlDeviceGetGpuInstances", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || !count || !find_profile(g->tag.index, 0, profile_id))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mig_lock);
+    unsigned found = 0;
+    for (int i = 0; i < state.ngis; i++) {
+        struct gi *gi = &state.gis[i];
+        if (gi->alive && gi->gpu == g->tag.index && gi->profile_id == profile_id) {
+            if (instances)
+                instances[found] = &gi->tag;
+            found++;
+        }
+    }
+    *count = found;
+    pthread_mutex_unlock(&mig_lock);
+    return NVML_SUCCESS;
+}
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE: the compute slices of each compute instance profile. */
+static const unsigned ci_profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
+#define CI_PROFILES (sizeof ci_profile_slices / sizeof ci_profile_slices[0])
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *instance, unsigned profile, unsigned eng_profile,
+                                                           nvmlComputeInstanceProfileInfo_v2_t *info) {
+    pthread_mutex_lock(&mig_lock);
+    struct gi *g = as_gi(instance);
+    struct profile *p = g ? find_profile(g->gpu, 0, g->profile_id) : NULL;
+    nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
+                       : !g || !p || !info || info->version != ((unsigned)sizeof *info | 2u << 24) || eng_profile != 0
+                           ? NVML_ERROR_INVALID_ARGUMENT
+                       : profile >= CI_PROFILES || ci_profile_slices[profile] > p->slices ? NVML_ERROR_NOT_SUPPORTED
+                                                                                          : NVML_SUCCESS;
+    if (ret == NVML_SUCCESS) {
+        unsigned slices = ci_profile_slices[profile];
+        *info = (nvmlComputeInstanceProfileInfo_v2_t){info->version, profile, slices, p->slices / slices,
+                                                      p->sm * slices / p->slices, p->ce, p->dec, p->enc, p->jpeg,
+                                                      p->ofa, {0}};
+        snprintf(info->name, sizeof info->name, "MIG %uc.%.80s", slices, p->name);
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return ret;
+}
+
+static nvmlReturn_t create_ci(struct gi *g, unsigned profile_id, void **compute) {
+    struct profile *p = find_profile(g->gpu, 0, g->profile_id);
+    if (!p || profile_id >= CI_PROFILES || ci_profile_slices[profile_id] > p->slices)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned slices = ci_profile_slices[profile_id], used = 0;
+    int used_ids[MAX_CIS_PER_GI] = {0};
+    for (int i = 0; i < state.ncis; i++)
+        if (state.cis[i].alive && state.cis[i].gi == g->tag.index) {
+            used += state.cis[i].size;
+            if (state.cis[i].id < MAX_CIS_PER_GI)
+                used_ids[state.cis[i].id] = 1;
+        }
+    unsigned id = 0;
+    while (id < MAX_CIS_PER_GI && used_ids[id])
+        id++;
+    if (used + slices > p->slices || id == MAX_CIS_PER_GI)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    struct ci *c = add_ci(g->tag.index);
+    if (!c)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned hash = 2166136261u;
+    for (const char *k = state.gpus[g->gpu].uuid; *k; k++)
+        hash = (hash ^ (unsigned char)*k) * 16777619u;
+    unsigned serial = ++state.serial;
+    snprintf(c->uuid, sizeof c->uuid, "MIG-%08x-%04x-4%03x-8%03x-%012x", hash, g->id, c->gi & 0xfff, id, serial);
+    c->id = id;
+    c->start = used;
+    c->size = slices;
+    c->gi_slices = p->slices;
+    c->ci_slices = slices;
+    c->sm = p->sm * slices / p->slices;
+    c->ce = p->ce;
+    c->dec = p->dec;
+    c->enc = p->enc;
+    c->jpeg = p->jpeg;
+    c->ofa = p->ofa;
+    c->memory_mb = p->memory_mb;
+    *compute = &c->ci_tag;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *instance, unsigned profile_id, void **compute) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_lock(&mig_lock);
+    struct gi *g = as_gi(instance);
+    int gpu = g ? g->gpu : -1;
+    pthread_mutex_unlock(&mig_lock);
+    if (!g || !compute)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = injected("nvmlGpuInstanceCreateComputeInstance", gpu);
+    if (ret == NVML_SUCCESS)
+        ret = begin_reconfiguration("nvmlGpuInstanceCreateComputeInstance", gpu);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    return end_reconfiguration(gpu, as_gi(instance) ? create_ci(g, profile_id, compute) : NVML_ERROR_INVALID_ARGUMENT);
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(void *compute) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_lock(&mig_lock);
+    struct ci *c = as_ci(compute, KIND_CI);
+    int gpu = c ? state.gis[c->gi].gpu : -1;
+    pthread_mutex_unlock(&mig_lock);
+    if (!c)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = injected("nvmlComputeInstanceDestroy", gpu);
+    if (ret == NVML_SUCCESS)
+        ret = begin_reconfiguration("nvmlComputeInstanceDestroy", gpu);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (as_ci(compute, KIND_CI))
+        c->alive = 0;
+    else
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    return end_reconfiguration(gpu, ret);
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
+    if (!state.initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_lock(&mig_lock);
+    struct gi *g = as_gi(instance);
+    int gpu = g ? g->gpu : -1;
+    pthread_mutex_unlock(&mig_lock);
+    if (!g)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = injected("nvmlGpuInstanceDestroy", gpu);
+    if (ret == NVML_SUCCESS)
+        ret = begin_reconfiguration("nvmlGpuInstanceDestroy", gpu);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (!as_gi(instance))
+        return end_reconfiguration(gpu, NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < state.ncis; i++)
+        if (state.cis[i].alive && state.cis[i].gi == g->tag.index)
+            return end_reconfiguration(gpu, NVML_ERROR_IN_USE);
+    g->alive = 0;
+    return end_reconfiguration(gpu, NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
@@ -713,11 +1194,17 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned *corrected, unsign
     return NVML_SUCCESS;
 }
 
+static int g_mig_capable(void *device) {
+    struct gpu *g = as_gpu(device);
+    return g && g->mig_mode >= 0;
+}
+
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) {
     ENTER("nvmlDeviceGetSupportedEventTypes", device);
     if (!as_gpu(device) || !types)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *types = EVENT_TYPE_SINGLE_BIT_ECC | EVENT_TYPE_DOUBLE_BIT_ECC | EVENT_TYPE_XID;
+    *types = EVENT_TYPE_SINGLE_BIT_ECC | EVENT_TYPE_DOUBLE_BIT_ECC | EVENT_TYPE_XID |
+             (g_mig_capable(device) ? EVENT_TYPE_MIG_CONFIG_CHANGE : 0);
     return NVML_SUCCESS;
 }
 
@@ -794,6 +1281,12 @@ static nvmlReturn_t apply_command(const char *line, nvmlEventData_t *data) {
             return NO_EVENT;
         *data = (nvmlEventData_t){&g->tag, EVENT_TYPE_XID, (unsigned long long)a[1],
                                   n == 5 ? (unsigned)a[2] : WHOLE_GPU, n == 5 ? (unsigned)a[3] : WHOLE_GPU};
+        return NVML_SUCCESS;
+    }
+    if (!strcmp(verb, "mig") && n == 2) {
+        if (!(g->registered_events & EVENT_TYPE_MIG_CONFIG_CHANGE) || g->lost)
+            return NO_EVENT;
+        *data = (nvmlEventData_t){&g->tag, EVENT_TYPE_MIG_CONFIG_CHANGE, 0, WHOLE_GPU, WHOLE_GPU};
         return NVML_SUCCESS;
     }
     if (!strcmp(verb, "lost") && n == 2) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,7 @@ enabled: false
             "thresholds.temperatureCelsius: Input should be greater than 0",
         ),
         ("- 1\n", "must be a mapping of settings, not list"),
-        ("xids: [\n", "not valid YAML"),
+        ("xids: [\n", "invalid YAML"),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, text: str, error: str) -> None:
@@ -100,7 +101,9 @@ def test_serve_refuses_a_bad_config_before_starting(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        f"dradriver serve: error: --health-config {path}: taintEffect: Input should be 'NoSchedule' or "
-        "'NoExecute'"
-    ]
+    [line] = result.stderr.splitlines()  # serve logs JSON from its first line
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert record["event"] == (
+        f"--health-config {path}: taintEffect: Input should be 'NoSchedule' or 'NoExecute'"
+    )

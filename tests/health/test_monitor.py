@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ class ScriptedSource:
         self.checks: list[str] = []
         self._unmonitored = dict(unmonitored or {})
         self.closed = False
+        self.watched: list[tuple[str, ...]] = []
 
     def unmonitored(self) -> Mapping[str, str]:
         return self._unmonitored
@@ -41,6 +42,9 @@ class ScriptedSource:
     def check(self, gpu_uuid: str) -> str | None:
         self.checks.append(gpu_uuid)
         return self.failures.get(gpu_uuid)
+
+    def watch(self, gpu_uuids: Sequence[str]) -> None:
+        self.watched.append(tuple(gpu_uuids))
 
     def close(self) -> None:
         self.closed = True
@@ -234,3 +238,33 @@ def test_a_failing_sink_does_not_stop_the_others(rig: Rig, tmp_path: Path) -> No
     rig.step(XidEvent(HardwareRef(rig.gpu(0)), 79, AT))
     assert rig.health()["gpu-0-mig-3g40gb-0"][0] is Health.UNHEALTHY
     assert rig.sent.events
+
+
+def test_retarget_forgets_dropped_devices_and_keeps_gone_ones_unhealthy(rig: Rig) -> None:
+    """The live inventory changed the published devices: a dropped device's taint goes, a device
+    kept although its hardware vanished is unhealthy (stream, taint, Event) until it is dropped."""
+    from dradriver.health.policy import DEVICE_GONE, Problem
+
+    rig.monitor.start()
+    rig.monitor.stop()
+    published = list(build_devices(open_library("dgx-a100-mig").discover(), driver_name=DRIVER).devices)
+    first, dropped = published[0].name, published[-1].name
+    rig.step(XidEvent(HardwareRef(rig.targets.gpu_of(dropped)), 79, AT))
+    assert dropped in rig.taints.taints()
+
+    gone = Problem(DEVICE_GONE, f"MIG device of {first} is no longer on the node")
+    rig.board.set_devices(("node-1", d.name) for d in published[:-1])
+    rig.monitor.retarget(published[:-1], {first: gone})
+    assert dropped not in rig.taints.taints()
+    assert rig.taints.taints()[first]["value"] == DEVICE_GONE
+    assert rig.health()[first] == (Health.UNHEALTHY, gone.message)
+    assert rig.sent.events[-1][0] == "DeviceUnhealthy"
+    rig.step()
+    assert rig.source.watched == [rig.targets.gpu_uuids]
+    rig.now += 10_000  # no re-check ever clears a device whose hardware is gone
+    rig.step()
+    assert rig.health()[first][0] == Health.UNHEALTHY
+
+    rig.board.set_devices(("node-1", d.name) for d in published[1:-1])
+    rig.monitor.retarget(published[1:-1], {})
+    assert first not in rig.taints.taints()

@@ -18,6 +18,8 @@ from tests.publish.apiservers import TEST_DRIVER, Backend
 
 #: Short enough for a test, long enough that "still unhealthy inside the quiet period" is observable.
 QUIET = "quietPeriodSeconds: 2\nrecheckIntervalSeconds: 0.5\n"
+#: Long enough to inspect an unhealthy device (metrics, two `status` subprocesses) on a loaded machine.
+INSPECTABLE = "quietPeriodSeconds: 20\nrecheckIntervalSeconds: 0.5\n"
 
 
 def fake_event(serve: ServeProcess, *args: str, driver: str = DRIVER) -> subprocess.CompletedProcess[str]:
@@ -78,7 +80,7 @@ def serving(
 
 def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> None:
     port = free_port()
-    with serving(["--metrics-address", f"127.0.0.1:{port}"]) as (serve, stream):
+    with serving(["--metrics-address", f"127.0.0.1:{port}"], health_config=INSPECTABLE) as (serve, stream):
         assert {health for health, _ in stream.latest.values()} == {Health.HEALTHY}
         assert len(stream.latest) == 8
 
@@ -112,12 +114,12 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         (gpu3,) = [d for d in report["devices"] if d["device"] == "gpu-3"]
         assert (gpu3["health"], gpu3["reason"], gpu3["message"]) == ("UNHEALTHY", "79", message)
         table = status(serve).stdout
-        assert "Device health: 1 of 8 devices not healthy (source: fake)" in table
+        assert "device health: 1 of 8 devices not healthy (source: fake)" in table
         assert "XID 79 (GPU has fallen off the bus)" in table
 
-        recovered = stream.wait("gpu-3", Health.HEALTHY)
+        recovered = stream.wait("gpu-3", Health.HEALTHY, timeout=60)
         assert recovered.startswith("healthy again at ")
-        assert recovered.endswith(f"no fatal event for 2s and the GPU passed its re-check (was: {message})")
+        assert recovered.endswith(f"no fatal event for 20s and the GPU passed its re-check (was: {message})")
         wait_for(lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "metrics")
         assert "device health: all 8 devices healthy (source: fake)" in status(serve).stdout
 

@@ -40,17 +40,30 @@ def test_whole_gpu_event_concerns_every_device_on_it_and_mig_events_only_their_i
 
 
 def test_partitionable_gpu_event_concerns_the_gpu_and_all_placements() -> None:
-    devices = device_set("dgx-a100-mig", partitionable=True)
+    devices = device_set("mixed", partitionable=True)
     targets = HealthTargets(devices.devices)
-    gpu0 = targets.gpu_of("gpu-0")
-    on_gpu0 = targets.devices_for(HardwareRef(gpu0))
-    assert on_gpu0[0] == "gpu-0"
-    assert len(on_gpu0) == len([d for d in devices.devices if d.name.startswith("gpu-0")])
-    # A MIG device that exists sits at its placement; placements without one have no instance.
-    assert targets.devices_for(HardwareRef(gpu0, 13, 0)) == ("gpu-0-mig-1g10gb-6",)
-    assert targets.locate("gpu-0-mig-1g10gb-6") == HardwareRef(gpu0, 13, 0)
-    assert targets.locate("gpu-0-mig-1g10gb-0") is None
-    assert targets.locate("gpu-0") == HardwareRef(gpu0)
+    gpu3 = targets.gpu_of("gpu-3-mig-3g20gb-4")
+    on_gpu3 = targets.devices_for(HardwareRef(gpu3))
+    assert set(on_gpu3) == {d.name for d in devices.devices if d.name.startswith("gpu-3-")}
+    assert "gpu-3-mig-1g5gb-3" in on_gpu3
+    # An operator's MIG device sits at its instance; a free placement has no instance yet.
+    assert targets.devices_for(HardwareRef(gpu3, 2, 0)) == ("gpu-3-mig-3g20gb-4",)
+    assert targets.locate("gpu-3-mig-3g20gb-4") == HardwareRef(gpu3, 2, 0)
+    assert targets.locate("gpu-3-mig-1g5gb-3") is None
+
+
+def test_an_event_in_a_mig_device_made_on_demand_concerns_its_placement() -> None:
+    devices = device_set("a100-mig-empty", partitionable=True)
+    made: dict[tuple[str, int], str] = {}
+    targets = HealthTargets(devices.devices, created=lambda: made)
+    gpu0 = targets.gpu_of("gpu-0-mig-3g40gb-4")
+    assert targets.devices_for(HardwareRef(gpu0, 2, 0)) == ()
+    assert targets.locate("gpu-0-mig-3g40gb-4") is None
+    made[(gpu0, 2)] = "gpu-0-mig-3g40gb-4"  # prepare made GPU instance 2 there
+    assert targets.devices_for(HardwareRef(gpu0, 2, 0)) == ("gpu-0-mig-3g40gb-4",)
+    assert targets.devices_for(HardwareRef(gpu0, 3)) == ()
+    assert targets.locate("gpu-0-mig-3g40gb-4") == HardwareRef(gpu0, 2)
+    assert "gpu-0-mig-3g40gb-4" in targets.devices_for(HardwareRef(gpu0))
 
 
 def test_mixed_node() -> None:

@@ -9,7 +9,6 @@ e2e harness's part; README.md here says what it takes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,21 +17,11 @@ from dradriver.cli import main
 from dradriver.discovery import builtin_profile_names
 from tests.deploy.manifests import KUBERNETES_VERSIONS
 from tests.deploy.test_schemas import validate as validate_schema
+from tests.migrate.table import FIXTURES, Case, cases, row_id
 
-HERE = Path(__file__).parent
-FIXTURES = HERE / "fixtures"
 OUTCOMES = {"satisfiable": 0, "unsatisfiable": 1}
 FIELDS = {"spec", "profile", "expected", "reason", "pods", "needsGpu", "why"}
 PHASES = {"Running", "Succeeded", "Pending"}
-
-
-def cases() -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = yaml.safe_load((HERE / "cases.yaml").read_text())
-    return rows
-
-
-def row_id(row: dict[str, Any]) -> str:
-    return f"{Path(row['spec']).name}@{row.get('profile', 'migrate')}"
 
 
 def test_the_table_covers_every_fixture_with_valid_rows() -> None:
@@ -72,7 +61,7 @@ def test_nvidia_specs_keep_their_license_notice() -> None:
 
 @pytest.mark.parametrize("row", cases(), ids=row_id)
 def test_spec_migrates_and_gives_the_expected_verdict(
-    row: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    row: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = str(FIXTURES / row["spec"])
     code = main(["migrate", spec])

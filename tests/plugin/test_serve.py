@@ -200,8 +200,8 @@ def test_registration_outcome_drives_readiness() -> None:
         )
         wait_for(lambda: "kubelet rejected the registration" in serve.log(), 5, "rejection log line")
         kubeletclient.register(serve.registration_socket)
-        # Ready once the driver is built too, which the background start-up may still be doing.
-        wait_for(lambda: http_get(port, "/readyz") == (200, "ok\n"), 30, "readiness")
+        # Registered now; ready as soon as the driver has been built (in the background).
+        wait_for(lambda: http_get(port, "/readyz") == (200, "ok\n"), 30, "readiness after registration")
 
 
 def test_env_vars_set_flags() -> None:
@@ -215,9 +215,11 @@ def test_env_vars_set_flags() -> None:
     ("args", "message"),
     [
         (["--driver-name", "Bad_Name"], "invalid driver name 'Bad_Name'"),
-        (["--verbosity", "loud"], "invalid int value"),
+        (["--verbosity", "loud"], "invalid verbosity 'loud'"),
         (["--metrics-address", "nowhere"], "invalid address"),
         (["--no-such-flag"], "unrecognized arguments"),
+        (["--pod-uid", "../../etc"], "invalid pod UID '../../etc'"),
+        (["--rescan-interval", "-1"], "'-1' must not be negative"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
@@ -283,8 +285,10 @@ def test_metrics_follow_calls_devices_and_registration() -> None:
         refs = write_claims(serve, range(3))
         kubeletclient.register(serve.registration_socket)
         with kubeletclient.DRAClient(serve.dra_socket) as client:
-            wait_for(
-                lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "devices"
+            wait_for(  # http_get, not scrape: the probe server may not listen yet
+                lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in http_get(port, "/metrics")[1],
+                20,
+                "devices",
             )
             client.prepare(refs)
             bad = ClaimRef("default", "nope", "not-a-uid")

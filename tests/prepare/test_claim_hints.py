@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from dradriver.plugin.driver import CallError, ClaimRef
-from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
+from dradriver.prepare.checkpoint import CheckpointData
 from tests.helpers import allocated_claim, opaque, uid
-from tests.prepare.test_driver import TIME_SLICING_LONG, AuthoritativeClaims, Node, one_gpu
+from tests.prepare.node import CountingStore, Node
+from tests.prepare.test_driver import TIME_SLICING_LONG, AuthoritativeClaims, one_gpu
 
 
 class WatchCopies:
@@ -41,16 +42,6 @@ class Fetches(AuthoritativeClaims):
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         self.fetched.append(name)
         return super().get(namespace, name)
-
-
-class CountingStore(CheckpointStore):
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir)
-        self.saves = 0
-
-    def save(self, checkpoint: CheckpointData) -> None:
-        self.saves += 1
-        super().save(checkpoint)
 
 
 @pytest.fixture

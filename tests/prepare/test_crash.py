@@ -56,7 +56,7 @@ def test_kill_9_during_prepare_and_unprepare_cycles() -> None:
     rng = random.Random(20261121)
     with short_tmpdir() as root:
         serve = ServeProcess(root)
-        serve.claims_dir.mkdir()
+        serve.claims_dir.mkdir(exist_ok=True)
         claims = [
             allocated_claim(
                 f"c{i}", uid(i), [{"request": "gpu", "device": f"gpu-{i}"}], config=[opaque(TIME_SLICING)]

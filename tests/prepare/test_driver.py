@@ -6,75 +6,24 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from dradriver.devicemodel import build_devices
-from dradriver.discovery import MigDevice, open_library
+from dradriver.discovery import MigDevice
 from dradriver.plugin.driver import CallError, ClaimRef
-from dradriver.prepare.cdi import CdiDirectory
-from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore, ClaimState
+from dradriver.prepare.checkpoint import CheckpointData, ClaimState
 from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
 from dradriver.prepare.driver import GpuDriver
-from dradriver.prepare.edits import common_edits
-from dradriver.prepare.sharing import FakeSharing
-from tests.helpers import DRIVER, allocated_claim, opaque, uid, write_gpu_profile
+from tests.helpers import allocated_claim, opaque, uid, write_gpu_profile
+from tests.prepare.node import Node
 
 TIME_SLICING_LONG: dict[str, Any] = {
     "apiVersion": "gpu.dradriver.dev/v1alpha1",
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
 }
-
-
-@dataclass
-class Node:
-    root: Path
-    profile: str
-    boot_id: str = "boot-1"
-
-    def __post_init__(self) -> None:
-        self.claims_dir = self.root / "claims"
-        self.claims_dir.mkdir(exist_ok=True)
-        self.cdi = CdiDirectory(self.root / "cdi", DRIVER)
-        self.store = CheckpointStore(self.root / "state")
-        self.sharing = FakeSharing(self.root / "state")
-        library = open_library(self.profile)
-        self.inventory = library.discover()
-        self.devices = build_devices(self.inventory, driver_name=DRIVER)
-
-    def driver(self, *, claims: object = None, hints: object = None, recover: bool = True) -> GpuDriver:
-        driver = GpuDriver(
-            driver_name=DRIVER,
-            pool_name="node-1",
-            devices={d.name: d.hardware for d in self.devices.devices},
-            claims=claims or DirectoryClaimSource(self.claims_dir),  # type: ignore[arg-type]
-            cdi_dir=self.cdi,
-            store=self.store,
-            common_edits=common_edits(self.inventory.nvidia_uvm_major, []),
-            caps_major=self.inventory.nvidia_caps_major,
-            sharing=self.sharing,
-            boot_id=self.boot_id,
-            hints=hints,  # type: ignore[arg-type]
-        )
-        if recover:
-            driver.recover()
-        return driver
-
-    def add(self, claim: dict[str, object]) -> ClaimRef:
-        meta = claim["metadata"]
-        assert isinstance(meta, dict)
-        (self.claims_dir / f"{meta['namespace']}.{meta['name']}.yaml").write_text(yaml.safe_dump(claim))
-        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
-
-    def spec(self, ref: ClaimRef) -> dict[str, object]:
-        data = self.cdi.read(ref.uid)
-        assert data is not None
-        return data
 
 
 @pytest.fixture

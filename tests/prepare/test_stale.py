@@ -10,13 +10,15 @@ from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSourceError
 from dradriver.prepare.stale import StaleClaimCollector
 from tests.helpers import uid
-from tests.prepare.test_driver import Node, one_gpu
+from tests.prepare.node import Node
+from tests.prepare.test_driver import one_gpu
 
 
 class ApiLike:
     """An authoritative claim source whose answers the test controls."""
 
     authoritative = True
+    remote = True
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], Mapping[str, Any]] = {}

@@ -96,6 +96,7 @@ class FakeApiServer:
         self._oldest_rv = 0
         self._watchers: list[_Watcher] = []
         self._faults: list[tuple[int, float | None]] = []
+        self._stalls: list[tuple[str, threading.Event]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -143,6 +144,14 @@ class FakeApiServer:
         """Answer the next `count` non-watch requests with `status`."""
         with self._lock:
             self._faults.extend([(status, retry_after)] * count)
+
+    def stall(self, path_part: str) -> threading.Event:
+        """Hold every request whose path contains `path_part` until the returned event is set
+        (a server that accepted the request and never answers)."""
+        release = threading.Event()
+        with self._lock:
+            self._stalls.append((path_part, release))
+        return release
 
     def compact(self) -> None:
         """Forget the event history, as etcd compaction does: older watches get 410 Gone."""
@@ -340,6 +349,9 @@ class FakeApiServer:
         with self._lock:
             self.requests.append(request)
             fault = self._faults.pop(0) if self._faults and not request.watch else None
+            held = [release for part, release in self._stalls if part in url.path and not request.watch]
+        for release in held:
+            release.wait(120)
         try:
             auth = h.headers.get("Authorization")
             if auth != f"Bearer {self.token}" and not (auth is None and self.allow_anonymous):

@@ -37,7 +37,12 @@ def test_config_source_order(tmp_path: Path) -> None:
 
     assert pick_config_source("/flag", {"KUBECONFIG": "/env"}, home, token) == ("kubeconfig", "/flag")
     assert pick_config_source(None, {"KUBECONFIG": "/env", **in_cluster}, home, token) == ("in-cluster", None)
-    assert pick_config_source(None, {"KUBECONFIG": "/env"}, home, token) == ("kubeconfig", "/env")
+    env = tmp_path / "env"
+    env.write_text("{}")
+    assert pick_config_source(None, {"KUBECONFIG": str(env)}, home, token) == ("kubeconfig", str(env))
+    # As kubectl: missing files in $KUBECONFIG are skipped, and a set $KUBECONFIG hides ~/.kube/config.
+    assert pick_config_source(None, {"KUBECONFIG": f"/nope:{env}"}, home, token) == ("kubeconfig", str(env))
+    assert pick_config_source(None, {"KUBECONFIG": "/nope"}, home, token) is None
     assert pick_config_source(None, in_cluster, home, token) == ("in-cluster", None)
     assert pick_config_source(None, in_cluster, home, tmp_path / "no-token") == (
         "kubeconfig",

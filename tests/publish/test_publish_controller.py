@@ -6,15 +6,15 @@ Each test publishes to a Node of its own through the real client, over real HTTP
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dradriver.kube import KubeClient, load_client
+from dradriver.kube import load_client
 from dradriver.publish import SliceController, delete_node_slices
-from dradriver.slices import build_node_slices
+from dradriver.slices import InvalidSlicesError, build_node_slices, validate_node_pool
 from tests.helpers import wait_for, write_gpu_profile
 from tests.publish.apiservers import TEST_DRIVER, Backend
 from tests.publish.fakeslices import desired_slices, fake_devices
@@ -24,7 +24,8 @@ Json = dict[str, Any]
 
 
 class Devices:
-    """The node's device set, changeable by a test; renders the desired slices."""
+    """The node's device set, changeable by a test; renders the desired slices and, as
+    `render_node_slices` does, refuses a pool that fails `validate_node_pool`."""
 
     def __init__(self, node: str, count: int, **kw: Any) -> None:
         self.node = node
@@ -32,26 +33,10 @@ class Devices:
         self.counters = bool(kw.get("counters"))
 
     def __call__(self) -> list[Json]:
-        return desired_slices(self.devices, driver=TEST_DRIVER, node=self.node, counters=self.counters)
-
-
-@pytest.fixture
-def controllers() -> Iterator[list[SliceController]]:
-    started: list[SliceController] = []
-    yield started
-    for controller in started:
-        controller.stop()
-
-
-@pytest.fixture
-def start(controllers: list[SliceController]) -> Callable[..., SliceController]:
-    def start(client: KubeClient, node: str, desired: Callable[[], list[Json]], **kw: Any) -> SliceController:
-        controller = SliceController(client, driver_name=TEST_DRIVER, node_name=node, desired=desired, **kw)
-        controllers.append(controller)
-        controller.start()
-        return controller
-
-    return start
+        slices = desired_slices(self.devices, driver=TEST_DRIVER, node=self.node, counters=self.counters)
+        if findings := validate_node_pool(slices, driver=TEST_DRIVER, node=self.node):
+            raise InvalidSlicesError(findings)
+        return slices
 
 
 def versions(slices: list[Json]) -> dict[str, str]:
@@ -121,10 +106,11 @@ def test_300_device_profile_is_published_as_three_slices(
 
 
 def test_partitionable_profile_with_counter_slice(
-    backend: Backend, start: Callable[..., SliceController]
+    backend: Backend, start: Callable[..., SliceController], tmp_path: Path
 ) -> None:
     node = backend.make_node()
-    desired = rendered("dgx-a100-mig", node, partitionable=True)
+    profile = write_gpu_profile(tmp_path / "mig.yaml", 6, mig_empty=True)
+    desired = rendered(str(profile), node, partitionable=True)
     controller = start(backend.client(), node, desired)
     assert controller.wait_published(10)
     time.sleep(0.5)
@@ -305,7 +291,7 @@ def test_invalid_desired_slices_are_not_published(
     devices.devices.append(dict(devices.devices[0]))  # a duplicate device name
     controller = start(backend.client(), node, devices)
     wait_for(
-        lambda: "must be unique in the pool" in (controller.status.last_error or ""),
+        lambda: "Duplicate value: device name 'gpu-0'" in (controller.status.last_error or ""),
         10,
         "the invalid-pool error",
     )

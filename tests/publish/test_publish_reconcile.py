@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from dradriver.publish.reconcile import (
-    InvalidPoolError,
     Plan,
     contents_equal,
     decode_index,
@@ -17,7 +16,7 @@ from dradriver.publish.reconcile import (
     index_length,
     plan_pool,
 )
-from dradriver.slices import dropped_gates
+from dradriver.slices import dropped_gates, validate_node_pool
 from tests.publish.fakeslices import desired_slices, fake_devices
 
 DRIVER = "gpu.dradriver.dev"
@@ -34,6 +33,8 @@ def desired(*device_counts: int, **kw: Any) -> list[Json]:
         devices = fake_devices(start + count, **kw)[start:]
         out.append(desired_slices(devices, driver=DRIVER, node=NODE)[0])
         start += count
+    for slice_ in out:
+        slice_["spec"]["pool"]["resourceSliceCount"] = len(out)
     return out
 
 
@@ -302,39 +303,46 @@ def test_republishing_keeps_taint_time_added() -> None:
     assert "timeAdded" not in update.body["spec"]["devices"][2]["taints"][0]
 
 
-# -- validation -----------------------------------------------------------------------------------
+# -- validation: the one pool validator the renderer's output goes through --------------------------
 
 
 @pytest.mark.parametrize(
-    ("mutate", "message"),
+    ("mutate", "path", "message"),
     [
-        (lambda s: s[1]["spec"]["devices"].append({"name": "gpu-0"}), "#1: spec.devices[3].name 'gpu-0'"),
-        (lambda s: s[0]["spec"].update(driver="other.example.com"), "#0: spec.driver 'other.example.com'"),
-        (lambda s: s[0]["spec"].update(nodeName="node-b"), "#0: spec.nodeName 'node-b'"),
-        (lambda s: s[0]["spec"]["pool"].update(name="x"), "#0: spec.pool.name 'x'"),
-        (lambda s: s[0]["spec"].update(allNodes=True), "#0: spec.allNodes is set"),
+        (
+            lambda s: s[1]["spec"]["devices"].append({"name": "gpu-0"}),
+            "[1].spec.devices[3]",
+            "device name 'gpu-0' repeats in pool 'node-a'",
+        ),
+        (lambda s: s[0]["spec"].update(driver="other.example.com"), "[0].spec.driver", "must be this driver"),
+        (lambda s: s[0]["spec"].update(nodeName="node-b"), "[0].spec.nodeName", "must be this node 'node-a'"),
+        (lambda s: s[0]["spec"]["pool"].update(name="x"), "[0].spec.pool.name", "must be the node name"),
+        (lambda s: s[0]["spec"].update(allNodes=True), "[0].spec.allNodes", "must not be set"),
         (
             lambda s: s[0]["spec"]["devices"][0].update(
-                consumesCounters=[{"counterSet": "nope", "counters": {}}]
+                consumesCounters=[{"counterSet": "nope", "counters": {"memory": {"value": "1"}}}]
             ),
-            "#0: spec.devices[0].consumesCounters[0].counterSet 'nope'",
+            "[0].spec.devices[0].consumesCounters[0].counterSet",
+            "counter set 'nope' is not in pool 'node-a'",
         ),
     ],
 )
-def test_invalid_desired_pool_is_refused_with_the_field(mutate: Any, message: str) -> None:
+def test_invalid_desired_pool_is_refused_with_the_field(mutate: Any, path: str, message: str) -> None:
     want = desired(3, 3)
+    assert validate_node_pool(want, driver=DRIVER, node=NODE) == []
     mutate(want)
-    with pytest.raises(InvalidPoolError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        plan([], want)
+    findings = validate_node_pool(want, driver=DRIVER, node=NODE)
+    assert any(f.path == path and message in f.message for f in findings), findings
 
 
 def test_counter_references_are_checked() -> None:
     devices = fake_devices(2, counters=True)
     want = desired_slices(devices, driver=DRIVER, node=NODE, counters=True)
+    assert validate_node_pool(want, driver=DRIVER, node=NODE) == []
     assert summary(plan([], want)) == (1, [], [], [0, 1])
     want[1]["spec"]["devices"][0]["consumesCounters"][0]["counters"]["bogus"] = {"value": "1"}
-    with pytest.raises(InvalidPoolError, match="bogus not in counter set 'gpu-counters'"):
-        plan([], want)
+    findings = validate_node_pool(want, driver=DRIVER, node=NODE)
+    assert [f.message for f in findings] == ["counter 'bogus' is not in counter set 'gpu-counters'"]
 
 
 # -- dropped fields -------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.names import int64_error
+
 RESOURCE_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 EXACT_COUNT = "ExactCount"
@@ -53,6 +55,13 @@ def _str(value: Any, where: str, *, required: bool = True) -> str:
         return ""
     if not isinstance(value, str):
         raise InputError(f"{where}: must be a string")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if (problem := int64_error(value)) is not None:
+        raise InputError(f"{where}: {problem}")
+    assert isinstance(value, int)
     return value
 
 
@@ -146,8 +155,12 @@ class Request:
 
 @dataclass(frozen=True)
 class MatchAttribute:
+    """A claim constraint: `matchAttribute` (one value across the devices of `requests`) or,
+    with `distinct`, `distinctAttribute` (no two of them share a value)."""
+
     attribute: str
     requests: tuple[str, ...]
+    distinct: bool = False
 
 
 @dataclass(frozen=True)
@@ -201,8 +214,10 @@ def _device_request(raw: Mapping[str, Any], name: str, where: str) -> DeviceRequ
         count = 0
     else:
         count = 1 if count_raw is None else count_raw
-        if type(count) is not int or count < 1:
-            raise InputError(f"{where}.count: must be a positive integer, not {count_raw!r}")
+        if (problem := int64_error(count)) is not None:
+            raise InputError(f"{where}.count: {problem}")
+        if count < 1:
+            raise InputError(f"{where}.count: must be greater than zero, not {count}")
     admin = raw.get("adminAccess")
     if admin is not None and not isinstance(admin, bool):
         raise InputError(f"{where}.adminAccess: must be a boolean")
@@ -234,6 +249,8 @@ def _request(raw: Mapping[str, Any], version: str, where: str) -> Request:
         for i, sub in enumerate(first):
             sub_where = f"{where}.firstAvailable[{i}]"
             sub_map = _mapping(sub, sub_where)
+            # DeviceSubRequest has no adminAccess: the API server drops the field.
+            sub_map = {k: v for k, v in sub_map.items() if k != "adminAccess"}
             subs.append(_device_request(sub_map, _str(sub_map.get("name"), f"{sub_where}.name"), sub_where))
         return Request(name, None, tuple(subs))
     if not exactly_raw:
@@ -288,18 +305,19 @@ def parse_claim(obj: Mapping[str, Any]) -> Claim:
     constraints = []
     for i, c in enumerate(_list(devices.get("constraints"), f"{where}.constraints")):
         constraint = _mapping(c, f"{where}.constraints[{i}]")
-        attribute = constraint.get("matchAttribute")
+        field_name = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
+        attribute = constraint.get(field_name)
         if not attribute:
-            if constraint.get("distinctAttribute"):
-                raise InputError(
-                    f"{where}.constraints[{i}].distinctAttribute: not supported by the simulator yet"
-                )
-            raise InputError(f"{where}.constraints[{i}]: matchAttribute is required")
+            raise InputError(f"{where}.constraints[{i}]: matchAttribute or distinctAttribute is required")
         requests_of = tuple(
             str(r) for r in _list(constraint.get("requests"), f"{where}.constraints[{i}].requests")
         )
         constraints.append(
-            MatchAttribute(_str(attribute, f"{where}.constraints[{i}].matchAttribute"), requests_of)
+            MatchAttribute(
+                _str(attribute, f"{where}.constraints[{i}].{field_name}"),
+                requests_of,
+                distinct=field_name == "distinctAttribute",
+            )
         )
     config = tuple(
         _mapping(c, f"{where}.config[{i}]")
@@ -331,7 +349,11 @@ class Device:
 
     @property
     def id(self) -> str:
-        return f"{self.driver}/{self.pool}/{self.name}"
+        found: str | None = self.__dict__.get("_id")
+        if found is None:
+            found = f"{self.driver}/{self.pool}/{self.name}"
+            object.__setattr__(self, "_id", found)
+        return found
 
 
 @dataclass(frozen=True)
@@ -376,9 +398,9 @@ def parse_slice(obj: Mapping[str, Any]) -> Slice:
         name=name,
         driver=driver,
         pool=pool_name,
-        generation=int(pool.get("generation") or 0),
-        slice_count=int(pool.get("resourceSliceCount") or 1),
-        node_name=str(spec.get("nodeName") or ""),
+        generation=_int(pool.get("generation") or 0, f"{ref}: spec.pool.generation"),
+        slice_count=_int(pool.get("resourceSliceCount") or 1, f"{ref}: spec.pool.resourceSliceCount"),
+        node_name=_str(spec.get("nodeName"), f"{ref}: spec.nodeName", required=False),
         all_nodes=bool(spec.get("allNodes") or False),
         node_selector=spec.get("nodeSelector"),
         devices=tuple(devices),

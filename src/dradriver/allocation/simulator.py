@@ -9,7 +9,9 @@ cached per device and request; a CEL error aborts allocation (the scheduler repo
 claims unless a request has adminAccess (then only not within the same claim). `All` requests
 take every matching device, `firstAvailable` subrequests are tried in order, `matchAttribute`
 constraints require one value across the devices of the named requests, NoSchedule/NoExecute
-taints need a toleration, and devices consuming shared counters must fit the pool's counters.
+taints need a toleration, and devices consuming shared counters must fit the pool's counters (what
+allocated claims' devices consume is taken first; a device consuming a counter its pool does not
+define makes the pool invalid).
 
 Where the scheduler is not deterministic (it walks pools in Go map order) we are: pools sorted by
 driver and name, slices by name, devices in slice order.
@@ -17,8 +19,9 @@ driver and name, slices by name, devices in slice order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from dradriver.allocation.model import (
@@ -115,6 +118,15 @@ class AllocationError(Exception):
     """The scheduler would fail with this error (a CEL error, a missing class, ...)."""
 
 
+class _Exceeded:
+    """errAllocationResultMaxSizeExceeded while searching (more than 32 results for a claim)."""
+
+
+_EXCEEDED = _Exceeded()
+_Outcome = bool | _Exceeded
+_Frame = Generator[tuple[int, int, int, int, bool, tuple[int, int]], _Outcome, _Outcome]
+
+
 # -- pools ------------------------------------------------------------------------------------------
 
 
@@ -126,6 +138,18 @@ class _Pool:
     incomplete: bool = False
     invalid: str | None = None
     counters: dict[str, dict[str, Quantity]] = field(default_factory=dict)
+    _available: dict[tuple[str, str], int | Fraction] | None = None
+
+    @property
+    def available(self) -> dict[tuple[str, str], int | Fraction]:
+        """Counter totals by (counter set, counter), as exact numbers."""
+        if self._available is None:
+            self._available = {
+                (set_name, counter): _number(value)
+                for set_name, counters in self.counters.items()
+                for counter, value in counters.items()
+            }
+        return self._available
 
     @property
     def id(self) -> str:
@@ -134,6 +158,15 @@ class _Pool:
     def devices(self) -> Iterable[Device]:
         for slice_ in self.slices:
             yield from slice_.devices
+
+    @property
+    def device_list(self) -> list[Device]:
+        """Devices in allocation order (slices by name, devices in slice order), computed once."""
+        cached: list[Device] | None = self.__dict__.get("_device_list")
+        if cached is None:
+            cached = list(self.devices())
+            self.__dict__["_device_list"] = cached
+        return cached
 
 
 def _targets_node(slice_: Slice, node: str | None) -> bool:
@@ -186,8 +219,38 @@ def gather_pools(slices: Sequence[Slice], node: str | None) -> tuple[list[_Pool]
                         pool.invalid = f"counter set {set_name}, counter {counter}: {err}"
                 parsed_set = pool.counters.setdefault(set_name, {})
                 parsed_set.update(parsed)
+        if pool.invalid is None and (undefined := _undefined_counter(pool)) is not None:
+            pool.invalid = undefined
+            warnings.append(f"pool {pool.id} is invalid: {undefined}")
         pools.append(pool)
     return pools, warnings
+
+
+def _undefined_counter(pool: _Pool) -> str | None:
+    """A device consuming a counter its pool does not define makes the whole pool invalid."""
+    for device in pool.devices():
+        for entry in device.body.get("consumesCounters") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            set_name = str(entry.get("counterSet", ""))
+            defined = pool.counters.get(set_name)
+            if defined is None:
+                return (
+                    f"device {device.name} consumes counters of counter set {set_name}, which the pool lacks"
+                )
+            for counter in entry.get("counters") or {}:
+                if counter not in defined:
+                    return (
+                        f"device {device.name} consumes counter {counter} of counter set {set_name}, "
+                        "which does not define it"
+                    )
+    return None
+
+
+def _number(quantity: Quantity) -> int | Fraction:
+    """A quantity as an exact number; an int when it is whole (most counters), which is faster."""
+    value = quantity.exact()
+    return value.numerator if value.denominator == 1 else value
 
 
 def _counter_value(value: Any) -> Any:
@@ -233,13 +296,44 @@ class _MatchState:
             self.value = value
             self.count = 1
             return True
-        if value != self.value:
+        if value[0] == "other" or value != self.value:
             return False
         self.count += 1
         return True
 
     def remove(self, base: str, sub: str) -> None:
         if self.applies(base, sub):
+            self.count -= 1
+
+
+class _DistinctState(_MatchState):
+    """distinctAttributeConstraint, including its bookkeeping by request name: a later device of
+    the same request replaces the earlier one's value, and removing a device forgets the
+    request's value (constraint.go; what the scheduler does, so what we do)."""
+
+    def __init__(self, attribute: str, requests: Sequence[str]) -> None:
+        super().__init__(attribute, requests)
+        self.values: dict[str, tuple[str, Any]] = {}
+
+    def add(self, base: str, sub: str, device: Device) -> bool:
+        if not self.applies(base, sub):
+            return True
+        value = lookup_attribute(device, self.attribute)
+        if value is None:
+            return False
+        if self.count == 0:
+            self.values[base] = value
+            self.count = 1
+            return True
+        if value[0] == "other" or any(value == seen for seen in self.values.values()):
+            return False
+        self.values[base] = value
+        self.count += 1
+        return True
+
+    def remove(self, base: str, sub: str) -> None:
+        if self.applies(base, sub):
+            self.values.pop(base, None)
             self.count -= 1
 
 
@@ -257,7 +351,7 @@ def lookup_attribute(device: Device, qualified: str) -> tuple[str, Any] | None:
     for kind in ("string", "int", "bool", "version"):
         if raw.get(kind) is not None:
             return kind, raw[kind]
-    return None
+    return "other", None  # a list value: present, but equal to nothing
 
 
 @dataclass(frozen=True)
@@ -267,7 +361,7 @@ class _Inventory:
     classes: Mapping[str, DeviceClass]
     pools: list[_Pool]
     preallocated: set[str]
-    cel_devices: dict[str, CELDevice]
+    outcomes: _Outcomes
 
 
 class _Allocator:
@@ -276,15 +370,21 @@ class _Allocator:
         self.classes = inventory.classes
         self.pools = inventory.pools
         self.preallocated = inventory.preallocated
-        self.cel_devices = inventory.cel_devices
+        self.outcomes = inventory.outcomes
         self.request_data: dict[tuple[int, int, int], _RequestData] = {}
         self.allocating: dict[str, set[int]] = {}
         self.results: list[list[AllocatedDevice]] = [[] for _ in claims]
         self.constraints: list[list[_MatchState]] = [
-            [_MatchState(c.attribute, c.requests) for c in claim.constraints] for claim in claims
+            [
+                (_DistinctState if c.distinct else _MatchState)(c.attribute, c.requests)
+                for c in claim.constraints
+            ]
+            for claim in claims
         ]
-        self.consumed: dict[str, dict[str, dict[str, Quantity]]] = {}
-        self.matches: dict[tuple[str, tuple[int, int, int]], bool] = {}
+        self.consumed: dict[str, dict[tuple[str, str], int | Fraction]] = {}
+        self._consumptions: dict[str, list[tuple[tuple[str, str], int | Fraction]]] = {}
+        self._left: dict[str, dict[tuple[str, str], int | Fraction]] = {}
+        self.matches: dict[tuple[int, int, int], dict[str, bool]] = {}
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
 
@@ -342,20 +442,20 @@ class _Allocator:
     # -- selectors (isSelectable / selectorsMatch) -------------------------------------------------
 
     def selectable(self, device: Device, key: tuple[int, int, int], data: _RequestData) -> bool:
-        cache_key = (device.id, key)
-        cached = self.matches.get(cache_key)
+        cache = self.matches.setdefault(key, {})
+        cached = cache.get(device.id)
         if cached is not None:
             return cached
         claim = self.claims[key[0]]
         result = self._selectors_match(
             device, data.device_class.selectors, f"class {data.device_class.name}"
         ) and self._selectors_match(device, data.request.selectors, f"claim {claim.ref}")
-        self.matches[cache_key] = result
+        cache[device.id] = result
         return result
 
     def _selectors_match(self, device: Device, selectors: Sequence[str], owner: str) -> bool:
         for i, expression in enumerate(selectors):
-            outcome = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            outcome = self.outcomes.of(expression, device)
             if outcome[0] == "error":
                 kind = "CEL compile error" if outcome[2] else "CEL runtime error"
                 raise AllocationError(f"{owner}: selector #{i}: {kind}: {outcome[1]}")
@@ -368,55 +468,99 @@ class _Allocator:
     def in_use(self, device_id: str) -> bool:
         return device_id in self.preallocated or bool(self.allocating.get(device_id))
 
-    def allocate_one(self, ci: int, ri: int, si: int, di: int, in_subrequest: bool) -> bool:
+    def allocate(self) -> bool:
+        """allocateOne from the first claim, run on an explicit stack: one frame per device
+        allocated, so thousands of claims need no Python recursion."""
+        stack = [self._allocate_one(0, 0, 0, 0, False, (0, 0))]
+        answer: _Outcome | None = None  # None: a new frame starts; else the callee's outcome
+        while stack:
+            frame = stack[-1]
+            try:
+                call = next(frame) if answer is None else frame.send(answer)
+            except StopIteration as done:
+                stack.pop()
+                answer = done.value
+                continue
+            stack.append(self._allocate_one(*call))
+            answer = None
+        return answer is True
+
+    def _allocate_one(  # noqa: PLR0917 - called with the frame tuple it yields
+        self, ci: int, ri: int, si: int, di: int, in_subrequest: bool, start: tuple[int, int]
+    ) -> _Frame:
+        """allocator_incubating.go allocateOne; `yield args` stands for the recursive call.
+
+        Returns True, False or _EXCEEDED (errAllocationResultMaxSizeExceeded, which a claim
+        boundary turns into False and which makes firstAvailable try the next subrequest)."""
         if ci >= len(self.claims):
             return True
         claim = self.claims[ci]
         if ri >= len(claim.requests):
-            return self.allocate_one(ci + 1, 0, 0, 0, False)
+            outcome = yield (ci + 1, 0, 0, 0, False, (0, 0))
+            return False if outcome is _EXCEEDED else outcome
         key = (ci, ri, si)
         data = self.request_data[key]
         if not in_subrequest and data.parent is not None:
+            all_exceeded = True
             sub = 0
             while (ci, ri, sub) in self.request_data:
-                if self.allocate_one(ci, ri, sub, di, True):
-                    self.request_data[(ci, ri, 0)].selected_sub = sub
-                    return True
+                outcome = yield (ci, ri, sub, di, True, (0, 0))
                 sub += 1
-            return False
+                if outcome is _EXCEEDED:
+                    continue
+                all_exceeded = False
+                if outcome is True:
+                    self.request_data[(ci, ri, 0)].selected_sub = sub - 1
+                    return True
+            return _EXCEEDED if all_exceeded else False
         request = data.request
         if request.mode == ALL and not data.all_devices:
             return False
         if di >= data.num_devices:
-            return self.allocate_one(ci, ri + 1, 0, 0, False)
+            return (yield (ci, ri + 1, 0, 0, False, (0, 0)))
         if len(self.results[ci]) + data.num_devices - di > MAX_RESULTS_PER_CLAIM:
-            return False
+            return _EXCEEDED
         if request.mode == ALL:
             pool, device = data.all_devices[di]
             undo = self.allocate_device(ci, key, pool, device, must=True)
             if undo is None:
                 return False
-            if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
-                return True
-            undo()
-            return False
-        for pool in self.pools:
+            outcome = yield (ci, ri, si, di + 1, in_subrequest, (0, 0))
+            if outcome is not True:
+                undo()
+                return False if outcome is False else outcome
+            return True
+        first_pool, first_device = start
+        for pool_index in range(first_pool, len(self.pools)):
+            pool = self.pools[pool_index]
             if pool.incomplete or pool.invalid:
                 continue
-            for device in pool.devices():
+            offset = first_device if pool_index == first_pool else 0
+            matching = self.matches.setdefault(key, {})
+            preallocated, allocating = self.preallocated, self.allocating
+            for device_index, device in enumerate(pool.device_list[offset:], start=offset):
+                device_id = device.id
                 if request.admin_access:
-                    if ci in self.allocating.get(device.id, ()):
+                    if ci in allocating.get(device_id, ()):
                         continue
-                elif self.in_use(device.id):
+                elif device_id in preallocated or allocating.get(device_id):
                     continue
-                if not self.selectable(device, key, data):
+                selectable = matching.get(device_id)
+                if selectable is None:
+                    selectable = self.selectable(device, key, data)
+                if not selectable:
                     continue
                 undo = self.allocate_device(ci, key, pool, device, must=False)
                 if undo is None:
                     continue
-                if self.allocate_one(ci, ri, si, di + 1, in_subrequest):
+                # The next device of this request is searched after this one: combinations, not
+                # permutations.
+                outcome = yield (ci, ri, si, di + 1, in_subrequest, (pool_index, device_index + 1))
+                if outcome is True:
                     return True
                 undo()
+                if outcome is _EXCEEDED:
+                    return _EXCEEDED
         return False
 
     def allocate_device(
@@ -431,12 +575,13 @@ class _Allocator:
         elif self.in_use(device.id):
             return None
         consumption = device.body.get("consumesCounters") or []
-        if consumption and not self._take_counters(pool, consumption):
+        if consumption and not self._take_counters(pool, device):
             return None
         base, sub = (data.parent.name, request.name) if data.parent else (request.name, "")
+        # From here on a rejected device keeps the counters it took for the rest of the search:
+        # the 1.36 allocator (allocator_incubating.go, allocateDevice) returns without giving
+        # them back when a taint or a constraint rejects the device, and we give its verdicts.
         if _taint_blocks(device, request):
-            if consumption:
-                self._release_counters(pool, consumption)
             return None
         added: list[_MatchState] = []
         for constraint in self.constraints[ci]:
@@ -448,8 +593,6 @@ class _Allocator:
                     )
                 for previous in added:
                     previous.remove(base, sub)
-                if consumption:
-                    self._release_counters(pool, consumption)
                 return None
             added.append(constraint)
         self.allocating.setdefault(device.id, set()).add(ci)
@@ -463,37 +606,58 @@ class _Allocator:
                 constraint.remove(base, sub)
             self.allocating[device.id].discard(ci)
             if consumption:
-                self._release_counters(pool, consumption)
+                self._release_counters(pool, device)
             del self.results[ci][count - 1 :]
 
         return undo
 
-    def _take_counters(self, pool: _Pool, consumption: Sequence[Any]) -> bool:
+    def _consumption(self, device: Device) -> list[tuple[tuple[str, str], int | Fraction]]:
+        """What a device consumes, parsed once per simulation."""
+        found = self._consumptions.get(device.id)
+        if found is None:
+            found = []
+            for entry in device.body.get("consumesCounters") or []:
+                if not isinstance(entry, Mapping):
+                    continue
+                set_name = str(entry.get("counterSet", ""))
+                for counter, value in (entry.get("counters") or {}).items():
+                    found.append(((set_name, counter), _number(Quantity.parse(str(_counter_value(value))))))
+            self._consumptions[device.id] = found
+        return found
+
+    def _available(self, pool: _Pool) -> dict[tuple[str, str], int | Fraction]:
+        """checkAvailableCounters: the pool's counters less what allocated devices consume
+        (devices of earlier claims; admin-access results are not allocated devices)."""
+        found = self._left.get(pool.id)
+        if found is None:
+            found = dict(pool.available)
+            for device in pool.device_list:
+                if device.id in self.preallocated:
+                    for key, amount in self._consumption(device):
+                        if key in found:
+                            found[key] -= amount
+            self._left[pool.id] = found
+        return found
+
+    def _take_counters(self, pool: _Pool, device: Device) -> bool:
+        """checkAvailableCounters: add the device's consumption, then compare every counter of the
+        pool with what is consumed so far (not only the device's own: counters a rejected device
+        kept count too), undoing it on a shortfall."""
         consumed = self.consumed.setdefault(pool.id, {})
-        self._add_counters(consumed, consumption, sign=1)
-        for set_name, counters in consumed.items():
-            for counter, used in counters.items():
-                available = pool.counters.get(set_name, {}).get(counter)
-                if available is None or available.compare(used) < 0:
-                    self._add_counters(consumed, consumption, sign=-1)
-                    return False
+        available = self._available(pool)
+        wanted = self._consumption(device)
+        for key, amount in wanted:
+            consumed[key] = consumed.get(key, 0) + amount
+        if any(consumed.get(key, 0) > total for key, total in available.items()):
+            for key, amount in wanted:
+                consumed[key] -= amount
+            return False
         return True
 
-    def _release_counters(self, pool: _Pool, consumption: Sequence[Any]) -> None:
-        self._add_counters(self.consumed.setdefault(pool.id, {}), consumption, sign=-1)
-
-    @staticmethod
-    def _add_counters(
-        consumed: dict[str, dict[str, Quantity]], consumption: Sequence[Any], *, sign: int
-    ) -> None:
-        for entry in consumption:
-            if not isinstance(entry, Mapping):
-                continue
-            counter_set = consumed.setdefault(str(entry.get("counterSet", "")), {})
-            for counter, value in (entry.get("counters") or {}).items():
-                amount = Quantity.parse(str(_counter_value(value)))
-                current = counter_set.get(counter, Quantity.from_int(0))
-                counter_set[counter] = current.add(amount) if sign > 0 else current.sub(amount)
+    def _release_counters(self, pool: _Pool, device: Device) -> None:
+        consumed = self.consumed[pool.id]
+        for key, amount in self._consumption(device):
+            consumed[key] -= amount
 
 
 def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
@@ -503,6 +667,62 @@ def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
         if not any(t.tolerates(taint) for t in request.tolerations):
             return True
     return False
+
+
+class _Outcomes:
+    """Selector outcomes per (expression, device), computed once: many claims share selectors."""
+
+    def __init__(self, cel_devices: dict[str, CELDevice]) -> None:
+        self.cel_devices = cel_devices
+        self._memo: dict[tuple[str, str], tuple[str, str, bool]] = {}
+        self._verdicts: dict[
+            tuple[str, int, tuple[str, ...]],
+            tuple[list[SelectorOutcome], bool, tuple[str | None, str] | None],
+        ] = {}
+
+    def verdict(
+        self, device: Device, device_class: DeviceClass | None, request: DeviceRequest
+    ) -> tuple[list[SelectorOutcome], bool, tuple[str | None, str] | None]:
+        """One device against a class and a request's selectors, lazily as the scheduler does:
+        the outcomes (shared by every claim asking the same), whether all matched, and the error
+        (owner None: the claim's own selector)."""
+        # Classes live as long as the simulation: their identity is a key (their config is not hashable).
+        key = (device.id, id(device_class), request.selectors)
+        found = self._verdicts.get(key)
+        if found is not None:
+            return found
+        outcomes: list[SelectorOutcome] = []
+        matches = True
+        error: tuple[str | None, str] | None = None
+        groups: list[tuple[str, Sequence[str], str | None]] = []
+        if device_class is not None:
+            groups.append(
+                (f"class {device_class.name}", device_class.selectors, f"class {device_class.name}")
+            )
+        groups.append(("request", request.selectors, None))
+        for source, selectors, owner in groups:
+            for i, expression in enumerate(selectors):
+                if not matches or error:
+                    outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
+                    continue
+                outcome, message, compile_error = self.of(expression, device)
+                outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
+                if outcome == "error":
+                    kind = "CEL compile error" if compile_error else "CEL runtime error"
+                    error = (owner, f"selector #{i}: {kind}: {message}")
+                elif outcome == "false":
+                    matches = False
+        found = (outcomes, matches, error)
+        self._verdicts[key] = found
+        return found
+
+    def of(self, expression: str, device: Device) -> tuple[str, str, bool]:
+        key = (expression, device.id)
+        found = self._memo.get(key)
+        if found is None:
+            found = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            self._memo[key] = found
+        return found
 
 
 def evaluate_selector(expression: str, device: CELDevice, driver: str) -> tuple[str, str, bool]:
@@ -530,18 +750,31 @@ def simulate(
     classes: Mapping[str, DeviceClass],
     slices: Sequence[Slice],
     node: str | None = None,
+    in_use: Sequence[Claim] = (),
 ) -> Simulation:
-    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn."""
+    """Allocate `claims` against the inventory on `node`, or on each candidate node in turn.
+
+    `in_use`: other claims already allocated (a cluster's): their devices are taken, not reported.
+    """
     nodes = [node] if node is not None else candidate_nodes(slices)
-    return Simulation([simulate_node(claims, classes, slices, n) for n in nodes])
+    return Simulation([simulate_node(claims, classes, slices, n, in_use) for n in nodes])
 
 
 def simulate_node(
-    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], slices: Sequence[Slice], node: str | None
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    slices: Sequence[Slice],
+    node: str | None,
+    in_use: Sequence[Claim] = (),
 ) -> NodeReport:
     pools, warnings = gather_pools(slices, node)
     cel_devices = {d.id: to_cel_device(d.body, d.driver) for pool in pools for d in pool.devices()}
-    preallocated: set[str] = set()
+    preallocated: set[str] = {
+        f"{d.driver}/{d.pool}/{d.device}"
+        for claim in in_use
+        for d in claim.allocated or ()
+        if not d.admin_access
+    }
     pending: list[Claim] = []
     reports: dict[int, ClaimReport] = {}
     for index, claim in enumerate(claims):
@@ -552,13 +785,14 @@ def simulate_node(
             )
         else:
             pending.append(claim)
-    inventory = _Inventory(classes, pools, preallocated, cel_devices)
+    outcomes = _Outcomes(cel_devices)
+    inventory = _Inventory(classes, pools, preallocated, outcomes)
     allocator = _Allocator(pending, inventory)
     error: str | None = None
     satisfiable = False
     try:
         allocator.prepare()
-        satisfiable = allocator.allocate_one(0, 0, 0, 0, False)
+        satisfiable = allocator.allocate()
     except AllocationError as err:
         error = str(err)
     pending_reports = [ClaimReport(claim) for claim in pending]
@@ -566,7 +800,7 @@ def simulate_node(
         for report, results in zip(pending_reports, allocator.results, strict=True):
             report.results = list(results)
     for position, report in enumerate(pending_reports):
-        report.requests = _explain_requests(allocator, position, pools, cel_devices)
+        report.requests = _explain_requests(allocator, position, pools, outcomes)
     reason = None
     if not satisfiable and error is None:
         reason = _diagnose(pending, inventory, pending_reports)
@@ -578,7 +812,7 @@ def simulate_node(
 
 
 def _explain_requests(
-    allocator: _Allocator, ci: int, pools: list[_Pool], cel_devices: dict[str, CELDevice]
+    allocator: _Allocator, ci: int, pools: list[_Pool], outcomes: _Outcomes
 ) -> list[RequestReport]:
     """Every device against every request of claim `ci`, for the report (not lazily)."""
     claim = allocator.claims[ci]
@@ -594,7 +828,7 @@ def _explain_requests(
             report.selected = not request.first_available or (data is not None and data.selected_sub == si)
             for pool in pools:
                 for device in pool.devices():
-                    report.devices.append(_verdict(device, device_class, sub, claim, cel_devices))
+                    report.devices.append(_verdict(device, device_class, sub, claim, outcomes))
             reports.append(report)
     return reports
 
@@ -604,32 +838,16 @@ def _verdict(
     device_class: DeviceClass | None,
     request: DeviceRequest,
     claim: Claim,
-    cel_devices: dict[str, CELDevice],
+    evaluated: _Outcomes,
 ) -> DeviceVerdict:
-    outcomes: list[SelectorOutcome] = []
-    matches = True
-    error: str | None = None
-    groups: list[tuple[str, Sequence[str], str]] = []
-    if device_class is not None:
-        groups.append((f"class {device_class.name}", device_class.selectors, f"class {device_class.name}"))
-    groups.append(("request", request.selectors, f"claim {claim.ref}"))
-    for source, selectors, owner in groups:
-        for i, expression in enumerate(selectors):
-            if not matches or error:
-                outcomes.append(SelectorOutcome(source, i, expression, "skipped"))
-                continue
-            outcome, message, compile_error = evaluate_selector(
-                expression, cel_devices[device.id], device.driver
-            )
-            outcomes.append(SelectorOutcome(source, i, expression, outcome, message))
-            if outcome == "error":
-                kind = "CEL compile error" if compile_error else "CEL runtime error"
-                error = f"{owner}: selector #{i}: {kind}: {message}"
-            elif outcome == "false":
-                matches = False
+    outcomes, matches, error = evaluated.verdict(device, device_class, request)
+    if error is not None and error[0] is None:
+        text: str | None = f"claim {claim.ref}: {error[1]}"
+    else:
+        text = None if error is None else f"{error[0]}: {error[1]}"
     if device_class is None:
-        error = error or f"device class {request.device_class} not found"
-    return DeviceVerdict(device.id, outcomes, matches and error is None, error)
+        text = text or f"device class {request.device_class} not found"
+    return DeviceVerdict(device.id, outcomes, matches and text is None, text)
 
 
 def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[ClaimReport]) -> str:
@@ -650,7 +868,11 @@ def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[Clai
                 "shared between claims"
             )
             return report.reason
-        report.reason = _claim_reason(culprit, report, inventory.preallocated)
+        report.reason = _claim_reason(culprit, report, inventory)
+        invalid = "; ".join(f"pool {p.id}: {p.invalid}" for p in inventory.pools if p.invalid)
+        if invalid:
+            # The scheduler's own words when a claim fails with invalid pools around.
+            report.reason = f"invalid resource pools were encountered ({invalid}); {report.reason}"
         return f"claim {culprit.ref}: {report.reason}"
     return "no allocation satisfies all claims"  # pragma: no cover - the full search failed above
 
@@ -658,10 +880,11 @@ def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[Clai
 def _allocates(claims: Sequence[Claim], inventory: _Inventory) -> bool:
     trial = _Allocator(claims, inventory)
     trial.prepare()
-    return trial.allocate_one(0, 0, 0, 0, False)
+    return trial.allocate()
 
 
-def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> str:
+def _claim_reason(claim: Claim, report: ClaimReport, inventory: _Inventory) -> str:
+    preallocated = inventory.preallocated
     by_name: dict[str, list[RequestReport]] = {}
     for request_report in report.requests:
         by_name.setdefault(request_report.request.split("/")[0], []).append(request_report)
@@ -673,6 +896,12 @@ def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> 
             problems.append("; ".join(_shortage(r, preallocated) for r in short))
     if problems:
         return "; ".join(problems)
+    if _counters_bind(report, inventory):
+        return (
+            "every request has enough matching devices, but not enough of them fit the shared counters "
+            "that are left (devices consuming counters, like MIG placements, exclude the ones they "
+            "overlap and are excluded by allocated or existing ones)"
+        )
     if claim.constraints:
         names = ", ".join(c.attribute for c in claim.constraints)
         return (
@@ -680,6 +909,21 @@ def _claim_reason(claim: Claim, report: ClaimReport, preallocated: set[str]) -> 
             f"(matchAttribute {names}) and the requests together"
         )
     return "every request has enough matching devices, but not enough distinct ones for all requests together"
+
+
+def _counters_bind(report: ClaimReport, inventory: _Inventory) -> bool:
+    """Whether some matching free device of the claim cannot be taken for lack of shared counters."""
+    trial = _Allocator([], inventory)
+    devices = {d.id: (pool, d) for pool in inventory.pools for d in pool.devices()}
+    for request in report.requests:
+        for verdict in request.devices:
+            pool, device = devices[verdict.device]
+            consumption = device.body.get("consumesCounters") or []
+            if verdict.matches and verdict.device not in inventory.preallocated and consumption:
+                if not trial._take_counters(pool, device):
+                    return True
+                trial._release_counters(pool, device)
+    return False
 
 
 def _free_matching(report: RequestReport, preallocated: set[str]) -> int:

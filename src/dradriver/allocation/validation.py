@@ -4,9 +4,8 @@ Mirrors kubernetes pkg/apis/resource/validation/validation.go (validateDeviceCla
 validateDeviceRequest, validateSelector, validateDeviceConstraint, validateOpaqueConfiguration)
 with the limits of k8s.io/api resource/v1 types.go, and reports in the API server's wording
 (`spec.devices.requests[0].exactly.count: Invalid value: 0: must be greater than zero`).
-CEL selectors are compiled with `dradriver.cel`, which rejects what the API server rejects,
-except that the API server's *estimated* cost limit is not computed here (the cost limit is
-enforced at evaluation time instead).
+CEL selectors are compiled with `dradriver.cel`, which rejects what the API server rejects, with
+the same message, including selectors whose estimated cost exceeds the limit.
 """
 
 from __future__ import annotations
@@ -17,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.allocation.model import API_VERSIONS, RESOURCE_GROUP
-from dradriver.names import dns_label_error, dns_subdomain_error, driver_name_error, qualified_name_error
+from dradriver.names import (
+    dns_label_error,
+    dns_subdomain_error,
+    driver_name_error,
+    int64_error,
+    qualified_name_error,
+)
 
 DEVICE_REQUESTS_MAX = 32  # DeviceRequestsMaxSize = AllocationResultsMaxSize
 DEVICE_SELECTORS_MAX = 32
@@ -35,10 +40,12 @@ _REQUEST_REF_DETAIL = (
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: the field path inside the object and what is wrong with it."""
+    """One problem: the field path inside the object and what is wrong with it (in the API
+    server's words); `hints` are dradriver's suggestions for fixing it."""
 
     path: str
     message: str
+    hints: tuple[str, ...] = ()
 
 
 def opaque_config_findings(driver: str, parameters: Any, path: str) -> list[Finding]:
@@ -51,7 +58,33 @@ def opaque_config_findings(driver: str, parameters: Any, path: str) -> list[Find
 
 
 def _json(value: Any) -> str:
+    """A bad value as field.Error prints it: strings Go-quoted (%q), other scalars as %v."""
+    if isinstance(value, str):
+        return go_quote(value)
     return json.dumps(value)
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(text: str) -> str:
+    """strconv.Quote: printable characters as they are, the rest escaped."""
+    out = ['"']
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)
 
 
 class _Checker:
@@ -59,14 +92,14 @@ class _Checker:
         self.driver = driver
         self.findings: list[Finding] = []
 
-    def add(self, path: str, message: str) -> None:
-        self.findings.append(Finding(path, message))
+    def add(self, path: str, message: str, hints: tuple[str, ...] = ()) -> None:
+        self.findings.append(Finding(path, message, hints))
 
     def required(self, path: str, detail: str = "") -> None:
         self.add(path, "Required value" + (f": {detail}" if detail else ""))
 
-    def invalid(self, path: str, value: Any, detail: str) -> None:
-        self.add(path, f"Invalid value: {_json(value)}: {detail}")
+    def invalid(self, path: str, value: Any, detail: str, hints: tuple[str, ...] = ()) -> None:
+        self.add(path, f"Invalid value: {_json(value)}: {detail}", hints)
 
     def too_many(self, path: str, items: list[Any], limit: int) -> bool:
         if len(items) > limit:
@@ -109,7 +142,7 @@ class _Checker:
             self.name(meta.get("namespace"), "metadata.namespace", dns_label_error)
 
     def selectors(self, value: Any, path: str) -> None:
-        from dradriver.cel import CELCompileError, compile_selector, hints_for
+        from dradriver.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
 
         items = self.list(value, path)
         if self.too_many(path, items, DEVICE_SELECTORS_MAX):
@@ -121,10 +154,8 @@ class _Checker:
                 self.required(f"{path}[{i}].cel")
                 continue
             expr_path = f"{path}[{i}].cel.expression"
-            expression = self.object(cel, f"{path}[{i}].cel").get("expression")
-            if not expression:
-                self.required(expr_path)
-                continue
+            # A missing expression decodes as "" in the API server, which then fails to compile.
+            expression = self.object(cel, f"{path}[{i}].cel").get("expression") or ""
             if not isinstance(expression, str):
                 self.invalid(expr_path, expression, "must be a string")
                 continue
@@ -132,12 +163,21 @@ class _Checker:
                 self.add(expr_path, f"Too long: may not be more than {CEL_EXPRESSION_MAX} bytes")
                 continue
             try:
-                compile_selector(expression)
+                compiled = compile_selector(expression)
             except CELCompileError as err:
-                detail = "compilation failed: " + err.message.splitlines()[0]
-                for hint in hints_for(expression, self.driver):
-                    detail += f" (hint: {hint.message}; try: {hint.corrected})"
-                self.invalid(expr_path, expression, detail)
+                hints = tuple(f"{h.message}; try: {h.corrected}" for h in hints_for(expression, self.driver))
+                if err.message.startswith("program instantiation failed"):
+                    # CompileCELExpression files these as internal errors (field.InternalError).
+                    self.add(expr_path, f"Internal error: {err.message}", hints)
+                else:
+                    self.invalid(expr_path, expression, err.message, hints)
+                continue
+            if compiled.estimated_cost > COST_LIMIT:
+                self.add(
+                    expr_path,
+                    "Forbidden: too complex, exceeds cost limit",
+                    (f"estimated worst-case cost {compiled.estimated_cost} (limit {COST_LIMIT})",),
+                )
 
     def opaque(self, value: Any, path: str) -> None:
         config = self.object(value, path)
@@ -180,6 +220,9 @@ class _Checker:
                     toleration.get("value"),
                     "value must be empty when `operator` is 'Exists'",
                 )
+            seconds = toleration.get("tolerationSeconds")
+            if seconds is not None and (err := int64_error(seconds)) is not None:
+                self.invalid(f"{path}[{i}].tolerationSeconds", seconds, err)
             effect = toleration.get("effect")
             if effect and effect not in TOLERATION_EFFECTS:
                 self.add(
@@ -197,10 +240,12 @@ class _Checker:
         mode = raw.get("allocationMode") or "ExactCount"
         count = raw.get("count")
         if mode == "All":
-            if count not in (None, 0):
+            if count is not None and (count != 0 or type(count) is not int):
                 self.invalid(f"{path}.count", count, "must not be specified when allocationMode is 'All'")
         elif mode == "ExactCount":
-            if count is not None and (type(count) is not int or count <= 0):
+            if count is not None and (err := int64_error(count)) is not None:
+                self.invalid(f"{path}.count", count, err)
+            elif count is not None and count <= 0:
                 self.invalid(f"{path}.count", count, "must be greater than zero")
         else:
             self.add(

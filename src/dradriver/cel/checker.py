@@ -80,12 +80,16 @@ class _Scope:
 
 
 class Checker:
+    """cel-go's checker: every problem is recorded and checking goes on with the error type, so
+    that one expression reports all its errors, as the API server does."""
+
     def __init__(self, functions: dict[str, list[Overload]], variables: dict[str, t.Type]) -> None:
         self.functions = functions
         self.scope = _Scope()
         self.scope.idents.update(variables)
         self.mapping = t.Mapping()
         self.result = CheckResult()
+        self.errors: list[CheckError] = []
         self._type_var_counter = 0
 
     # -- entry point --------------------------------------------------------------------------
@@ -95,6 +99,9 @@ class Checker:
         for node, ty in list(self.result.types.items()):
             self.result.types[node] = t.substitute(self.mapping, ty, True)
         return self.result
+
+    def _error(self, message: str, pos: tuple[int, int]) -> None:
+        self.errors.append(CheckError(message, pos))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -140,7 +147,10 @@ class Checker:
         elif isinstance(e, ast.MapExpr):
             self._check_map(e)
         elif isinstance(e, ast.StructExpr):
-            raise CheckError(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
+            for _, value in e.fields:
+                self._check(value)
+            self._error(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
+            self._set(e, t.ERROR)
         elif isinstance(e, ast.Comprehension):
             self._check_comprehension(e)
         else:  # pragma: no cover - the parser produces no other node kinds
@@ -150,7 +160,9 @@ class Checker:
         name = e.name.removeprefix(".")
         found = self._lookup_ident(name)
         if found is None:
-            raise CheckError(f"undeclared reference to '{name}' (in container '')", e.pos)
+            self._set(e, t.ERROR)
+            self._error(f"undeclared reference to '{name}' (in container '')", e.pos)
+            return
         ty, is_type = found
         if is_type:
             self.result.type_idents[e] = TYPE_IDENTS[name]
@@ -177,15 +189,17 @@ class Checker:
         if operand_type.kind is t.Kind.STRUCT:
             fields = STRUCT_FIELDS.get(operand_type.name)
             if fields is None:
-                raise CheckError(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
+                self._error(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
+                return t.ERROR
             if field_name not in fields:
-                raise CheckError(f"undefined field '{field_name}'", e.pos)
+                self._error(f"undefined field '{field_name}'", e.pos)
+                return t.ERROR
             return fields[field_name]
         if operand_type.kind is t.Kind.TYPE_PARAM:
             self._is_assignable(t.DYN, operand_type)
             return t.DYN
         if not t.is_dyn_or_error(operand_type):
-            raise CheckError(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
+            self._error(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
         return t.DYN
 
     def _check_call(self, e: ast.Call) -> None:
@@ -196,8 +210,8 @@ class Checker:
             global_name = name.removeprefix(".")
             overloads = self.functions.get(global_name)
             if overloads is None:
-                self._undeclared_function(global_name, e.pos)
-            assert overloads is not None
+                self._undeclared_function(e, global_name)
+                return
             self._resolve(e, global_name, overloads, None)
             return
         qualified = _qualified_name(e.target)
@@ -208,22 +222,25 @@ class Checker:
                 self._resolve(e, candidate, self.functions[candidate], None)
                 return
             if candidate in UNSUPPORTED_FUNCTIONS:
-                self._undeclared_function(candidate, e.pos)
+                self._undeclared_function(e, candidate)
+                return
         self._check(e.target)
         overloads = self.functions.get(name)
         if overloads is None:
-            self._undeclared_function(name, e.pos)
-        assert overloads is not None
+            self._undeclared_function(e, name)
+            return
         self._resolve(e, name, overloads, e.target)
 
-    def _undeclared_function(self, name: str, pos: tuple[int, int]) -> None:
+    def _undeclared_function(self, e: ast.Call, name: str) -> None:
+        self._set(e, t.ERROR)
         if name in UNSUPPORTED_FUNCTIONS:
-            raise CheckError(
+            self._error(
                 f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
                 "evaluate it (supported: standard CEL, strings, lists, sets, regex, quantity, semver)",
-                pos,
+                e.pos,
             )
-        raise CheckError(f"undeclared reference to '{name}' (in container '')", pos)
+            return
+        self._error(f"undeclared reference to '{name}' (in container '')", e.pos)
 
     def _resolve(self, e: ast.Call, name: str, overloads: list[Overload], target: ast.Expr | None) -> None:
         arg_types = ([self._get(target)] if target is not None else []) + [self._get(a) for a in e.args]
@@ -234,13 +251,13 @@ class Checker:
             if (target is None) == overload.member:
                 continue
             if name in (ast.LOGICAL_AND, ast.LOGICAL_OR):
+                failed = False
                 for node, arg_type in zip(args_nodes, arg_types, strict=True):
                     if not self._is_assignable(arg_type, t.BOOL):
-                        raise CheckError(
-                            f"expected type 'bool' but found '{t.format_type(arg_type)}'", node.pos
-                        )
+                        self._error(f"expected type 'bool' but found '{t.format_type(arg_type)}'", node.pos)
+                        failed = True
                 self.result.overloads[e] = [overload]
-                self._set(e, t.BOOL)
+                self._set(e, t.ERROR if failed else t.BOOL)
                 return
             signature = [overload.result, *overload.args]
             type_params = overload.type_params
@@ -268,10 +285,9 @@ class Checker:
                 signature_text = f"{shown[0]}.({', '.join(shown[1:])})"
             else:
                 signature_text = f"({', '.join(shown)})"
-            display = _display_name(name)
-            raise CheckError(
-                f"found no matching overload for '{display}' applied to '{signature_text}'", e.pos
-            )
+            self._error(f"found no matching overload for '{name}' applied to '{signature_text}'", e.pos)
+            self._set(e, t.ERROR)
+            return
         self.result.overloads[e] = matched
         self._set(e, result_type)
 
@@ -280,10 +296,9 @@ class Checker:
             return current
         if self._is_assignable(previous, current):
             return t.most_general(previous, current)
-        # HomogeneousAggregateLiterals: mixed element types are an error, not dyn.
-        raise CheckError(
-            f"expected type '{t.format_type(previous)}' but found '{t.format_type(current)}'", node.pos
-        )
+        # Mixed element types join to dyn here; ValidateHomogeneousAggregateLiterals reports them,
+        # but only for an expression that type-checked otherwise.
+        return t.DYN
 
     def _check_list(self, e: ast.ListExpr) -> None:
         elem: t.Type | None = None
@@ -327,11 +342,13 @@ class Checker:
             var_type = t.DYN
             var2_type = t.DYN if e.iter_var2 else None
         else:
-            raise CheckError(
+            self._error(
                 f"expression of type '{t.format_type(range_type)}' cannot be range of a comprehension "
                 "(must be list, map, or dynamic)",
                 e.iter_range.pos,
             )
+            var_type = t.ERROR
+            var2_type = t.ERROR if e.iter_var2 else None
         self.scope = _Scope(self.scope)
         self.scope.idents[e.iter_var] = var_type
         if e.iter_var2 and var2_type is not None:
@@ -350,13 +367,9 @@ class Checker:
     def _assert_type(self, node: ast.Expr, expected: t.Type) -> None:
         actual = self._get(node)
         if not self._is_assignable(expected, actual):
-            raise CheckError(
+            self._error(
                 f"expected type '{t.format_type(expected)}' but found '{t.format_type(actual)}'", node.pos
             )
-
-
-def _display_name(name: str) -> str:
-    return "in" if name == ast.IN else name
 
 
 def _qualified_name(e: ast.Expr) -> str | None:
@@ -396,8 +409,9 @@ def is_equivalent(a: t.Type, b: t.Type) -> bool:
     )
 
 
-def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
+def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]:
     """ValidateHomogeneousAggregateLiterals, run on the final (substituted) types."""
+    errors: list[CheckError] = []
     for node in walk(root):
         if isinstance(node, ast.ListExpr):
             first: t.Type | None = None
@@ -406,9 +420,13 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
                 if first is None:
                     first = ty
                 elif not is_equivalent(first, ty):
-                    raise CheckError(
-                        f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'", element.pos
+                    errors.append(
+                        CheckError(
+                            f"expected type '{t.format_type(first)}' but found '{t.format_type(ty)}'",
+                            element.pos,
+                        )
                     )
+                    break
         elif isinstance(node, ast.MapExpr):
             key_type: t.Type | None = None
             value_type: t.Type | None = None
@@ -418,14 +436,22 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> None:
                     key_type, value_type = kt, vt
                     continue
                 if not is_equivalent(key_type, kt):
-                    raise CheckError(
-                        f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'", key.pos
+                    errors.append(
+                        CheckError(
+                            f"expected type '{t.format_type(key_type)}' but found '{t.format_type(kt)}'",
+                            key.pos,
+                        )
                     )
+                    break
                 if not is_equivalent(value_type, vt):
-                    raise CheckError(
-                        f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'",
-                        value.pos,
+                    errors.append(
+                        CheckError(
+                            f"expected type '{t.format_type(value_type)}' but found '{t.format_type(vt)}'",
+                            value.pos,
+                        )
                     )
+                    break
+    return errors
 
 
 def walk(root: ast.Expr) -> list[ast.Expr]:
@@ -455,5 +481,7 @@ def children(node: ast.Expr) -> list[ast.Expr]:
     return []
 
 
-def issue_text(expression: str, issue: CheckError) -> str:
-    return format_issue(expression, issue.message, issue.pos)
+def issues_text(expression: str, issues: list[CheckError]) -> str:
+    """All issues in source order (a stable sort, as cel-go's Errors.ToDisplayString)."""
+    ordered = sorted(issues, key=lambda issue: issue.pos)
+    return "\n".join(format_issue(expression, issue.message, issue.pos) for issue in ordered)

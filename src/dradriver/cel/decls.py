@@ -60,6 +60,11 @@ COMPARABLE = (
     ("string", t.STRING),
     ("bytes", t.BYTES),
 )
+# The same types by cel-go's type names, which ext lists' sort overload ids use.
+SORTABLE = tuple(
+    ({"duration": "google.protobuf.Duration", "timestamp": "google.protobuf.Timestamp"}.get(n, n), ty)
+    for n, ty in COMPARABLE
+)
 SUMMABLE = (("int", t.INT), ("uint", t.UINT), ("double", t.DOUBLE), ("duration", t.DURATION))
 
 
@@ -265,10 +270,10 @@ def declarations() -> dict[str, list[Overload]]:
             ov("list_flatten", [t.list_of(t.list_of(T))], t.list_of(T), member=True),
             ov("list_flatten_int", [t.list_of(t.DYN), t.INT], t.list_of(t.DYN), member=True),
         ],
-        "sort": [ov(f"list_{n}_sort", [t.list_of(ty)], t.list_of(ty), member=True) for n, ty in COMPARABLE],
+        "sort": [ov(f"list_{n}_sort", [t.list_of(ty)], t.list_of(ty), member=True) for n, ty in SORTABLE],
         "@sortByAssociatedKeys": [
             ov(f"list_{n}_sortByAssociatedKeys", [t.list_of(T), t.list_of(ty)], t.list_of(T), member=True)
-            for n, ty in COMPARABLE
+            for n, ty in SORTABLE
         ],
         "lists.range": [ov("lists_range", [t.INT], t.list_of(t.INT))],
         "reverse": [ov("list_reverse", [t.list_of(T)], t.list_of(T), member=True)],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# What Kubernetes' CompileCELExpression puts before the issues of an expression that does not compile.
+COMPILATION_FAILED = "compilation failed: "
+
 
 class CELCompileError(ValueError):
     """The expression cannot be compiled: syntax, undeclared names, type errors, size limits.

@@ -20,6 +20,8 @@ from dradriver.cel.values import (
     INT64_MAX,
     INT64_MIN,
     UINT64_MAX,
+    ArgumentMismatchError,
+    ComputedQuantity,
     TypeValue,
     UInt,
     check_int,
@@ -29,7 +31,9 @@ from dradriver.cel.values import (
     go_format_float,
     is_list,
     no_such_overload,
+    overload_signature,
     size_of,
+    type_name,
     type_value_of,
 )
 from dradriver.quantity import Quantity, QuantityError
@@ -59,12 +63,35 @@ def compile_regex(pattern: str) -> Any:
         compiled = re2.compile(pattern, options=options)
     except re2.error as err:
         detail = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
-        raise EvalError(f"error parsing regexp: {detail}") from None
+        raise EvalError(_go_regexp_error(detail, pattern)) from None
     with _regex_lock:
         if len(_regex_cache) > 1024:
             _regex_cache.clear()
         _regex_cache[pattern] = compiled
     return compiled
+
+
+# RE2's error codes in Go's regexp/syntax words.
+_GO_REGEXP_CODES = {
+    "missing )": "missing closing )",
+    "missing ]": "missing closing ]",
+    "trailing \\": "trailing backslash at end of expression",
+    "no argument for repetition operator": "missing argument to repetition operator",
+    "invalid named capture group": "invalid named capture",
+    "invalid perl operator": "invalid or unsupported Perl syntax",
+    "bad repetition operator": "invalid nested repetition operator",
+    "bad repetition count": "invalid repeat count",
+    "invalid repetition size": "invalid repeat count",
+}
+
+
+def _go_regexp_error(detail: str, pattern: str) -> str:
+    """`error parsing regexp: <code>: `<fragment>`` as Go's regexp.Compile reports it."""
+    code, _, fragment = detail.partition(": ")
+    go_code = _GO_REGEXP_CODES.get(code, code)
+    if go_code == "missing closing )":
+        fragment = pattern  # Go names the whole expression here
+    return f"error parsing regexp: {go_code}: `{fragment}`"
 
 
 def _find_all(compiled: Any, text: str, limit: int) -> list[str]:
@@ -606,7 +633,7 @@ def list_sum(items: Any, zero: Any = 0) -> Any:
         return zero
     total = seq[0]
     if type(total) not in (int, UInt, float):
-        raise EvalError("no such overload")
+        raise no_such_overload("sum", items)
     for item in seq[1:]:
         total = add(total, item)
     return total
@@ -765,7 +792,7 @@ def is_quantity(s: Any) -> bool:
 
 
 def _quantity(value: Any, function: str, *others: Any) -> Quantity:
-    if type(value) is not Quantity:
+    if not isinstance(value, Quantity):
         raise no_such_overload(function, value, *others)
     return value
 
@@ -792,21 +819,21 @@ def is_integer(q: Any) -> bool:
 def quantity_add(q: Any, other: Any) -> Quantity:
     base = _quantity(q, "add", other)
     if type(other) is int:
-        return base.add(Quantity.from_int(other))
-    return base.add(_quantity(other, "add", q))
+        return ComputedQuantity.of(base.add(Quantity.from_int(other)))
+    return ComputedQuantity.of(base.add(_quantity(other, "add", q)))
 
 
 def quantity_sub(q: Any, other: Any) -> Quantity:
     base = _quantity(q, "sub", other)
     if type(other) is int:
-        return base.sub(Quantity.from_int(other))
-    return base.sub(_quantity(other, "sub", q))
+        return ComputedQuantity.of(base.sub(Quantity.from_int(other)))
+    return ComputedQuantity.of(base.sub(_quantity(other, "sub", q)))
 
 
 def _ordered(a: Any, b: Any, function: str) -> int:
     ta, tb = type(a), type(b)
-    if ta is Quantity and tb is Quantity:
-        return cast(int, a.compare(b))
+    if isinstance(a, Quantity) and isinstance(b, Quantity):
+        return a.compare(b)
     if ta is Semver and tb is Semver:
         return cast(int, a.compare(b))
     raise no_such_overload(function, a, b)
@@ -883,9 +910,12 @@ CostFn = Callable[[Sequence[Any]], int]
 
 
 def _traversal(value: Any) -> int:
-    """apiserver traversalCost: strings by length, lists element by element, others 1."""
-    if isinstance(value, str | bytes):
-        return math.ceil(len(value) * STRING_TRAVERSAL_COST_FACTOR)
+    """apiserver traversalCost: strings by byte length (truncated, not rounded up), lists
+    element by element, others 1."""
+    if isinstance(value, str):
+        return int(len(value.encode()) * STRING_TRAVERSAL_COST_FACTOR)
+    if isinstance(value, bytes):
+        return int(len(value) * STRING_TRAVERSAL_COST_FACTOR)
     if is_list(value):
         return sum(_traversal(item) for item in value)
     if isinstance(value, Mapping):
@@ -949,7 +979,7 @@ def _sets(factor: int) -> CostFn:
     return lambda args: CALL_COST + size_of(args[0]) * size_of(args[1]) * factor
 
 
-RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
+_IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "_+_": (add, _both_strings),
     "_-_": (subtract, None),
     "_*_": (multiply, None),
@@ -1021,5 +1051,91 @@ RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "patch": (semver_patch, None),
 }
 
+# How a call with arguments of the wrong runtime type fails, per cel-go binding style:
+# operators bound once for the whole function with an operand trait (common/stdlib/standard.go
+# SingletonBinaryBinding) say "no such overload: _+_" when the first operand lacks the trait and
+# leave the rest to the operand's own method ("no such overload"); other standard functions
+# (type guards disabled) say "no such overload"; library functions, guarded, name the function
+# and every argument's type.
+_COMPARERS = {"int", "uint", "double", "string", "bytes", "bool"} | {
+    "google.protobuf.Duration",
+    "google.protobuf.Timestamp",
+}
+_TRAITS = {
+    "_+_": {
+        "int",
+        "uint",
+        "double",
+        "string",
+        "bytes",
+        "list",
+        "google.protobuf.Duration",
+        "google.protobuf.Timestamp",
+    },
+    "_-_": {"int", "uint", "double", "google.protobuf.Duration", "google.protobuf.Timestamp"},
+    "_*_": {"int", "uint", "double"},
+    "_/_": {"int", "uint", "double"},
+    "_%_": {"int", "uint"},
+    "-_": {"int", "double", "bool", "google.protobuf.Duration"},
+    "size": {"string", "bytes", "list", "map"},
+    "matches": {"string"},
+    **dict.fromkeys(("_<_", "_<=_", "_>_", "_>=_"), _COMPARERS),
+}
+_PLAIN = frozenset({"!_", "@in", "contains", "startsWith", "endsWith"})
+
+
+def bound(name: str, impl: Callable[..., Any], *, plain: bool = False) -> Callable[..., Any]:
+    """`impl` with cel-go's wording for arguments of the wrong type; `plain` for a call that
+    cel-go's planner replaced (`matches` with a constant pattern: "no such overload")."""
+    traits = _TRAITS.get(name)
+    plain = plain or name in _PLAIN
+
+    def call(*args: Any) -> Any:
+        try:
+            return impl(*args)
+        except ArgumentMismatchError:
+            if plain:
+                raise EvalError("no such overload") from None
+            if traits is not None:
+                if args and type_name(args[0]) in traits:
+                    raise EvalError("no such overload") from None
+                raise EvalError(f"no such overload: {name}") from None
+            raise EvalError(overload_signature(name, args)) from None
+
+    return call
+
+
+RUNTIME: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
+    name: (bound(name, impl), cost) for name, (impl, cost) in _IMPLEMENTATIONS.items()
+}
+
+# cel-go's CostTracker prices these by the overload the checker resolved (runtimecost.go
+# costCall): with a single known overload its size-based cost, otherwise (dyn operands, several
+# candidate overloads) one unit.
+_STRING_PAIR = _both_strings
+OVERLOAD_COSTS: dict[str, CostFn] = {
+    "add_string": _STRING_PAIR,
+    "add_bytes": _STRING_PAIR,
+    **dict.fromkeys(
+        [
+            f"{op}_{kind}"
+            for op in ("less", "less_equals", "greater", "greater_equals")
+            for kind in ("string", "bytes")
+        ],
+        _shorter_string,
+    ),
+    "in_list": lambda args: size_of(args[1]),
+    "string_to_bytes": _first_string,
+    "bytes_to_string": _first_string,
+    "starts_with_string": _first_string,
+    "ends_with_string": _first_string,
+    "contains_string": _contains,
+    "matches_string": _regex,
+}
+OVERLOAD_PRICED = frozenset(
+    {"_+_", "_<_", "_<=_", "_>_", "_>=_", "@in", "bytes", "string", "startsWith", "endsWith"}
+)
+OVERLOAD_PRICED |= {"contains", "matches"}
+
 # Functions whose cost depends on their arguments; evaluation checks the budget before running them.
-SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None)
+SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None) | OVERLOAD_PRICED

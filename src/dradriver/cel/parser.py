@@ -16,7 +16,7 @@ from typing import Any
 from lark import Token, Tree
 
 from dradriver.cel import ast
-from dradriver.cel.errors import CELCompileError
+from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError
 from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, UInt
 
 MAX_RECURSION_DEPTH = 250
@@ -119,7 +119,7 @@ def _lark_parser() -> Any:
                 parser="lalr",
                 start="expr",
                 g_regex_flags=re.M,
-                lexer_callbacks={"IDENT": celpy.celparser.CELParser.ambiguous_literals},
+                lexer_callbacks={"IDENT": _boolean_literal},
                 maybe_placeholders=False,
                 priority="invert",
                 cache=_cache_file(),
@@ -127,6 +127,16 @@ def _lark_parser() -> Any:
         return _parser
 
 
+def _boolean_literal(token: Token) -> Token:
+    """`true`/`false` lex as identifiers in cel-python's grammar; make them literals, keeping
+    their position (celpy's own callback drops it, and errors must point at them)."""
+    if token.value in ("true", "false"):
+        return Token.new_borrow_pos("BOOL_LIT", token.value, token)
+    return token
+
+
+# The left-hand rules are excerpts of cel-python's celpy/cel.lark (Copyright 2020 Capital One
+# Services, LLC; Apache-2.0, see NOTICE), the right-hand ones our modifications of them.
 # cel-go's grammar allows a trailing comma in list and map literals (`'[' listInit? ','? ']'`);
 # cel-python's does not. The comma must sit inside the element rule to keep the grammar LALR(1);
 # Lark drops the anonymous tokens, so the builder sees the elements only.
@@ -165,18 +175,163 @@ def _cache_file() -> str | bool:
     return str(directory / f"cel-grammar-lark-{lark.__version__}.cache")
 
 
-def _syntax_message(err: Exception) -> str:
-    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+# ANTLR's names for CEL.g4's tokens, in the grammar's token order (how it lists expected sets).
+_ANTLR_TOKENS = (
+    ("__ANON_4", "'=='"),
+    ("__ANON_5", "'!='"),
+    ("IN", "'in'"),
+    ("LESSTHAN", "'<'"),
+    ("__ANON_2", "'<='"),
+    ("__ANON_3", "'>='"),
+    ("MORETHAN", "'>'"),
+    ("__ANON_1", "'&&'"),
+    ("__ANON_0", "'||'"),
+    ("LSQB", "'['"),
+    ("RSQB", "']'"),
+    ("LBRACE", "'{'"),
+    ("RBRACE", "'}'"),
+    ("LPAR", "'('"),
+    ("RPAR", "')'"),
+    ("DOT", "'.'"),
+    ("COMMA", "','"),
+    ("MINUS", "'-'"),
+    ("BANG", "'!'"),
+    ("QMARK", "'?'"),
+    ("COLON", "':'"),
+    ("PLUS", "'+'"),
+    ("STAR", "'*'"),
+    ("SLASH", "'/'"),
+    ("PERCENT", "'%'"),
+    ("BOOL_LIT", "'true'"),
+    ("BOOL_LIT", "'false'"),
+    ("NULL_LIT", "'null'"),
+    ("FLOAT_LIT", "NUM_FLOAT"),
+    ("INT_LIT", "NUM_INT"),
+    ("UINT_LIT", "NUM_UINT"),
+    ("STRING_LIT", "STRING"),
+    ("BYTES_LIT", "BYTES"),
+    ("IDENT", "IDENTIFIER"),
+)
+# Operators that may continue a complete operand: ANTLR's loop decisions never list them when a
+# rule fails on the token after the operand.
+_CONTINUATIONS = frozenset(
+    {"__ANON_0", "__ANON_1", "__ANON_2", "__ANON_3", "__ANON_4", "__ANON_5", "IN", "LESSTHAN", "MORETHAN"}
+    | {"PLUS", "STAR", "SLASH", "PERCENT", "QMARK"}
+)
+_CLOSERS = {"RPAR": ")", "RSQB": "]", "RBRACE": "}"}
+_MAX_SYNTAX_ERRORS = 10
 
-    if isinstance(err, UnexpectedToken):
-        if err.token.type == "$END":
-            return "Syntax error: mismatched input '<EOF>'"
-        return f"Syntax error: mismatched input '{err.token}'"
-    if isinstance(err, UnexpectedCharacters):
-        return f"Syntax error: token recognition error at: '{err.char}'"
-    if isinstance(err, UnexpectedEOF):
-        return "Syntax error: mismatched input '<EOF>'"
-    return "Syntax error: " + str(err).splitlines()[0]
+
+def _expected(accepted: set[str]) -> str:
+    if accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
+        accepted = accepted - _CONTINUATIONS
+    if "MLSTRING_LIT" in accepted:
+        accepted = accepted | {"STRING_LIT"}
+    names = [shown for name, shown in _ANTLR_TOKENS if name in accepted]
+    if not accepted or ("$END" in accepted and not names):
+        return "<EOF>"
+    if len(names) == 1:
+        return names[0]
+    return "{" + ", ".join(names) + "}"
+
+
+def _parses(parser: Any, text: str) -> bool:
+    from lark.exceptions import LarkError
+
+    try:
+        parser.parse(text)
+    except LarkError:
+        return False
+    return True
+
+
+def _end_position(text: str) -> tuple[int, int]:
+    if not text:
+        return 1, 0  # ANTLR's EOF token of an empty input sits before the first column
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, int]]]:
+    """The syntax errors ANTLR's default error strategy reports for CEL.g4, for the usual slips.
+
+    Lexer errors drop the character and go on; an extra token is reported as "extraneous input"
+    and dropped; a single missing closing token at the end as "missing"; anything else as
+    "mismatched input ... expecting ..." (ANTLR's sets are recomputed from the LALR parser).
+    """
+    from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+    errors: list[tuple[str, tuple[int, int]]] = []
+    text = expression
+    while len(errors) < _MAX_SYNTAX_ERRORS:
+        try:
+            parser.parse(text)
+            return errors
+        except UnexpectedCharacters as err:
+            # ANTLR's lexer names what it consumed up to the character it failed on and goes on
+            # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
+            # up to the end of its line (or of the input).
+            start = err.pos_in_stream or 0
+            end = start + 1
+            if err.char in "&|":
+                end = start + 2
+            elif err.char in "'\"":
+                newline = text.find("\n", start)
+                end = len(text) if newline < 0 else newline + 1
+            shown = text[start:end]
+            errors.append((f"Syntax error: token recognition error at: '{shown}'", (err.line, err.column)))
+            text = text[:start] + "".join(ch if ch == "\n" else " " for ch in text[start:end]) + text[end:]
+            continue
+        except UnexpectedToken as err:
+            accepted: set[str] = set(err.interactive_parser.accepts())  # type: ignore[no-untyped-call]
+            if accepted == {"RPAR", "COMMA"}:
+                accepted = {"RPAR"}  # call arguments: the `(',' expr)*` loop has already exited
+            if "$END" in accepted or not accepted:
+                accepted = {"$END"}  # after a whole expression, ANTLR's start rule wants EOF
+            token = err.token
+            if token.type == "$END":
+                position = _end_position(text)
+                if accepted == {"IDENT"} and text.rstrip().endswith("."):
+                    errors.append(("Syntax error: no viable alternative at input '.'", position))
+                    return errors
+                if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
+                    closer = _CLOSERS[next(iter(accepted))]
+                    if _parses(parser, text + closer):
+                        errors.append((f"Syntax error: missing '{closer}' at '<EOF>'", position))
+                        return errors
+                errors.append(
+                    (f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position)
+                )
+                return errors
+            position = (token.line or 1, token.column or 1)
+            start = token.start_pos or 0
+            rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
+            if _next_accepted(parser, text, token, accepted):
+                errors.append(
+                    (f"Syntax error: extraneous input '{token}' expecting {_expected(accepted)}", position)
+                )
+                text = rest
+                continue
+            errors.append(
+                (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
+            )
+            return errors
+        except UnexpectedInput as err:
+            errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
+            return errors
+    return errors
+
+
+def _next_accepted(parser: Any, text: str, token: Any, expected: set[str]) -> bool:
+    """ANTLR's single-token deletion: the token after the offending one is one it expected."""
+    from lark.exceptions import LarkError
+
+    start = token.start_pos or 0
+    try:
+        following = next(iter(parser.lex(text[start + len(str(token)) :])), None)
+    except LarkError:
+        return False
+    return ("$END" if following is None else following.type) in expected
 
 
 class CELSyntaxError(Exception):
@@ -189,12 +344,19 @@ class CELSyntaxError(Exception):
 
 
 def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
-    """`ERROR: <input>:1:5: message` plus the source line and a caret, as cel-go prints issues."""
+    """`ERROR: <input>:1:5: message` plus the source line and a caret, as cel-go prints issues
+    (common/error.go: characters wider than one UTF-8 byte become full-width dots and carets)."""
     line, column = pos
-    lines = expression.splitlines() or [""]
-    source = lines[line - 1] if 0 < line <= len(lines) else ""
-    caret = "." * max(column - 1, 0) + "^"
-    return f"ERROR: <input>:{line}:{column}: {message}\n | {source}\n | {caret}"
+    lines = expression.split("\n")
+    text = f"ERROR: <input>:{line}:{column}: {message}"
+    if not expression or not 0 < line <= len(lines) or len(lines[line - 1].encode()) > 16384:
+        return text
+    source = lines[line - 1].replace("\t", " ")
+    before = source[: max(column - 1, 0)]
+    dots = "".join("\uff0e" if len(ch.encode()) > 1 else "." for ch in before)
+    at = source[column - 1 : column] if column >= 1 else ""
+    caret = "\uff3e" if at and len(at.encode()) > 1 else "^"
+    return f"{text}\n | {source}\n | {dots}{caret}"
 
 
 def parse(expression: str) -> ast.Expr:
@@ -205,17 +367,26 @@ def parse(expression: str) -> ast.Expr:
     try:
         with _parser_lock:
             tree = parser.parse(expression)
-    except LarkError as err:
-        raise _syntax_error(expression, err) from None
+    except LarkError:
+        raise _syntax_failure(parser, expression) from None
     try:
-        return _Builder(expression).build(tree)
+        builder = _Builder(expression)
+        built = builder.build(tree)
+        if builder.errors:
+            issues = sorted(builder.errors, key=lambda issue: issue.pos)
+            raise CELCompileError(
+                COMPILATION_FAILED + "\n".join(format_issue(expression, i.message, i.pos) for i in issues),
+                expression=expression,
+            )
+        return built
     except CELSyntaxError as issue:
         raise CELCompileError(
-            format_issue(expression, issue.message, issue.pos), expression=expression
+            COMPILATION_FAILED + format_issue(expression, issue.message, issue.pos), expression=expression
         ) from None
     except RecursionError:
         raise CELCompileError(
-            format_issue(expression, f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", (1, 1)),
+            COMPILATION_FAILED
+            + format_issue(expression, f"expression recursion limit exceeded: {MAX_RECURSION_DEPTH}", (1, 1)),
             expression=expression,
         ) from None
 
@@ -229,17 +400,18 @@ def lex(expression: str) -> list[Token]:
     try:
         with _parser_lock:
             return list(parser.lex(expression))
-    except LarkError as err:
-        raise _syntax_error(expression, err) from None
+    except LarkError:
+        raise _syntax_failure(parser, expression) from None
 
 
-def _syntax_error(expression: str, err: Exception) -> CELCompileError:
-    from lark.exceptions import UnexpectedInput
-
-    pos = (1, 1)
-    if isinstance(err, UnexpectedInput):
-        pos = (err.line if err.line > 0 else 1, err.column if err.column > 0 else 1)
-    return CELCompileError(format_issue(expression, _syntax_message(err), pos), expression=expression)
+def _syntax_failure(parser: Any, expression: str) -> CELCompileError:
+    """The compile error cel-go reports for text that does not parse (every issue, ANTLR's words)."""
+    with _parser_lock:
+        errors = _syntax_errors(parser, expression) or [("Syntax error", (1, 1))]
+    return CELCompileError(
+        COMPILATION_FAILED + "\n".join(format_issue(expression, message, pos) for message, pos in errors),
+        expression=expression,
+    )
 
 
 def literal_value(token: Token) -> Any:
@@ -288,6 +460,8 @@ def _pos(node: _Node) -> tuple[int, int]:
 class _Builder:
     def __init__(self, expression: str) -> None:
         self.expression = expression
+        self._operators: list[Token] | None = None
+        self.errors: list[CELSyntaxError] = []
         self.depth = 0
         self.expr_depth = 0
         self.line_starts = [0]
@@ -299,7 +473,13 @@ class _Builder:
         """Where cel-go reports an operator: at the operator token following `node`."""
         token = _last_token(node)
         if token is None or not token.end_line:
-            return _pos(node)
+            # An operand without tokens of its own (`[]`, `{}`): the first such operator.
+            # Approximate when the same operator also appears earlier.
+            offset = self.expression.find(text)
+            if offset < 0:
+                return _pos(node)
+            line_index = max(i for i, start in enumerate(self.line_starts) if start <= offset)
+            return (line_index + 1, offset - self.line_starts[line_index] + 1)
         line, column = token.end_line, token.end_column or 1
         offset = self.expression.find(text, self.line_starts[line - 1] + column - 1)
         if offset < 0:
@@ -320,7 +500,14 @@ class _Builder:
             raise CELSyntaxError("max recursion depth exceeded", _pos(tree))
         try:
             handler: Callable[[_Tree], ast.Expr] = getattr(self, "_" + tree.data)
-            return handler(tree)
+            try:
+                return handler(tree)
+            except CELSyntaxError as issue:
+                if "recursion" in issue.message or "depth" in issue.message:
+                    raise
+                # Like cel-go's parser: note the error, go on, report them all.
+                self.errors.append(issue)
+                return ast.Literal(None, pos=issue.pos)
         finally:
             self.depth -= 1
 
@@ -378,18 +565,57 @@ class _Builder:
         if len(set(ops)) > 1:
             # The grammar is `!+ member | -+ member`: mixing the two is a syntax error in cel-go.
             raise CELSyntaxError("Syntax error: mismatched input", _pos(tree))
-        literal = _bare_literal(node)
-        if ops[-1] == "unary_neg" and literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
-            # `literal: sign=MINUS? tok=NUM_INT`: the sign belongs to the literal itself.
+        literal = _bare_literal(node, signed=True)
+        if ops and ops[-1] == "unary_neg" and literal is not None and literal.startswith("-"):
+            # cel-python lexes `-1` as one token; in cel-go a run of `-` before a number is the
+            # unary rule's (`--1` is `1`), and only a lone `-` is the literal's own sign.
+            ops.append("unary_neg")
+            literal = Token(
+                literal.type,
+                literal[1:],
+                (literal.start_pos or 0) + 1,
+                literal.line,
+                (literal.column or 1) + 1,
+                literal.end_line,
+                literal.end_column,
+                literal.end_pos,
+            )
+        if ops == ["unary_neg"] and literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
             ops.pop()
             operand: ast.Expr = ast.Literal(_decode_literal(literal, sign="-"), pos=_pos(literal))
+        elif literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
+            operand = ast.Literal(_decode_literal(literal), pos=_pos(literal))
         else:
             operand = self.visit(node)
         if len(ops) % 2 == 0:
             # VisitLogicalNot / VisitNegate drop an even number of operators entirely.
             return operand
         function = ast.LOGICAL_NOT if ops[0] == "unary_not" else ast.NEGATE
-        return ast.Call(function, [operand], pos=_pos(tree))
+        return ast.Call(function, [operand], pos=self._operator_position(node, len(ops)))
+
+    def _operator_position(self, operand: _Node, count: int) -> tuple[int, int]:
+        """cel-go reports `!_` and `-_` at the first of the operators: the `count` operator tokens
+        right before the operand (only blanks and opening parentheses between)."""
+        first = _first_token(operand)
+        if first is None or first.start_pos is None:
+            return _pos(operand)
+        if self._operators is None:
+            # The tree drops the operator tokens; the lexer still knows where they are.
+            lexer = _lark_parser()
+            with _parser_lock:
+                tokens = list(lexer.lex(self.expression))
+            self._operators = [t for t in tokens if t.type in ("BANG", "MINUS")]
+        start = first.start_pos
+        candidates = [t for t in self._operators if t.end_pos is not None and t.end_pos <= start]
+        adjacent = [
+            i
+            for i, t in enumerate(candidates)
+            if not self.expression[t.end_pos : start].strip(" \t\r\n([{!-")
+        ]
+        if not adjacent:
+            return _pos(operand)
+        token = candidates[max(adjacent[-1] - count + 1, 0)]
+        return (token.line or 1, token.column or 1)
 
     # -- members ------------------------------------------------------------------------
 
@@ -506,13 +732,14 @@ def _check_field_name(name: Token) -> None:
         raise CELSyntaxError("Syntax error: mismatched input 'in' expecting IDENTIFIER", _pos(name))
 
 
-def _bare_literal(node: _Node) -> Token | None:
-    """The literal token under a chain of single-child rules, if there is no parenthesis between."""
+def _bare_literal(node: _Node, *, signed: bool = False) -> Token | None:
+    """The literal token under a chain of single-child rules, if there is no parenthesis between
+    (a signed number token too, with `signed`)."""
     while isinstance(node, Tree) and node.data in _PASSTHROUGH and len(node.children) == 1:
         node = node.children[0]
     if isinstance(node, Tree) and node.data == "literal":
         token = node.children[0]
-        if isinstance(token, Token) and not token.startswith("-"):
+        if isinstance(token, Token) and (signed or not token.startswith("-")):
             return token
     return None
 

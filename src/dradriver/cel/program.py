@@ -21,7 +21,16 @@ from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
 from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.functions import RUNTIME, SIZED, STRING_TRAVERSAL_COST_FACTOR, compile_regex
+from dradriver.cel.functions import (
+    OVERLOAD_COSTS,
+    OVERLOAD_PRICED,
+    RUNTIME,
+    SIZED,
+    STRING_TRAVERSAL_COST_FACTOR,
+    bound,
+    compile_regex,
+    matches,
+)
 from dradriver.cel.values import (
     EMPTY_MAP,
     DefaultingMap,
@@ -150,9 +159,26 @@ def has_field(obj: Any, name: str) -> bool:
 # -- the compiler -------------------------------------------------------------------------------------
 
 
+class ProgramError(Exception):
+    """cel-go's planner failed (a constant conversion that errors): "program instantiation failed"."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+_NOT_CONSTANT = object()
+# overloads.IsTypeConversionFunction: with a constant argument, OptOptimize evaluates these while
+# planning, so `int("12x")` fails at compile time and `int("12")` costs nothing at run time.
+_CONVERSIONS = frozenset(
+    {"bool", "bytes", "double", "duration", "dyn", "int", "string", "timestamp", "type", "uint"}
+)
+
+
 class Compiler:
     def __init__(self, check: CheckResult, variables: dict[str, int]) -> None:
         self.check = check
+        self._constants: dict[ast.Expr, Any] = {}
         self.scope: dict[str, tuple[int, Eval | None]] = {
             name: (slot, None) for name, slot in variables.items()
         }
@@ -162,10 +188,41 @@ class Compiler:
         self.slot_count += 1
         return self.slot_count - 1
 
-    def compile(self, e: ast.Expr) -> Eval:
+    def constant(self, e: ast.Expr) -> Any:
+        """The value cel-go's OptOptimize planner folds this node into, or _NOT_CONSTANT
+        (decorators.go: literals, lists and maps of constants, conversions of a constant)."""
+        if e in self._constants:
+            return self._constants[e]
+        value: Any = _NOT_CONSTANT
         if isinstance(e, ast.Literal):
             value = e.value
-            return lambda _a: value
+        elif isinstance(e, ast.Ident | ast.Select) and e in self.check.type_idents:
+            value = TypeValue(_type_value_name(self.check.type_idents[e]))
+        elif isinstance(e, ast.ListExpr):
+            items = [self.constant(el) for el in e.elements]
+            if all(item is not _NOT_CONSTANT for item in items):
+                value = tuple(items)
+        elif isinstance(e, ast.MapExpr):
+            pairs = [(self.constant(k), self.constant(v)) for k, v in e.entries]
+            if all(k is not _NOT_CONSTANT and v is not _NOT_CONSTANT for k, v in pairs):
+                value = _ConstantMap(pairs)
+        elif isinstance(e, ast.Call) and e.target is None and len(e.args) == 1:
+            name = self.check.qualified_calls.get(e, e.function.removeprefix("."))
+            argument = self.constant(e.args[0]) if name in _CONVERSIONS and name in RUNTIME else _NOT_CONSTANT
+            if argument is not _NOT_CONSTANT and not isinstance(argument, _ConstantMap):
+                try:
+                    value = RUNTIME[name][0](argument)
+                except EvalError as err:
+                    raise ProgramError(err.message) from None
+        self._constants[e] = value
+        return value
+
+    def compile(self, e: ast.Expr) -> Eval:
+        constant = self.constant(e)
+        if isinstance(constant, _ConstantMap):
+            return constant.evaluation()
+        if constant is not _NOT_CONSTANT:
+            return lambda _a: constant
         if isinstance(e, ast.Ident):
             return self._ident(e)
         if isinstance(e, ast.Select):
@@ -289,13 +346,42 @@ class Compiler:
             return fused
         operand = self.compile(e.operand)
         field_name = e.field
+        # A field of a call's (or literal's) result starts a relative attribute: one more unit.
+        cost = 1 if self.attribute_shaped(e.operand) else 2
 
         def select(a: Activation) -> Any:
             obj = operand(a)
-            a.cost += 1
+            a.cost += cost
             return select_field(obj, field_name)
 
         return select
+
+    def attribute_shaped(self, e: ast.Expr) -> bool:
+        """Whether cel-go plans this node as an attribute (interpreter/planner.go): a variable,
+        a field selection, an index or a conditional. An attribute costs one unit for itself plus
+        one per qualifier; other nodes start a new (relative) attribute when qualified."""
+        if isinstance(e, ast.Ident | ast.Select):
+            return e not in self.check.type_idents and not (isinstance(e, ast.Select) and e.test_only)
+        return isinstance(e, ast.Call) and e.target is None and e.function in (ast.INDEX, ast.CONDITIONAL)
+
+    def resolved(self, e: ast.Expr) -> Eval:
+        """An attribute that cel-go resolves directly (a conditional's branch, an index that is an
+        attribute): its own unit is never charged, only its qualifiers'."""
+        evaluate = self.compile(e)
+        root = e
+        while isinstance(root, ast.Select) or (
+            isinstance(root, ast.Call) and root.function == ast.INDEX and root.target is None
+        ):
+            root = root.operand if isinstance(root, ast.Select) else root.args[0]
+        if not self.attribute_shaped(e) or (isinstance(root, ast.Call) and root.function == ast.CONDITIONAL):
+            return evaluate
+
+        def discounted(a: Activation) -> Any:
+            value = evaluate(a)
+            a.cost -= 1
+            return value
+
+        return discounted
 
     # -- calls --------------------------------------------------------------------------------------
 
@@ -313,9 +399,16 @@ class Compiler:
         }.get(name)
         if special is not None:
             return special(e, args)
+        if name == ast.IN and len(args) == 2:
+            membership = self._set_membership(args)
+            if membership is not None:
+                return membership
         if name not in RUNTIME:
             raise UnsupportedFunctionError(name, e.pos)
         impl, cost_fn = RUNTIME[name]
+        if name in OVERLOAD_PRICED:
+            ids = [overload.id for overload in self.check.overloads.get(e, [])]
+            cost_fn = OVERLOAD_COSTS.get(ids[0]) if len(ids) == 1 else None
         if name == "sum":
             impl = _typed_sum(self.check.overloads.get(e, []))
         if name in ("matches", "find", "findAll") and len(args) == 2 and isinstance(args[1], ast.Literal):
@@ -323,30 +416,34 @@ class Compiler:
             pattern = args[1].value
             if isinstance(pattern, str):
                 compile_regex(pattern)
-        constants = [_constant(arg) for arg in args]
-        if name in _FOLDABLE and all(found for found, _ in constants):
-            return _folded(impl, cost_fn, [value for _, value in constants])
+                if name == "matches":
+                    impl = bound("matches", matches, plain=True)
+        constants = [self.constant(arg) for arg in args]
+        if name in _FOLDABLE and all(
+            c is not _NOT_CONSTANT and not isinstance(c, _ConstantMap) for c in constants
+        ):
+            return _folded(impl, cost_fn, constants)
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None
-        if len(compiled) == 1:
+        if len(compiled) == 1 and not sized:
             (only,) = compiled
-            if not sized:
 
-                def unary(a: Activation) -> Any:
-                    value = impl(only(a))
-                    a.cost += 1
-                    return value
+            def unary(a: Activation) -> Any:
+                value = only(a)  # an error propagates: cel-go charges the call on an error too
+                a.cost += 1
+                return impl(value)
 
-                return unary
+            return _charging_errors(unary, compiled, None)
         if len(compiled) == 2 and not sized:
             first, second = compiled
 
             def binary(a: Activation) -> Any:
-                value = impl(first(a), second(a))
+                x = first(a)
+                y = second(a)
                 a.cost += 1
-                return value
+                return impl(x, y)
 
-            return binary
+            return _charging_errors(binary, compiled, None)
         assert cost_fn is not None or not sized
 
         def call(a: Activation) -> Any:
@@ -359,7 +456,29 @@ class Compiler:
                 check_budget(a)
             return impl(*values)
 
-        return call
+        return _charging_errors(call, compiled, cost_fn)
+
+    def _set_membership(self, args: list[ast.Expr]) -> Eval | None:
+        """maybeOptimizeSetMembership: `x in [constants]` is false for an empty list (x is never
+        evaluated) and a hash lookup, free of cost, for a list of primitives."""
+        items = self.constant(args[1])
+        if items is _NOT_CONSTANT or not is_list(items):
+            return None
+        if not items:
+            return lambda _a: False
+        keys: set[tuple[str, Any]] = set()
+        for item in items:
+            if type(item) not in (bool, int, UInt, float, str):
+                return None
+            keys.update(_membership_keys(item))
+        element = self.compile(args[0])
+
+        def membership(a: Activation) -> bool:
+            value = element(a)
+            key = _membership_key(value)
+            return key is not None and key in keys
+
+        return membership
 
     def _and(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
         return self._logical(args, absorbing=False)
@@ -399,7 +518,7 @@ class Compiler:
         return logical
 
     def _conditional(self, _e: ast.Call, args: list[ast.Expr]) -> Eval:
-        cond, truthy, falsy = (self.compile(arg) for arg in args)
+        cond, truthy, falsy = self.compile(args[0]), self.resolved(args[1]), self.resolved(args[2])
 
         def conditional(a: Activation) -> Any:
             c = cond(a)
@@ -442,7 +561,7 @@ class Compiler:
                 a.cost += 1
                 return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
-            return simple_equality
+            return _charging_errors(simple_equality, [left, right], _eq_cost_of)
         if left_type == t.STRING and right_type == t.STRING:
 
             def string_equality(a: Activation) -> bool:
@@ -450,7 +569,7 @@ class Compiler:
                 a.cost += _string_eq_cost(lhs, rhs)
                 return bool(lhs != rhs) if negate else bool(lhs == rhs)
 
-            return string_equality
+            return _charging_errors(string_equality, [left, right], _eq_cost_of)
 
         def equality(a: Activation) -> bool:
             lhs, rhs = left(a), right(a)
@@ -458,17 +577,18 @@ class Compiler:
             result = equal(lhs, rhs)
             return (not result) if negate else result
 
-        return equality
+        return _charging_errors(equality, [left, right], _eq_cost_of)
 
     def _index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
         fused = self._fused_path(e)
         if fused is not None:
             return fused
-        container, key = (self.compile(arg) for arg in args)
+        container, key = self.compile(args[0]), self.resolved(args[1])
+        cost = 1 if self.attribute_shaped(args[0]) else 2
 
         def index(a: Activation) -> Any:
             obj, k = container(a), key(a)
-            a.cost += 1
+            a.cost += cost
             return index_value(obj, k)
 
         return index
@@ -476,9 +596,6 @@ class Compiler:
     # -- aggregates ---------------------------------------------------------------------------------
 
     def _list(self, e: ast.ListExpr) -> Eval:
-        if all(isinstance(el, ast.Literal) for el in e.elements):
-            constant = tuple(el.value for el in e.elements)  # type: ignore[attr-defined]
-            return lambda _a: constant
         elements = [self.compile(el) for el in e.elements]
 
         def make_list(a: Activation) -> tuple[Any, ...]:
@@ -578,16 +695,68 @@ class Compiler:
         return _collect(iter_range, var_slot, args[0], None)
 
 
+class _ConstantMap:
+    """A map literal of constants, built once while planning; invalid keys stay an error value."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.value: dict[Any, Any] | None = None
+        self.error: str | None = None
+        out: dict[Any, Any] = {}
+        for key, value in pairs:
+            if type(key) not in (str, int, UInt, bool):
+                self.error = f"unsupported key type: {_runtime_type(key)}"
+                return
+            out[key] = value
+        self.value = out
+
+    def evaluation(self) -> Eval:
+        value, error = self.value, self.error
+        if error is not None:
+
+            def failing(_a: Activation) -> Any:
+                raise EvalError(error)
+
+            return failing
+        return lambda _a: value
+
+
+def _membership_key(value: Any) -> tuple[str, Any] | None:
+    kind = type(value)
+    if kind is bool:
+        return ("bool", value)
+    if kind is UInt:
+        return ("uint", int(value))
+    if kind is int:
+        return ("int", value)
+    if kind is float:
+        return ("double", value)
+    if kind is str:
+        return ("string", value)
+    return None
+
+
+def _membership_keys(item: Any) -> list[tuple[str, Any]]:
+    """The set entries cel-go adds for one list element, lossless numeric conversions included."""
+    key = _membership_key(item)
+    assert key is not None
+    keys = [key]
+    kind = type(item)
+    if kind is float:
+        if item.is_integer() and -(2.0**63) <= item < 2.0**63:
+            keys.append(("int", int(item)))
+        if item.is_integer() and 0 <= item < 2.0**64:
+            keys.append(("uint", int(item)))
+    elif kind is int or kind is UInt:
+        keys.append(("double", float(item)))
+        if kind is int and item >= 0:
+            keys.append(("uint", int(item)))
+        if kind is UInt and item <= 2**63 - 1:
+            keys.append(("int", int(item)))
+    return keys
+
+
 # Pure constructors whose constant calls are worth computing once: they parse their argument.
 _FOLDABLE = frozenset({"quantity", "semver", "isQuantity", "isSemver"})
-
-
-def _constant(node: ast.Expr) -> tuple[bool, Any]:
-    if isinstance(node, ast.Literal):
-        return True, node.value
-    if isinstance(node, ast.ListExpr) and all(isinstance(el, ast.Literal) for el in node.elements):
-        return True, tuple(el.value for el in node.elements)  # type: ignore[attr-defined]
-    return False, None
 
 
 def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None, args: list[Any]) -> Eval:
@@ -615,6 +784,39 @@ def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None
     return constant
 
 
+def _charging_errors(fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]], int] | None) -> Eval:
+    """cel-go evaluates every argument of a strict call and charges the call even when an argument
+    or the call itself fails (an error value counts as size 1); then the first error is returned.
+    `fast` handles the common case; after an error the arguments are evaluated again (they are
+    pure) to spend exactly what cel-go spends."""
+
+    def evaluate(a: Activation) -> Any:
+        cost = a.cost
+        try:
+            return fast(a)
+        except EvalError as failure:
+            a.cost = cost
+            values: list[Any] = []
+            error: EvalError | None = None
+            for arg in args:
+                try:
+                    values.append(arg(a))
+                except EvalError as err:
+                    error = error or err
+                    values.append(None)
+            try:
+                a.cost += 1 if cost_fn is None else cost_fn(values)
+            except (TypeError, AttributeError, EvalError):
+                a.cost += 1
+            raise (error or failure) from None
+
+    return evaluate
+
+
+def _eq_cost_of(values: list[Any]) -> int:
+    return _eq_cost(values[0], values[1])
+
+
 def _string_eq_cost(lhs: Any, rhs: Any) -> int:
     shortest = min(len(lhs), len(rhs)) if type(lhs) is str and type(rhs) is str else 1
     return -(-shortest // 10) if shortest else 0
@@ -624,7 +826,7 @@ def _eq_cost(lhs: Any, rhs: Any) -> int:
     from dradriver.cel.semver import Semver
     from dradriver.quantity import Quantity
 
-    if type(lhs) in (Quantity, Semver):
+    if isinstance(lhs, Quantity | Semver):
         return 1
     import math
 
@@ -647,7 +849,8 @@ def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bo
     Per iteration cel-go spends: the accumulator read and @not_strictly_false (plus `!_` for
     exists) in the loop condition, and one accumulator read in the step.
     """
-    per_iteration = 3 if not stop_on else 4
+    condition = 2 if not stop_on else 3
+    per_iteration = condition + 1
     keep = not stop_on
 
     def quantifier(a: Activation) -> bool:
@@ -656,6 +859,7 @@ def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bo
         accu: Any = keep
         for item in iterate(collection):
             if accu is stop_on:
+                a.cost += condition  # the loop condition that ends the fold
                 break
             slots[var_slot] = item
             a.cost += per_iteration
@@ -687,7 +891,6 @@ def _exists_one(iter_range: Eval, var_slot: int, predicate: Eval) -> Eval:
         error: str | None = None
         for item in iterate(collection):
             slots[var_slot] = item
-            a.cost += 2
             try:
                 value = predicate(a)
             except EvalError as err:
@@ -695,6 +898,7 @@ def _exists_one(iter_range: Eval, var_slot: int, predicate: Eval) -> Eval:
                 check_budget(a)
                 continue
             if value is True:
+                a.cost += 2  # `accu + 1`; the other branch, `accu`, is resolved without cost
                 count += 1
             elif value is not False:
                 error = error or "no such overload"
@@ -717,8 +921,8 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
         error: str | None = None
         for item in iterate(collection):
             slots[var_slot] = item
-            a.cost += 1
             if predicate is not None:
+                # `keep ? accu + [x] : accu`: the `accu` branch is resolved without cost.
                 try:
                     keep = predicate(a)
                 except EvalError as err:
@@ -730,8 +934,9 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
                         error = error or "no such overload"
                     check_budget(a)
                     continue
-            a.cost += LIST_CREATE_COST + 1
+            a.cost += 1 + LIST_CREATE_COST + 1  # accu, [..], +
             if transform is None:
+                a.cost += 1  # the iteration variable, as the element of `accu + [x]`
                 out.append(item)
             else:
                 try:
@@ -753,7 +958,7 @@ def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
     zero: Any = 0
     if len(overloads) == 1:
         zero = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}.get(overloads[0].id, 0)
-    return lambda items: list_sum(items, zero)
+    return bound("sum", lambda items: list_sum(items, zero))
 
 
 def _type_value_name(ty: t.Type) -> str:

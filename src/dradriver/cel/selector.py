@@ -10,10 +10,17 @@ from typing import Any
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issue_text, validate_aggregates, walk
+from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issues_text, validate_aggregates, walk
+from dradriver.cel.cost import estimate_cost
 from dradriver.cel.decls import declarations
 from dradriver.cel.device import CELDevice, to_cel_device
-from dradriver.cel.errors import CELCompileError, CELRuntimeError, CostLimitError, EvalError
+from dradriver.cel.errors import (
+    COMPILATION_FAILED,
+    CELCompileError,
+    CELRuntimeError,
+    CostLimitError,
+    EvalError,
+)
 from dradriver.cel.functions import compile_regex
 from dradriver.cel.parser import format_issue, parse
 from dradriver.cel.program import (
@@ -23,6 +30,7 @@ from dradriver.cel.program import (
     Activation,
     Compiler,
     Eval,
+    ProgramError,
     UnsupportedFunctionError,
 )
 from dradriver.cel.values import type_name
@@ -45,14 +53,23 @@ class Evaluation:
 class Selector:
     """A compiled DRA selector expression. Immutable; safe to share between threads."""
 
-    __slots__ = ("_program", "_slot_count", "cost_limit", "expression", "result_type")
+    __slots__ = ("_program", "_slot_count", "cost_limit", "estimated_cost", "expression", "result_type")
 
-    def __init__(
-        self, expression: str, program: Eval, slot_count: int, result_type: t.Type, cost_limit: int
+    def __init__(  # noqa: PLR0917 - built by _compile only
+        self,
+        expression: str,
+        program: Eval,
+        slot_count: int,
+        result_type: t.Type,
+        cost_limit: int,
+        estimated_cost: int,
     ) -> None:
         self.expression = expression
         self.result_type = result_type
         self.cost_limit = cost_limit
+        # The API server's worst-case estimate (cel-go EstimateCost with the DRA size estimator);
+        # it rejects a selector above COST_LIMIT when the class or claim is created.
+        self.estimated_cost = estimated_cost
         self._program = program
         self._slot_count = slot_count
 
@@ -142,15 +159,17 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         )
     root = parse(expression)
     try:
-        checked = Checker(_DECLARATIONS, {"device": DEVICE_TYPE}).check(root)
-        validate_aggregates(root, checked)
-        _validate_regex_literals(root)
-    except CheckError as issue:
-        raise CELCompileError(issue_text(expression, issue), expression=expression) from None
+        checker = Checker(_DECLARATIONS, {"device": DEVICE_TYPE})
+        checked = checker.check(root)
+        # cel-go runs the AST validators only on an expression that type-checked.
+        issues = checker.errors or _validate_regex_literals(root) + validate_aggregates(root, checked)
     except RecursionError:
         raise CELCompileError(
-            format_issue(expression, "expression nests too deeply", (1, 1)), expression=expression
+            COMPILATION_FAILED + format_issue(expression, "expression nests too deeply", (1, 1)),
+            expression=expression,
         ) from None
+    if issues:
+        raise CELCompileError(COMPILATION_FAILED + issues_text(expression, issues), expression=expression)
     result_type = checked.types[root]
     if result_type.kind not in (t.Kind.BOOL, t.Kind.ANY):
         raise CELCompileError(
@@ -169,9 +188,10 @@ def _compile(expression: str, cost_limit: int) -> Selector:
             ),
             expression=expression,
         ) from None
-    except EvalError as err:
+    except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
-    return Selector(expression, program, compiler.slot_count, result_type, cost_limit)
+    estimated = estimate_cost(root, checked)
+    return Selector(expression, program, compiler.slot_count, result_type, cost_limit, estimated)
 
 
 def _to_bool_error(value: object) -> str:
@@ -193,8 +213,9 @@ def _type_string(ty: t.Type) -> str:
     return f"{ty.name}({', '.join(_type_string(p) for p in ty.params)})"
 
 
-def _validate_regex_literals(root: ast.Expr) -> None:
+def _validate_regex_literals(root: ast.Expr) -> list[CheckError]:
     """cel-go ValidateRegexLiterals: a constant first argument of `matches` must compile."""
+    errors = []
     for node in walk(root):
         if isinstance(node, ast.Call) and node.function == "matches" and node.args:
             first = node.args[0]
@@ -202,4 +223,5 @@ def _validate_regex_literals(root: ast.Expr) -> None:
                 try:
                     compile_regex(first.value)
                 except EvalError:
-                    raise CheckError("invalid matches argument", first.pos) from None
+                    errors.append(CheckError("invalid matches argument", first.pos))
+    return errors

@@ -61,6 +61,20 @@ class DefaultingMap(dict[str, Any]):
     __slots__ = ()
 
 
+class ComputedQuantity(Quantity):
+    """The result of `add`/`sub`: a *pointer* to a Quantity in the Kubernetes library, which
+    Quantity.Equal does not accept as the right operand (`q == a.sub(b)` is "no such overload")."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, value: Quantity) -> ComputedQuantity:
+        out = cls.__new__(cls)
+        for slot in Quantity.__slots__:
+            object.__setattr__(out, slot, getattr(value, slot))
+        return out
+
+
 EMPTY_MAP: Mapping[str, Any] = {}
 
 TYPE_NAMES: dict[type, str] = {
@@ -76,6 +90,7 @@ TYPE_NAMES: dict[type, str] = {
     dict: "map",
     DefaultingMap: "map",
     Quantity: "kubernetes.Quantity",
+    ComputedQuantity: "kubernetes.Quantity",
     Semver: "kubernetes.Semver",
     TypeValue: "type",
 }
@@ -95,8 +110,19 @@ def type_value_of(value: object) -> TypeValue:
     return TypeValue(type_name(value))
 
 
+class ArgumentMismatchError(EvalError):
+    """An argument of the wrong runtime type. How cel-go words it depends on how the function is
+    bound (functions.RUNTIME applies the rule), so the message here is only a placeholder."""
+
+
 def no_such_overload(function: str, *args: object) -> EvalError:
-    return EvalError(f"no such overload: {function}({', '.join(type_name(a) for a in args)})")
+    del function, args
+    return ArgumentMismatchError("no such overload")
+
+
+def overload_signature(function: str, args: tuple[object, ...]) -> str:
+    """decls.MaybeNoSuchOverload: the function and the runtime types of all its arguments."""
+    return f"no such overload: {function}({', '.join(type_name(a) for a in args)})"
 
 
 def is_list(value: object) -> bool:
@@ -141,7 +167,7 @@ def equal(a: object, b: object) -> bool:
     if isinstance(a, dict):
         return _map_equal(a, b)
     if isinstance(a, Quantity):
-        if not isinstance(b, Quantity):
+        if type(b) is not Quantity:
             raise EvalError("no such overload")
         return a.compare(b) == 0
     if isinstance(a, Semver):

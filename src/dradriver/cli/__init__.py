@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from dradriver import __version__, logs
 from dradriver.cli._common import CLIError, Parser, print_error
+from dradriver.signals import defer_stop_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["serve"]:
+        defer_stop_signals()  # a SIGTERM during start-up still ends in a clean exit 0
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return 2
@@ -42,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs.configure(args.log_format, args.verbosity)
         code: int = args.run(args)
     except CLIError as err:
-        print_error(args.prog, str(err))
+        if args.log_format == "json":  # JSON from the first line to the last
+            logs.configure("json", args.verbosity)
+            logs.get_logger(component="cli").error(str(err), command=args.prog)
+        else:
+            print_error(args.prog, str(err))
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ Every flag `--some-flag` can also be set with the environment variable `DRADRIVE
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -26,11 +27,81 @@ class CLIError(Exception):
     exit_code = 2
 
 
+class _FromEnv:
+    """The default of a flag that can come from the environment, resolved after parsing.
+
+    Resolving late means a bad DRADRIVER_* value is an error of the command that reads it (not
+    of every command, e.g. `--version`), checked with the flag's own type and choices, and
+    reported like a bad flag plus where it came from.
+    """
+
+    def __init__(self, names: Sequence[str], default: Any) -> None:
+        self.names = tuple(names)
+        self.default = default
+
+    def __repr__(self) -> str:  # shown by --help as the default
+        return repr(self.default)
+
+
+def _clip(text: str) -> str:
+    """Flag values are echoed in errors; a huge one (from the environment, say) is cut."""
+    from dradriver.logs import clip_text
+
+    return clip_text(text, 100)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit code 2."""
+    """An ArgumentParser whose errors are one line on stderr and exit code 2, and whose flags'
+    environment variables are checked exactly as the flags are."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(parsed, action.dest, None)
+            if isinstance(value, _FromEnv):
+                value = self._resolve(action, value)
+                if value is None and getattr(action, "env_required", False):
+                    names = " or ".join(f"${n}" for n in getattr(action, "env_names", ()))
+                    flags = "/".join(action.option_strings)
+                    self.error(f"the following arguments are required: {flags} (or {names})")
+                setattr(parsed, action.dest, value)
+            elif value is None and isinstance(getattr(action, "env", None), _FromEnv):
+                setattr(parsed, action.dest, self._resolve(action, action.env))  # type: ignore[attr-defined]
+        return parsed, extras
+
+    def _resolve(self, action: argparse.Action, value: _FromEnv) -> Any:
+        found = next(((n, os.environ[n]) for n in value.names if os.environ.get(n)), None)
+        if found is None:
+            return value.default
+        name, raw = found
+        where = f"argument {'/'.join(action.option_strings)} (from ${name})"  # as argparse names it
+        if isinstance(action, argparse._StoreTrueAction):
+            switch = raw.strip().lower()
+            if switch not in _TRUE | _FALSE:
+                self.error(f"{where}: invalid value {_clip(raw)!r}: use true or false")
+            return switch in _TRUE
+        if action.nargs in ("+", "*"):
+            return raw.split()
+        try:
+            converted = action.type(raw) if callable(action.type) else raw
+        except argparse.ArgumentTypeError as err:
+            self.error(f"{where}: {err}")
+        except (TypeError, ValueError):
+            kind = getattr(action.type, "__name__", repr(action.type))
+            self.error(f"{where}: invalid {kind} value: {_clip(raw)!r}")
+        if action.choices is not None and converted not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            self.error(f"{where}: invalid choice: {_clip(raw)!r} (choose from {choices})")
+        return converted
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
 
 def env_name(flag: str) -> str:
@@ -50,28 +121,92 @@ def env_flag(
     """Add a flag whose default comes from DRADRIVER_<FLAG> (then `fallback_env`, then `default`)."""
     long_flag = next(f for f in flags if f.startswith("--"))
     names = [env_name(long_flag), *fallback_env]
-    from_env = next((os.environ[n] for n in names if os.environ.get(n)), None)
     shown = f"; default {default}" if default not in (None, "", False) else ""
-    parser.add_argument(
+    # A required flag is satisfied by its variable too, so argparse must not demand the flag.
+    required = bool(kwargs.pop("required", False))
+    action = parser.add_argument(
         *flags,
         type=type,
-        default=type(from_env) if from_env is not None else default,
+        default=_FromEnv(names, default),
         help=f"{help} (env {' or '.join(names)}{shown})",
         **kwargs,
     )
+    action.env_required = required  # type: ignore[attr-defined]
+    action.env_names = names  # type: ignore[attr-defined]
 
 
 def env_switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
-    """A boolean flag; DRADRIVER_<FLAG>=true|1|yes turns it on."""
+    """A boolean flag; DRADRIVER_<FLAG>=true|1|yes|on turns it on, false|0|no|off leaves it off."""
     name = env_name(flag)
-    on = os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-    parser.add_argument(flag, action="store_true", default=on, help=f"{help} (env {name})")
+    parser.add_argument(
+        flag, action="store_true", default=_FromEnv([name], False), help=f"{help} (env {name})"
+    )
+
+
+def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
+    """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
+    name = env_name(flag)
+    action = parser.add_argument(
+        flag,
+        dest=dest,
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help=f"{help} (env {name}, space-separated)",
+    )
+    # `extend` appends to the default (None here); the environment is read once parsing is done.
+    action.env = _FromEnv([name], None)
+
+
+#: Upper bound of every duration flag, so that a unit mix-up (milliseconds) is caught.
+MAX_DURATION_SECONDS = 7 * 24 * 3600
+
+
+def duration(value: str) -> float:
+    """argparse type for seconds: finite, from 0 to a week (NaN, inf and -1 are errors)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {_clip(value)!r}: must be a number of seconds from 0 to {MAX_DURATION_SECONDS}"
+        )
+    return seconds
+
+
+def positive_duration(value: str) -> float:
+    seconds = duration(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {_clip(value)!r}: must be more than 0 seconds")
+    return seconds
+
+
+def verbosity(value: str) -> int:
+    try:
+        level = int(value)
+    except ValueError:
+        level = -1
+    if not 0 <= level <= 10:
+        raise argparse.ArgumentTypeError(
+            f"invalid verbosity {_clip(value)!r}: must be an integer from 0 to 10"
+        )
+    return level
+
+
+def existing_directory(value: str) -> Path:
+    """argparse type for directories that must already exist (absolute, as the kubelet sees them)."""
+    path = Path(value).absolute()
+    if not path.is_dir():
+        problem = "is not a directory" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{_clip(value)}: {problem}")
+    return path
 
 
 def driver_name(value: str) -> str:
     """argparse type for --driver-name."""
     if (err := driver_name_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid driver name {value!r}: {err}")
+        raise argparse.ArgumentTypeError(f"invalid driver name {_clip(value)!r}: {err}")
     return value
 
 
@@ -92,10 +227,26 @@ def add_logging_flags(parser: argparse.ArgumentParser, default_format: str) -> N
         parser,
         "-v",
         "--verbosity",
-        type=int,
+        type=verbosity,
         default=0,
         metavar="N",
         help="log verbosity: 4 adds debug events, 6 every gRPC request and response",
+    )
+
+
+#: `-o` means the same on every command that prints objects: a table for people (fits the
+#: terminal, or 80 columns without one), or the whole result as one JSON or YAML document.
+OUTPUT_FORMATS = ("table", "json", "yaml")
+
+
+def add_output_flag(parser: argparse.ArgumentParser, default: str = "table") -> None:
+    env_flag(
+        parser,
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default,
+        help="table (for people), or the whole result as one json or yaml document",
     )
 
 
@@ -110,6 +261,28 @@ def add_plugins_dir_flag(parser: argparse.ArgumentParser) -> None:
         type=absolute_path,
         default=Path("/var/lib/kubelet/plugins"),
         help="kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock",
+    )
+
+
+def pod_uid(value: str) -> str:
+    """argparse type for --pod-uid: it becomes part of socket and lock file names."""
+    from dradriver.names import uid_error
+
+    if value and (err := uid_error(value)) is not None:
+        raise argparse.ArgumentTypeError(f"invalid pod UID {value!r}: {err}")
+    return value
+
+
+def add_pod_uid_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--pod-uid",
+        type=pod_uid,
+        default="",
+        metavar="UID",
+        help="this pod's UID (downward API metadata.uid): turns on rolling updates, two instances side "
+        "by side during a surge rollout, with sockets <driver>-<UID>-reg.sock and dra-<UID>.sock "
+        "(kubelet 1.33 or later)",
     )
 
 
@@ -191,7 +364,7 @@ def add_command(
 def node_name(value: str) -> str:
     """argparse type for --node-name: the API server checks node names as DNS subdomains."""
     if (err := dns_subdomain_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid node name {value!r}: {err}")
+        raise argparse.ArgumentTypeError(f"invalid node name {_clip(value)!r}: {err}")
     return value
 
 
@@ -210,8 +383,8 @@ def add_partitionable_flag(parser: argparse.ArgumentParser) -> None:
     env_switch(
         parser,
         "--partitionable",
-        help="publish full GPUs plus every possible MIG placement of MIG-enabled GPUs, consuming shared "
-        "counters (Kubernetes >= 1.35 with the DRAPartitionableDevices feature gate)",
+        help="publish every free MIG placement of GPUs in MIG mode, consuming shared counters, and create "
+        "the MIG device when a claim for one is prepared (Kubernetes >= 1.35, DRAPartitionableDevices)",
     )
 
 

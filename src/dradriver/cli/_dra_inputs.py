@@ -8,7 +8,6 @@ objects came from.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,30 +42,28 @@ def _flatten(value: Any) -> Iterator[Any]:
 
 def read_documents(path: str) -> list[Document]:
     """All objects in a YAML or JSON file; CLIError naming the file on unreadable input."""
+    from dradriver.files import FileInputError, load_documents
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise CLIError(f"{path}: cannot read: {err.strerror or err}") from None
-    return parse_documents(text, path)
+        raw = load_documents(path)
+    except FileInputError as err:
+        raise CLIError(str(err)) from None
+    return _objects(raw, path)
 
 
 def parse_documents(text: str, source: str) -> list[Document]:
-    """All objects in YAML or JSON text (`source` names it: a path, or `-` for stdin)."""
-    raw: list[Any]
-    stripped = text.lstrip()
-    if source.endswith(".json") or stripped.startswith(("{", "[")):
-        try:
-            raw = [json.loads(text)]
-        except json.JSONDecodeError as err:
-            raise CLIError(f"{source}: invalid JSON: {err}") from None
-    else:
-        import yaml
+    """All objects in YAML or JSON text (`source` names it, e.g. `-` for stdin), read by the same
+    safe loader as files."""
+    from dradriver.files import FileInputError, parse_text
 
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        try:
-            raw = list(yaml.load_all(text, Loader=loader))
-        except yaml.YAMLError as err:
-            raise CLIError(f"{source}: invalid YAML: {str(err).splitlines()[0]}") from None
+    try:
+        raw = parse_text(text, source, json_text=True if source.endswith(".json") else None)
+    except FileInputError as err:
+        raise CLIError(str(err)) from None
+    return _objects(raw, source)
+
+
+def _objects(raw: list[Any], source: str) -> list[Document]:
     documents: list[Document] = []
     for item in _flatten(raw):
         if not isinstance(item, Mapping):
@@ -167,6 +164,7 @@ class FakeGPUs:
     profile: str
     node_name: str
     driver_name: str
+    partitionable: bool = False
 
     def resource_slices(self) -> list[Document]:
         import importlib
@@ -177,7 +175,12 @@ class FakeGPUs:
         except (ImportError, AttributeError):
             raise CLIError("--fake-gpus: the slice builder (dradriver.slices) is not available") from None
         try:
-            slices = build_node_slices(self.profile, node_name=self.node_name, driver_name=self.driver_name)
+            slices = build_node_slices(
+                self.profile,
+                node_name=self.node_name,
+                driver_name=self.driver_name,
+                partitionable=self.partitionable,
+            )
         except (OSError, ValueError) as err:
             raise CLIError(f"--fake-gpus {self.profile}: {err}") from None
         return [Document(f"fake-gpus:{self.profile}", i + 1, s) for i, s in enumerate(slices)]
@@ -243,41 +246,27 @@ class Cluster:
     def device_classes(self) -> list[Document]:
         return self._read("deviceclasses", "DeviceClass", lambda: self._api().list_device_classes())
 
-
-def default_class_directory() -> Path | None:
-    """The repository's deviceclasses/ directory: in the working directory, else beside the source."""
-    candidates = [Path.cwd() / "deviceclasses", Path(__file__).resolve().parents[3] / "deviceclasses"]
-    for candidate in candidates:
-        if candidate.is_dir() and any(p.suffix in (".yaml", ".yml", ".json") for p in candidate.iterdir()):
-            return candidate
-    return None
-
-
-def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None) -> None:
-    """A repeatable file flag (`--x A B --x C`); DRADRIVER_<FLAG> holds space-separated files."""
-    import os
-
-    from dradriver.cli._common import env_name
-
-    name = env_name(flag)
-    from_env = os.environ.get(name, "").split()
-    parser.add_argument(
-        flag,
-        dest=dest,
-        nargs="+",
-        action="extend",
-        metavar="FILE",
-        default=from_env or None,
-        help=f"{help} (env {name}, space-separated)",
-    )
+    def allocated_claims(self) -> list[Document]:
+        """The cluster's allocated ResourceClaims: their devices (and the counters those consume)
+        are in use, as the scheduler sees them."""
+        claims = self._read("resourceclaims", "ResourceClaim", lambda: self._api().list_resource_claims())
+        return [doc for doc in claims if (doc.obj.get("status") or {}).get("allocation")]
 
 
 def add_inventory_flags(parser: Any) -> None:
-    """--fake-gpus / --slices / --cluster (mutually exclusive) plus --node."""
-    from dradriver.cli._common import add_fake_gpus_flag, add_kubeconfig_flag, env_flag, env_switch
+    """--fake-gpus (with --partitionable) / --slices / --cluster (mutually exclusive) plus --node."""
+    from dradriver.cli._common import (
+        add_fake_gpus_flag,
+        add_kubeconfig_flag,
+        add_partitionable_flag,
+        env_flag,
+        env_list_flag,
+        env_switch,
+    )
 
     group = parser.add_argument_group("device inventory (one of)")
     add_fake_gpus_flag(group)
+    add_partitionable_flag(group)
     env_list_flag(group, "--slices", help="ResourceSlice files (YAML or JSON; v1, v1beta2 or v1beta1)")
     env_switch(
         group, "--cluster", help="read ResourceSlices and DeviceClasses from the API server (KUBECONFIG)"
@@ -289,6 +278,16 @@ def add_inventory_flags(parser: Any) -> None:
         metavar="NAME",
         help="only devices of this node (default: every node in the inventory; the fake GPU node name)",
     )
+
+
+def check_node(slices: Sequence[Any], node: str | None) -> None:
+    """--node must name a node of the inventory (unless some slices serve every node): a typo
+    would otherwise be an empty result that looks like an answer."""
+    if not node or any(s.node_name == node or not s.node_name for s in slices):
+        return
+    nodes = sorted({s.node_name for s in slices})
+    shown = ", ".join(nodes[:10]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 10 else "")
+    raise CLIError(f"--node {node}: no device of the inventory is on this node (nodes: {shown or 'none'})")
 
 
 def inventory_from_args(args: Any) -> InventorySource:
@@ -303,8 +302,12 @@ def inventory_from_args(args: Any) -> InventorySource:
     ]
     if len(chosen) > 1:
         raise CLIError(f"{' and '.join(chosen)} cannot be combined: choose one device inventory")
+    if args.partitionable and not args.fake_gpus:
+        raise CLIError(
+            "--partitionable applies to --fake-gpus only (slices from files or a cluster say it themselves)"
+        )
     if args.fake_gpus:
-        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name)
+        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name, args.partitionable)
     if args.slices:
         return SliceFiles(args.slices)
     if args.cluster:

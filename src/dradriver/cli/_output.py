@@ -55,3 +55,15 @@ def dump_manifest(data: Any) -> str:
     return yaml.dump(
         data, Dumper=_ManifestDumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=110
     )
+
+
+def write_document(data: Any, fmt: str, *, compact: bool = False) -> None:
+    """`-o json` or `-o yaml`: the same document either way, on stdout."""
+    import sys
+
+    if fmt == "yaml":
+        sys.stdout.write(dump_yaml(data))
+    elif compact:  # the C encoder: several times faster than the indenting one on big results
+        sys.stdout.write(json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(dump_json(data))

@@ -7,12 +7,11 @@ reported per device), 2 when it does not compile or the input is invalid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from dradriver.cli import _common
-from dradriver.cli._dra_inputs import add_inventory_flags, inventory_from_args
+from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args
 
 JSON_SCHEMA_VERSION = 1
 
@@ -40,13 +39,7 @@ def register(subparsers: Any) -> None:
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
     add_inventory_flags(evaluate)
-    add_output_flag(evaluate)
-
-
-def add_output_flag(parser: argparse.ArgumentParser) -> None:
-    _common.env_flag(
-        parser, "-o", "--output", choices=["table", "json"], default="table", help="output format"
-    )
+    _common.add_output_flag(evaluate)
 
 
 def _run_without_subcommand(args: argparse.Namespace) -> int:
@@ -65,12 +58,15 @@ def run(args: argparse.Namespace) -> int:
     except CELCompileError as err:
         return _compile_failure(args, err.message, hints)
     documents = inventory_from_args(args).resource_slices()
-    rows: list[dict[str, Any]] = []
+    slices = []
     for doc in documents:
         try:
-            slice_ = parse_slice(doc.obj)
+            slices.append(parse_slice(doc.obj))
         except InputError as err:
             raise _common.CLIError(f"{doc.where}: {err}") from None
+    check_node(slices, args.node)
+    rows: list[dict[str, Any]] = []
+    for slice_ in slices:
         if args.node and slice_.node_name and slice_.node_name != args.node:
             continue
         for device in slice_.devices:
@@ -93,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         "error": sum(1 for r in rows if r["error"] is not None),
     }
     show_hints = hints if (summary["error"] or not summary["true"]) else []
-    if args.output == "json":
-        _print_json(
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(
             {
                 "schemaVersion": JSON_SCHEMA_VERSION,
                 "expression": args.expression,
@@ -102,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                 "devices": rows,
                 "summary": summary,
                 "hints": [{"message": h.message, "corrected": h.corrected} for h in show_hints],
-            }
+            },
+            args.output,
         )
     else:
         _print_table(args.expression, rows, summary, show_hints)
@@ -110,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -> int:
-    if args.output == "json":
-        _print_json(
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(
             {
                 "schemaVersion": JSON_SCHEMA_VERSION,
                 "expression": args.expression,
@@ -119,7 +120,8 @@ def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -
                 "devices": [],
                 "summary": {"true": 0, "false": 0, "error": 0},
                 "hints": [{"message": h.message, "corrected": h.corrected} for h in hints],
-            }
+            },
+            args.output,
         )
         return 2
     print(f"{args.prog}: error: the expression does not compile:", file=sys.stderr)
@@ -127,11 +129,6 @@ def _compile_failure(args: argparse.Namespace, message: str, hints: list[Any]) -
     for hint in hints:
         print(f"hint: {hint.message}\n  try: {hint.corrected}", file=sys.stderr)
     return 2
-
-
-def _print_json(payload: dict[str, Any]) -> None:
-    json.dump(payload, sys.stdout, indent=2)
-    sys.stdout.write("\n")
 
 
 def _print_table(

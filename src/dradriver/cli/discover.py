@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from dradriver import DEFAULT_DRIVER_NAME
@@ -12,9 +11,9 @@ from dradriver.cli._common import (
     add_command,
     add_driver_root_flags,
     add_fake_gpus_flag,
+    add_output_flag,
     add_partitionable_flag,
     driver_root_mount,
-    env_flag,
 )
 
 if TYPE_CHECKING:
@@ -35,9 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_fake_gpus_flag(parser)
     add_driver_root_flags(parser)
     add_partitionable_flag(parser)
-    env_flag(
-        parser, "-o", "--output", choices=["table", "json", "yaml"], default="table", help="output format"
-    )
+    add_output_flag(parser)
 
 
 def hardware_facts(hardware: Hardware) -> dict[str, Any]:
@@ -59,7 +56,7 @@ def hardware_facts(hardware: Hardware) -> dict[str, Any]:
             "parentMinor": hardware.parent.minor,
             "profile": hardware.profile.name,
             "placement": {"start": hardware.placement.start, "size": hardware.placement.size},
-            "existingUUID": hardware.existing.uuid if hardware.existing else None,
+            "createdOn": "prepare",
         }
     caps = [minor for minor in (hardware.gi_caps_minor, hardware.ci_caps_minor) if minor is not None]
     return {
@@ -140,7 +137,7 @@ def _print_table(inventory: NodeInventory, devices: DeviceSet) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.cli._output import dump_json, dump_yaml
+    from dradriver.cli._output import write_document
     from dradriver.devicemodel import build_devices
     from dradriver.discovery import DiscoveryError, open_library
 
@@ -157,6 +154,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "table":
         _print_table(inventory, devices)
     else:
-        data = report(inventory, devices)
-        sys.stdout.write(dump_json(data) if args.output == "json" else dump_yaml(data))
+        write_document(report(inventory, devices), args.output)
     return 0

@@ -8,11 +8,11 @@ malformed objects, selectors that do not compile).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from dradriver.cli import _common
+from dradriver.cli._common import env_list_flag
 from dradriver.cli._dra_inputs import (
     ClassDirectory,
     ClassFiles,
@@ -20,13 +20,11 @@ from dradriver.cli._dra_inputs import (
     Cluster,
     Document,
     add_inventory_flags,
-    default_class_directory,
-    env_list_flag,
+    check_node,
     extended_resource_claims,
     inventory_from_args,
     read_objects,
 )
-from dradriver.cli.cel import add_output_flag
 
 JSON_SCHEMA_VERSION = 1
 DEFAULT_MAX_ROWS = 40
@@ -41,7 +39,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
             "each selector's outcome per request and device, then the allocation or why there is none.\n"
-            "Classes come from --class, the repository's deviceclasses/ directory, or the cluster.\n"
+            "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
+            "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
             "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
         ),
     )
@@ -50,10 +49,10 @@ def register(subparsers: Any) -> None:
         "--claim",
         help="ResourceClaim or ResourceClaimTemplate files (required); DeviceClasses in them are used too",
     )
-    env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: deviceclasses/)")
+    env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: the built-in classes)")
     _common.add_driver_name_flag(parser)
     add_inventory_flags(parser)
-    add_output_flag(parser)
+    _common.add_output_flag(parser)
     _common.env_switch(
         parser,
         "--all-devices",
@@ -66,10 +65,9 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
         return ClassFiles(args.classes)
     if args.cluster:
         return Cluster(args.kubeconfig)
-    directory = default_class_directory()
-    if directory is None:
-        raise _common.CLIError("no device classes: pass --class FILE (no deviceclasses/ directory found)")
-    return ClassDirectory(directory)
+    from dradriver import data
+
+    return ClassDirectory(data.DEVICE_CLASSES)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,18 +107,51 @@ def run(args: argparse.Namespace) -> int:
     claims = parsed(claim_docs, parse_claim)
     classes = {c.name: c for c in parsed(class_docs, parse_device_class)}
     slices = parsed(slice_docs, parse_slice)
+    check_node(slices, args.node)
     problems = _compile_problems(claim_docs, claims, class_docs, list(classes.values()), args.driver_name)
     if problems:
         return _report_compile_problems(args, problems)
-    simulation = simulate(claims, classes, slices, node=args.node)
+    simulation = simulate(claims, classes, slices, node=args.node, in_use=_in_use(args, claims))
     errors = any(d.error for n in simulation.nodes for c in n.claims for r in c.requests for d in r.devices)
     hints = _hints(claims, classes.values(), args.driver_name) if errors or not simulation.satisfiable else []
-    if args.output == "json":
-        # Compact: the C encoder is several times faster than json's indenting encoder.
-        sys.stdout.write(json.dumps(to_json(simulation, hints), separators=(",", ":")) + "\n")
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(to_json(simulation, hints), args.output, compact=True)
     else:
         _print_tables(simulation, hints, max_rows=None if args.all_devices else DEFAULT_MAX_ROWS)
     return 0 if simulation.satisfiable else 1
+
+
+def _in_use(args: argparse.Namespace, claims: list[Any]) -> list[Any]:
+    """With --cluster, the cluster's allocated claims (other than those being simulated): the
+    scheduler counts their devices and shared counters as taken."""
+    from dradriver.allocation import InputError, parse_claim
+
+    if not args.cluster:
+        return []
+    try:
+        documents = Cluster(args.kubeconfig, args.node).allocated_claims()
+    except _common.CLIError as err:
+        print(
+            f"dradriver dry-run: warning: {err}; devices already allocated in the cluster are not counted",
+            file=sys.stderr,
+        )
+        return []
+    simulated = {(c.namespace, c.name) for c in claims}
+    taken = []
+    for doc in documents:
+        try:
+            claim = parse_claim(doc.obj)
+        except InputError as err:
+            print(
+                f"dradriver dry-run: warning: {doc.where}: {err}; its devices are not counted",
+                file=sys.stderr,
+            )
+            continue
+        if (claim.namespace, claim.name) not in simulated:
+            taken.append(claim)
+    return taken
 
 
 # -- selectors that do not compile -----------------------------------------------------------------
@@ -170,8 +201,10 @@ def _compile_problems(
 
 
 def _report_compile_problems(args: argparse.Namespace, problems: list[dict[str, Any]]) -> int:
-    if args.output == "json":
-        json.dump(
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document(
             {
                 "schemaVersion": JSON_SCHEMA_VERSION,
                 "satisfiable": False,
@@ -181,10 +214,8 @@ def _report_compile_problems(args: argparse.Namespace, problems: list[dict[str, 
                 "nodes": [],
                 "hints": [h for p in problems for h in p["hints"]],
             },
-            sys.stdout,
-            indent=2,
+            args.output,
         )
-        sys.stdout.write("\n")
         return 2
     for problem in problems:
         first, *rest = problem["message"].splitlines()

@@ -46,12 +46,16 @@ def register(subparsers: Any) -> None:
 
 
 def _xid(value: str) -> int:
+    from dradriver.health.xid import MAX_XID
+
     try:
         code = int(value)
     except ValueError:
         code = -1
-    if code < 0:
-        raise argparse.ArgumentTypeError(f"invalid XID {value!r}: must be a non-negative integer")
+    if not 0 <= code <= MAX_XID:
+        raise argparse.ArgumentTypeError(
+            f"invalid XID {value[:40]!r}: must be an integer from 0 to {MAX_XID}"
+        )
     return code
 
 

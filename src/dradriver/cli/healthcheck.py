@@ -11,7 +11,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dradriver.cli._common import add_command, add_driver_name_flag, add_plugins_dir_flag, env_flag
+from dradriver.cli._common import (
+    add_command,
+    add_driver_name_flag,
+    add_plugins_dir_flag,
+    add_pod_uid_flag,
+    env_flag,
+    positive_duration,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -23,10 +30,11 @@ def register(subparsers: Any) -> None:
     )
     add_driver_name_flag(parser)
     add_plugins_dir_flag(parser)
+    add_pod_uid_flag(parser)  # the same env as serve's container: the same socket
     env_flag(
         parser,
         "--timeout",
-        type=float,
+        type=positive_duration,
         default=5.0,
         metavar="SECONDS",
         help="how long to wait for the answer",
@@ -37,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    socket = args.kubelet_plugins_dir / args.driver_name / "dra.sock"
+    from dradriver.plugin.server import dra_socket_name
+
+    socket = args.kubelet_plugins_dir / args.driver_name / dra_socket_name(args.pod_uid)
     if not socket.exists():
         print(f"unhealthy: {socket} does not exist")
         return 1

@@ -17,12 +17,17 @@ from dradriver.cli._common import (
     add_node_name_flag,
     add_partitionable_flag,
     add_plugins_dir_flag,
+    add_pod_uid_flag,
     add_state_dir_flag,
-    driver_root_mount,
+    duration,
     env_flag,
     env_switch,
+    existing_directory,
     state_dir,
 )
+
+#: Default of --rescan-interval.
+DEFAULT_RESCAN_SECONDS = 30.0
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +41,7 @@ def register(subparsers: Any) -> None:
     )
     add_driver_name_flag(parser)
     add_node_name_flag(parser)
+    add_pod_uid_flag(parser)
     env_flag(
         parser,
         "--kubelet-registry-dir",
@@ -57,7 +63,7 @@ def register(subparsers: Any) -> None:
     env_flag(
         parser,
         "--claims-dir",
-        type=absolute_path,
+        type=existing_directory,
         metavar="DIR",
         help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
         "(node-only set-ups, the demo and tests)",
@@ -66,8 +72,15 @@ def register(subparsers: Any) -> None:
     add_partitionable_flag(parser)
     env_flag(
         parser,
+        "--proc-root",
+        type=absolute_path,
+        default=Path("/proc"),
+        help="where the host driver's /proc files are read (/proc/devices, /proc/driver/nvidia-caps)",
+    )
+    env_flag(
+        parser,
         "--stale-claim-grace",
-        type=float,
+        type=duration,
         default=300.0,
         metavar="SECONDS",
         help="unprepare a prepared claim once its ResourceClaim has been gone from the API server this long",
@@ -81,11 +94,21 @@ def register(subparsers: Any) -> None:
     )
     env_flag(
         parser,
+        "--rescan-interval",
+        type=non_negative,
+        default=DEFAULT_RESCAN_SECONDS,
+        metavar="SECONDS",
+        help="scan the node's GPUs again this often (GPUs, MIG devices, host driver version) and "
+        "republish what changed; 0 scans only on events (NVML MIG changes, a rewritten --fake-gpus file)",
+    )
+    env_flag(
+        parser,
         "--shutdown-grace",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish",
+        help="on SIGTERM/SIGINT, how long in-flight calls may take to finish; the process is gone "
+        "within this plus one second, whatever is still running",
     )
     env_flag(
         parser,
@@ -104,6 +127,16 @@ def register(subparsers: Any) -> None:
     )
 
 
+def non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return number
+
+
 def probe_address(value: str) -> str:
     from dradriver.probes import parse_address
 
@@ -114,8 +147,35 @@ def probe_address(value: str) -> str:
     return value
 
 
+def _check_input_files(args: argparse.Namespace) -> None:
+    """Files named on the command line are read before the sockets come up: bad input is one
+    line and exit 2 with nothing created (built-in profiles need no check)."""
+    if args.kubeconfig:  # as kubectl: a kubeconfig named explicitly must exist and parse
+        from dradriver.files import FileInputError, load_document
+
+        try:
+            load_document(Path(args.kubeconfig).expanduser())
+        except FileInputError as err:
+            raise CLIError(f"--kubeconfig {err}") from None
+    if args.fake_gpus:
+        from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
+
+        if args.fake_gpus in builtin_profile_names():
+            return  # ours, and loading it costs the sockets-first start-up 0.1 s of imports
+        try:
+            open_library(args.fake_gpus).close()
+        except DiscoveryError as err:
+            raise CLIError(f"--fake-gpus: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
+
+    driver_root_mount: Path = args.driver_root_mount or args.driver_root
+    if not args.fake_gpus and not driver_root_mount.is_dir():
+        flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
+        raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
+    _check_input_files(args)
 
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
@@ -141,10 +201,13 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        driver_root_mount=driver_root_mount(args),
+        driver_root_mount=driver_root_mount,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         claim_watch=not args.no_claim_watch,
         health=health,
+        proc_root=args.proc_root,
+        pod_uid=args.pod_uid,
+        rescan_interval=args.rescan_interval,
     )
     return Daemon(config).run()

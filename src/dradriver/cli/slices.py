@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from dradriver.cli._common import (
     CLIError,
@@ -13,10 +14,10 @@ from dradriver.cli._common import (
     add_fake_gpus_flag,
     add_kubeconfig_flag,
     add_node_name_flag,
+    add_output_flag,
     add_partitionable_flag,
     cluster_client,
     driver_root_mount,
-    env_flag,
 )
 
 
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_node_name_flag(parser)
     add_driver_name_flag(parser)
     add_partitionable_flag(parser)
-    env_flag(parser, "-o", "--output", choices=["yaml", "json"], default="yaml", help="output format")
+    add_output_flag(parser, default="yaml")
     parser.add_argument(
         "--delete",
         action="store_true",
@@ -67,8 +68,43 @@ def run(args: argparse.Namespace) -> int:
         for finding in err.findings:
             print(f"  {finding}", file=sys.stderr)
         return 1
-    sys.stdout.write(dump_json(slices) if args.output == "json" else dump_yaml_documents(slices))
+    if args.output == "table":
+        _print_table(slices)
+    else:  # YAML as `kubectl create -f` reads it: one document per slice
+        sys.stdout.write(dump_json(slices) if args.output == "json" else dump_yaml_documents(slices))
     return 0
+
+
+def _print_table(slices: list[dict[str, Any]]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from dradriver.cli._render import console
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("SLICE", "DEVICE", "TYPE", "PRODUCT / PROFILE", "TAINTS"):
+        table.add_column(column, no_wrap=column in ("SLICE", "DEVICE", "TYPE"), overflow="fold")
+    for slice_ in slices:
+        spec = slice_["spec"]
+        index = str(slice_["metadata"].get("generateName", "")).split("-", 1)[0]
+        for device in spec.get("devices") or []:
+            attributes = device.get("attributes") or {}
+            kind = next(iter((attributes.get("type") or {"": ""}).values()))
+            product = attributes.get("profile") or attributes.get("productName") or {}
+            taints = ", ".join(f"{t.get('key')}:{t.get('effect')}" for t in device.get("taints") or [])
+            table.add_row(index, device["name"], str(kind), str(next(iter(product.values()), "")), taints)
+        for counter_set in spec.get("sharedCounters") or []:
+            table.add_row(
+                index,
+                f"counters {counter_set['name']}",
+                "",
+                f"{len(counter_set.get('counters', {}))} counters",
+                "",
+            )
+    out = console()
+    node = slices[0]["spec"]["nodeName"] if slices else "?"
+    out.print(f"{len(slices)} ResourceSlice(s) for node {node}; the full objects: -o yaml", markup=False)
+    out.print(table)
 
 
 def _delete(args: argparse.Namespace) -> int:

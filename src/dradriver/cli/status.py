@@ -1,4 +1,5 @@
-"""`dradriver status`: which claims this node has prepared, and the health of its devices.
+"""`dradriver status`: which claims this node has prepared, the MIG devices made for them, and
+the health of its devices.
 
 No cluster and no running plugin needed: it reads `<state-dir>/checkpoint.json` and the health
 report `serve` keeps beside it (`health.json`, rewritten on every health change).
@@ -8,19 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.cli._common import (
     CLIError,
     add_command,
     add_driver_name_flag,
+    add_output_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
+
+if TYPE_CHECKING:
+    from dradriver.prepare.checkpoint import MigRecord
+
+#: health.json lists one entry per device; a file far larger was not written by serve.
+MAX_HEALTH_REPORT_BYTES = 4 * 1024 * 1024
 
 
 def register(subparsers: Any) -> None:
@@ -33,13 +40,20 @@ def register(subparsers: Any) -> None:
     add_driver_name_flag(parser)
     add_plugins_dir_flag(parser)
     add_state_dir_flag(parser)
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+    add_output_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore
 
     directory = state_dir(args)
+    if not directory.is_dir():
+        where = (
+            "--state-dir" if args.state_dir else "the state directory (--kubelet-plugins-dir/--driver-name)"
+        )
+        raise CLIError(
+            f"{where} {directory}: no such directory; has dradriver serve run on this node with these flags?"
+        )
     store = CheckpointStore(directory)
     try:
         checkpoint = store.load()
@@ -68,32 +82,70 @@ def run(args: argparse.Namespace) -> int:
                     "sharing": d.sharing,
                     "cdiDeviceIds": list(d.cdi_device_ids),
                     "health": health.get(d.device, "unknown"),
+                    **({"createdMig": _created_mig(d.mig)} if d.mig is not None else {}),
                 }
                 for d in c.devices
             ],
         }
         for c in claims
     ]
-    if args.output == "json":
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
         document = {
             "stateDir": str(directory),
             "claims": rows,
             "healthSource": report.get("source"),
             "devices": report.get("devices", []),
         }
-        json.dump(document, sys.stdout, indent=2)
-        print()
+        write_document(document, args.output)
         return 0
-    _print_table(directory, rows, checkpoint is not None)
-    _print_health(directory, report)
+    from rich.console import Console
+
+    console = Console(highlight=False)  # the terminal's width; 80 columns (or $COLUMNS) without one
+    _print_table(console, directory, rows, checkpoint is not None)
+    _print_created_migs(console, rows)
+    _print_health(console, directory, report)
     return 0
+
+
+def _created_mig(mig: MigRecord) -> dict[str, Any]:
+    """Where dradriver made (or is making) a claim's MIG device; ids are null until made."""
+    return {
+        "gpuUUID": mig.parent_uuid,
+        "profile": mig.profile,
+        "placement": {"start": mig.placement_start, "size": mig.placement_size},
+        "gpuInstance": mig.gi_id,
+        "computeInstance": mig.ci_id,
+    }
+
+
+def _print_created_migs(console: Any, rows: list[dict[str, Any]]) -> None:
+    """The MIG devices dradriver created for claims (--partitionable), each with its claim; the
+    device name says the GPU, profile and placement."""
+    from rich.table import Table
+
+    created = [(row, d) for row in rows for d in row["devices"] if "createdMig" in d]
+    if not created:
+        return
+    table = Table(title=f"MIG devices dradriver created ({len(created)})")
+    for column in ("device", "GI/CI", "MIG UUID", "claim"):
+        table.add_column(column, overflow="fold", no_wrap=column != "MIG UUID")
+    for row, d in created:
+        mig = d["createdMig"]
+        ids = "/".join("-" if i is None else str(i) for i in (mig["gpuInstance"], mig["computeInstance"]))
+        claim = f"{row['namespace']}/{row['name']}" if row["name"] else f"(recovered) {row['uid']}"
+        table.add_row(d["device"], ids, d["uuid"] or "(not made yet)", claim)
+    console.print(table)
 
 
 def _health_report(directory: Path) -> dict[str, Any]:
     """The daemon's last health report; empty when it has written none (or it is unreadable)."""
+    from dradriver.files import FileReadError, read_bytes
+
     try:
-        data = json.loads((directory / HEALTH_FILE).read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_bytes(directory / HEALTH_FILE, MAX_HEALTH_REPORT_BYTES))
+    except (FileReadError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
         return {}
@@ -101,61 +153,70 @@ def _health_report(directory: Path) -> dict[str, Any]:
     return data
 
 
-def _print_table(directory: Path, rows: list[dict[str, Any]], have_checkpoint: bool) -> None:
-    from rich.console import Console
+#: Short names of the checkpoint states, for the table.
+_STATES = {"PrepareCompleted": "prepared", "PrepareStarted": "preparing"}
+
+
+def _table() -> Any:
+    from rich import box
     from rich.table import Table
 
-    console = Console()
+    return Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+
+
+def _print_table(console: Any, directory: Path, rows: list[dict[str, Any]], have_checkpoint: bool) -> None:
+    """One row per prepared device, laid out to stay readable at 80 columns: only the claim name
+    wraps; UUIDs and CDI device IDs are in -o json/yaml."""
+    checkpoint = directory / "checkpoint.json"
     if not have_checkpoint:
-        console.print(f"no checkpoint in {directory}: nothing has been prepared on this node")
+        console.print(f"no checkpoint in {directory}: nothing has been prepared on this node", markup=False)
         return
     if not rows:
-        console.print(f"no prepared claims ({directory / 'checkpoint.json'})")
+        console.print(f"no prepared claims ({checkpoint})", markup=False)
         return
-    table = Table(title=f"Prepared claims ({len(rows)}) — {directory / 'checkpoint.json'} (CDI IDs: -o json)")
-    for column in ("claim", "state", "device", "uuid", "requests", "sharing", "health"):
-        table.add_column(
-            column, overflow="fold", no_wrap=column in {"claim", "state", "device", "uuid", "sharing"}
-        )
+    console.print(
+        f"{len(rows)} prepared claim(s), from {checkpoint}; UUIDs and CDI IDs: -o yaml", markup=False
+    )
+    table = _table()
+    table.add_column("CLAIM", overflow="fold", ratio=1, min_width=16)
+    for column in ("STATE", "DEVICE", "HEALTH", "SHARING", "REQUESTS"):
+        table.add_column(column, no_wrap=column != "REQUESTS", overflow="fold")
     for row in rows:
         claim = f"{row['namespace']}/{row['name']}" if row["name"] else f"(recovered) {row['uid']}"
-        devices = row["devices"] or [{}]
-        for i, d in enumerate(devices):
+        for i, d in enumerate(row["devices"] or [{}]):
+            sharing = (d.get("sharing") or "") + (" admin" if d.get("adminAccess") else "")
             table.add_row(
                 claim if i == 0 else "",
-                row["state"] if i == 0 else "",
+                _STATES.get(row["state"], row["state"]) if i == 0 else "",
                 d.get("device", "(none of ours)"),
-                d.get("uuid", ""),
-                ",".join(d.get("requests", [])) or ("all" if d else ""),
-                d.get("sharing", "") + (" admin" if d.get("adminAccess") else ""),
                 d.get("health", ""),
+                sharing.strip() or "-",
+                ",".join(d.get("requests", [])) or ("all" if d else ""),
             )
     console.print(table)
 
 
-def _print_health(directory: Path, report: dict[str, Any]) -> None:
+def _print_health(console: Any, directory: Path, report: dict[str, Any]) -> None:
     """A line when every device is healthy, else a table of those that are not."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
     devices = report.get("devices", [])
     if not devices:
         console.print(
             f"no device health report in {directory / HEALTH_FILE}: serve is not running here, or its "
-            "health monitoring is off"
+            "health monitoring is off",
+            markup=False,
         )
         return
     others = [d for d in devices if d.get("health") != "HEALTHY"]
     source = report.get("source", "?")
     if not others:
-        console.print(f"device health: all {len(devices)} devices healthy (source: {source})")
+        console.print(f"device health: all {len(devices)} devices healthy (source: {source})", markup=False)
         return
-    table = Table(
-        title=f"Device health: {len(others)} of {len(devices)} devices not healthy (source: {source})"
-    )
-    for column in ("device", "health", "updated", "message"):
-        table.add_column(column, overflow="fold", no_wrap=column != "message")
+    console.print(f"device health: {len(others)} of {len(devices)} devices not healthy (source: {source})")
+    table = _table()
+    for column in ("DEVICE", "HEALTH", "SINCE", "MESSAGE"):
+        table.add_column(
+            column, overflow="fold", no_wrap=column != "MESSAGE", ratio=1 if column == "MESSAGE" else None
+        )
     for d in others:
         table.add_row(
             str(d["device"]),

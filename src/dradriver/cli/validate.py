@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from dradriver.cli import _common
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, lists)")
     _common.add_driver_name_flag(parser)
+    _common.add_output_flag(parser)
 
 
 def _slice_findings(obj: Any) -> list[Any]:
@@ -49,28 +51,43 @@ def is_dra_object(obj: Any) -> bool:
 def run(args: argparse.Namespace) -> int:
     from dradriver.allocation.validation import validate_object
 
-    documents = [doc for path in args.files for doc in read_documents(path)]
-    count = skipped = 0
+    documents = []
+    for path in args.files:
+        in_file = read_documents(path)
+        if not in_file:
+            raise _common.CLIError(f"{path}: no objects in the file (empty, or only comments and '---')")
+        documents += in_file
+    findings: list[dict[str, Any]] = []
+    skipped = 0
     for doc in documents:
         kind = doc.obj.get("kind")
         if not is_dra_object(doc.obj) and kind not in CHECKED_KINDS:
             skipped += 1  # a workload or namespace beside the claim: the API server's business
             continue
+        found: list[tuple[str, str, Sequence[str]]]
         if kind == "ResourceSlice":
-            findings = _slice_findings(doc.obj)
+            found = [(f.path, f.message, ()) for f in _slice_findings(doc.obj)]
         elif kind in CHECKED_KINDS:
-            findings = validate_object(doc.obj, args.driver_name)
+            found = [(f.path, f.message, f.hints) for f in validate_object(doc.obj, args.driver_name)]
         else:
-            print(f"{doc.where}:kind: Unsupported value: {kind!r}: supported: {', '.join(CHECKED_KINDS)}")
-            count += 1
-            continue
-        for finding in findings:
-            print(f"{doc.where}:{finding.path}: {finding.message}")
-        count += len(findings)
+            found = [("kind", f"Unsupported value: {kind!r}: supported: {', '.join(CHECKED_KINDS)}", ())]
+        findings += [
+            {"file": doc.path, "document": doc.index, "path": path, "message": message, "hints": list(hints)}
+            for path, message, hints in found
+        ]
     checked = len(documents) - skipped
+    if args.output != "table":
+        from dradriver.cli._output import write_document
+
+        write_document({"checked": checked, "skipped": skipped, "findings": findings}, args.output)
+    else:
+        for f in findings:
+            print(f"{f['file']}:{f['document']}:{f['path']}: {f['message']}")
+            for hint in f["hints"]:
+                print(f"  hint: {hint}")
     note = f" ({skipped} other object(s) not checked)" if skipped else ""
-    if count:
-        print(f"{count} finding(s) in {checked} object(s){note}", file=sys.stderr)
+    if findings:
+        print(f"{len(findings)} finding(s) in {checked} object(s){note}", file=sys.stderr)
         return 1
     print(f"{checked} object(s) valid{note}", file=sys.stderr)
     return 0

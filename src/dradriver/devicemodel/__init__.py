@@ -8,15 +8,18 @@ a MIG device, or a MIG placement still to be created.
 
 Publishing rules:
 - a GPU without MIG mode is one `gpu` device;
-- a GPU with MIG mode enabled publishes its MIG devices (the full GPU cannot run work while
-  MIG is on, so it is not offered);
-- with `partitionable`, a GPU with MIG mode enabled and a known profile table instead publishes
-  the full GPU plus every possible MIG placement, all consuming one counter set per GPU
-  (MIG devices that already exist are attached to their placement).
+- a GPU with MIG mode enabled publishes its MIG devices; the full GPU is never offered (it
+  cannot run work while MIG is on);
+- with `partitionable`, a GPU with MIG mode enabled and a known profile table also publishes
+  every MIG placement that is still free, each consuming its share of one counter set per GPU;
+  MIG devices that exist (made by an operator) are published as they are and their share is
+  taken out of the counter set, so nothing that overlaps them can be allocated. A GPU with MIG
+  mode off stays one `gpu` device: dradriver never changes the MIG mode (it needs a GPU reset).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,7 @@ from dradriver.names import dns_label_error, driver_name_error
 
 __all__ = [
     "DeviceSet",
+    "GpuInstance",
     "Hardware",
     "PossibleMig",
     "PublishedDevice",
@@ -44,12 +48,15 @@ MAX_COUNTERS_PER_SET = 32
 
 @dataclass(frozen=True, slots=True)
 class PossibleMig:
-    """A MIG placement published with --partitionable; `existing` is set if the MIG device exists."""
+    """A free MIG placement published with --partitionable: its MIG device is created on prepare."""
 
     parent: Gpu
     profile: MigProfile
     placement: MigPlacement
-    existing: MigDevice | None = None
+
+
+#: A GPU instance by its parent GPU's UUID and its GPU instance id.
+GpuInstance = tuple[str, int]
 
 
 Hardware = Gpu | MigDevice | PossibleMig
@@ -166,9 +173,10 @@ def _mig_device(mig: MigDevice, gpu: Gpu, inventory: NodeInventory) -> tuple[dic
     }, out.warnings
 
 
-def _counters(resources: MigResources, memory_bytes: int, memory_slices: range) -> dict[str, dict[str, str]]:
-    """Counter values (dash-case DNS labels); zero counts are left out, they constrain nothing."""
+def _counters(resources: MigResources, memory_bytes: int, memory_slices: Iterable[int]) -> dict[str, int]:
+    """Counter amounts by name (dash-case DNS labels); zero counts are left out, they constrain nothing."""
     counts = {
+        "memory": memory_bytes,
         "multiprocessors": resources.multiprocessors,
         "copy-engines": resources.copy_engines,
         "decoders": resources.decoders,
@@ -176,75 +184,117 @@ def _counters(resources: MigResources, memory_bytes: int, memory_slices: range) 
         "jpeg-engines": resources.jpeg_engines,
         "ofa-engines": resources.ofa_engines,
     }
-    out = {"memory": {"value": binary_quantity(memory_bytes)}}
-    out.update({name: {"value": decimal_quantity(count)} for name, count in counts.items() if count > 0})
-    out.update({f"memory-slice-{index}": {"value": "1"} for index in memory_slices})
+    out = {name: count for name, count in counts.items() if count > 0}
+    out.update({f"memory-slice-{index}": 1 for index in memory_slices})
     return out
 
 
-def _partitioned_gpu(
-    gpu: Gpu, inventory: NodeInventory
-) -> tuple[dict[str, Any], list[tuple[dict[str, Any], Hardware]], list[str]] | None:
-    """The GPU's counter set, its devices (full GPU first, then placements) and warnings.
+def _counter_json(amounts: dict[str, int]) -> dict[str, dict[str, str]]:
+    return {
+        name: {"value": binary_quantity(count) if name == "memory" else decimal_quantity(count)}
+        for name, count in amounts.items()
+    }
 
-    None when the GPU's MIG profile table cannot be expressed in one counter set.
+
+def _slices(placement: MigPlacement) -> range:
+    return range(placement.start, placement.start + placement.size)
+
+
+def _static_instances(gpu: Gpu, created: Collection[GpuInstance]) -> dict[int, MigDevice] | None:
+    """The GPU instances an operator made (one MIG device each stands for its instance), by id.
+
+    None when one of them has a profile the GPU's table does not list: its resources are unknown.
+    """
+    known = {profile.profile_id for profile in gpu.mig_profiles}
+    instances: dict[int, MigDevice] = {}
+    for mig in gpu.mig_devices:
+        if (gpu.uuid, mig.gi_id) in created:
+            continue
+        if mig.gi_profile_id not in known:
+            return None
+        instances.setdefault(mig.gi_id, mig)
+    return instances
+
+
+def _partitioned_gpu(
+    gpu: Gpu, inventory: NodeInventory, created: Collection[GpuInstance]
+) -> tuple[dict[str, Any] | None, list[tuple[dict[str, Any], Hardware]], list[str]] | None:
+    """The GPU's counter set (None when no placement is left), its devices and warnings.
+
+    Operator-made MIG devices are published as they are and use up their GPU instance's share
+    of the counters for good; every placement that is still free is published consuming its
+    share, so the scheduler can never allocate two placements (or a placement and an existing
+    MIG device) that overlap. MIG devices dradriver created for claims count as free placements:
+    the claim that holds one has the placement allocated, which consumes the same counters.
+    None when the GPU cannot be described by one counter set.
     """
     largest = _largest_profile(gpu)
     slice_count = max(
         (p.start + p.size for profile in gpu.mig_profiles for p in profile.placements), default=0
     )
-    if largest is None or slice_count == 0:
+    static = _static_instances(gpu, created)
+    if largest is None or slice_count == 0 or static is None:
         return None
-    set_name = counter_set_name(gpu.minor)
-    counter_set = {
-        "name": set_name,
-        "counters": _counters(largest.resources, gpu.memory_bytes, range(slice_count)),
-    }
-    if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
+    profiles = {profile.profile_id: profile for profile in gpu.mig_profiles}
+    remaining = _counters(largest.resources, gpu.memory_bytes, range(slice_count))
+    for instance in static.values():
+        profile = profiles[instance.gi_profile_id]
+        for name, used in _counters(profile.resources, _memory(profile), _slices(instance.placement)).items():
+            remaining[name] = remaining.get(name, 0) - used
+    remaining = {name: count for name, count in remaining.items() if count > 0}
+    if len(remaining) > MAX_COUNTERS_PER_SET:
         return None
+
     warnings: list[str] = []
     devices: list[tuple[dict[str, Any], Hardware]] = []
-
-    gpu_json, gpu_warnings = _gpu_device(gpu, inventory)
-    # The full GPU consumes every counter, so no partition can be allocated beside it.
-    all_counters = _counters(largest.resources, gpu.memory_bytes, range(slice_count))
-    gpu_json["consumesCounters"] = [{"counterSet": set_name, "counters": all_counters}]
-    devices.append((gpu_json, gpu))
-    warnings += gpu_warnings
-
-    existing = {(m.profile, m.placement.start): m for m in gpu.mig_devices if m.full_gpu_instance}
     for mig in gpu.mig_devices:
-        if not mig.full_gpu_instance:
-            warnings.append(
-                f"MIG device {mig.uuid} ({mig.profile}) on GPU {gpu.minor} uses part of its GPU instance "
-                "and has no placement device in partitionable mode; not published"
-            )
+        if (gpu.uuid, mig.gi_id) not in created:
+            mig_json, more = _mig_device(mig, gpu, inventory)
+            devices.append((mig_json, mig))
+            warnings += more
+    set_name = counter_set_name(gpu.minor)
+    placements = 0
     for profile in gpu.mig_profiles:
-        for placement in profile.placements:
+        # Highest start first: small instances fill the top, keeping the low placements that only
+        # the large profiles can use (4g, 7g start at 0) free for as long as possible.
+        for placement in sorted(profile.placements, key=lambda p: -p.start):
+            consumed = _counters(profile.resources, _memory(profile), _slices(placement))
+            if any(remaining.get(name, 0) < amount for name, amount in consumed.items()):
+                continue  # overlaps an existing MIG device, or could never fit beside them
             name = mig_device_name(gpu.minor, profile.name, placement.start)
-            found = existing.get((profile.name, placement.start))
             out = AttributeWriter(name)
             out.string("type", "mig")
-            out.string("uuid", found.uuid if found else None)
             _mig_attributes(out, gpu, inventory, profile.name, placement)
-            memory_slices = range(placement.start, placement.start + placement.size)
-            consumed = _counters(profile.resources, profile.resources.memory_mib * 1024 * 1024, memory_slices)
             device = {
                 "name": name,
                 "attributes": out.attributes,
                 "capacity": _resource_capacity(profile.resources),
-                "consumesCounters": [{"counterSet": set_name, "counters": consumed}],
+                "consumesCounters": [{"counterSet": set_name, "counters": _counter_json(consumed)}],
             }
-            devices.append((device, PossibleMig(gpu, profile, placement, found)))
+            devices.append((device, PossibleMig(gpu, profile, placement)))
             warnings += out.warnings
+            placements += 1
+    counter_set = {"name": set_name, "counters": _counter_json(remaining)} if placements else None
     return counter_set, devices, warnings
 
 
-def build_devices(inventory: NodeInventory, *, driver_name: str, partitionable: bool = False) -> DeviceSet:
+def _memory(profile: MigProfile) -> int:
+    return profile.resources.memory_mib * 1024 * 1024
+
+
+def build_devices(
+    inventory: NodeInventory,
+    *,
+    driver_name: str,
+    partitionable: bool = False,
+    created: Collection[GpuInstance] = frozenset(),
+) -> DeviceSet:
     """Every device the node publishes, GPUs in minor order, each GPU's MIG devices after it.
 
-    Devices whose name would not be a DNS label, or repeats an earlier name, are left out
-    with a warning rather than making the whole slice invalid.
+    `created` names the GPU instances dradriver created for claims (with --partitionable); they
+    are published as the free placements they were made from. Devices whose name would not be
+    a DNS label, or repeats an earlier name, are left out with a warning rather than making
+    the whole slice invalid.
     """
     if (err := driver_name_error(driver_name)) is not None:
         raise ValueError(f"invalid driver name {driver_name!r}: {err}")
@@ -252,19 +302,26 @@ def build_devices(inventory: NodeInventory, *, driver_name: str, partitionable: 
     counter_sets: list[dict[str, Any]] = []
     warnings: list[str] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
-        partitioned = _partitioned_gpu(gpu, inventory) if partitionable and gpu.mig_enabled else None
+        partitioned = _partitioned_gpu(gpu, inventory, created) if partitionable and gpu.mig_enabled else None
         if partitioned is not None:
             counter_set, devices, more = partitioned
-            counter_sets.append(counter_set)
+            if counter_set is not None:
+                counter_sets.append(counter_set)
             candidates += devices
             warnings += more
             continue
         if partitionable and gpu.mig_enabled:
             warnings.append(
-                f"GPU {gpu.minor}: cannot be partitioned (no MIG placements known, or more than "
-                f"{MAX_COUNTERS_PER_SET} counters needed); its MIG devices are published as they are"
+                f"GPU {gpu.minor}: cannot be partitioned (no MIG placements known, a MIG device of a profile "
+                f"its table lacks, or more than {MAX_COUNTERS_PER_SET} counters needed); its MIG devices are "
+                "published as they are"
             )
         if gpu.mig_enabled:
+            if not gpu.mig_devices and not partitionable:
+                warnings.append(
+                    f"GPU {gpu.minor}: MIG mode is on but it has no MIG devices, so nothing is published for "
+                    "it (create MIG devices, or run with --partitionable to create them on demand)"
+                )
             for mig in gpu.mig_devices:
                 mig_json, more = _mig_device(mig, gpu, inventory)
                 candidates.append((mig_json, mig))

@@ -25,6 +25,7 @@ from dradriver.discovery.model import (
 if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
+    from dradriver.mig import MigControl
 
 __all__ = [
     "NVIDIA_CHAR_MAJOR",
@@ -53,6 +54,11 @@ class DeviceLibrary(Protocol):
         The source holds what it needs itself (its own NVML reference), so it may be created
         after `close()` and outlives it.
         """
+        ...
+
+    def mig_control(self, state_dir: Path) -> MigControl:
+        """Create and destroy MIG devices on these GPUs (--partitionable); like `health_source`,
+        the result holds what it needs itself and outlives `close()`."""
         ...
 
     def close(self) -> None: ...

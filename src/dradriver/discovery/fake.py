@@ -23,8 +23,11 @@ from dradriver.discovery.nvidia_caps import driver_layout_minor
 from dradriver.discovery.profile import FakeProfile, GpuGroup, MigProfileSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
+    from dradriver.mig import MigControl
 
 _UUID_NAMESPACE = uuid.UUID("6f1d3c1e-8f7a-4c53-9a55-2b1f0f0de7a1")
 
@@ -148,6 +151,12 @@ class FakeLibrary:
         if options.thresholds.enabled:
             get_logger(component="health").warning("fake GPUs have no sensors: thresholds are not checked")
         return FakeHealthSource(options.state_dir, targets.locate)
+
+    def mig_control(self, state_dir: Path) -> MigControl:
+        """MIG devices of these fake GPUs, kept in the state directory across restarts."""
+        from dradriver.mig.fake import STATE_FILE, FakeMigControl
+
+        return FakeMigControl(self._inventory, state_dir / STATE_FILE)
 
     def close(self) -> None:
         """Nothing to release; present for the `DeviceLibrary` interface."""

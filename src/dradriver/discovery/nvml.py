@@ -31,6 +31,7 @@ from dradriver.discovery.nvidia_caps import DriverNodes, read_driver_nodes
 if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
+    from dradriver.mig import MigControl
 
 #: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).
 BRAND_NAMES = {
@@ -150,8 +151,11 @@ class NvmlLibrary:
         import pynvml
 
         self._nvml: Any = pynvml
+        self._library_path = library_path
         self._proc_root = proc_root
         self._sys_root = sys_root
+        self._profile_names: dict[str, dict[int, str]] = {}
+        self._nodes: DriverNodes | None = None
         if library_path is not None:
             self._use_library(library_path)
         try:
@@ -175,7 +179,18 @@ class NvmlLibrary:
         """NVML events for the published GPUs; the source holds its own NVML reference."""
         from dradriver.health.nvml_source import NvmlHealthSource
 
-        return NvmlHealthSource(targets.gpu_uuids, thresholds=options.thresholds, metrics=options.metrics)
+        return NvmlHealthSource(
+            targets.gpu_uuids,
+            thresholds=options.thresholds,
+            metrics=options.metrics,
+            inventory_changed=options.inventory_changed,
+        )
+
+    def mig_control(self, state_dir: Path) -> MigControl:
+        """MIG reconfiguration through NVML, with an NVML reference of its own."""
+        from dradriver.mig.nvml import NvmlMigControl
+
+        return NvmlMigControl(library_path=self._library_path, proc_root=self._proc_root)
 
     def close(self) -> None:
         if self._open:
@@ -361,6 +376,37 @@ class NvmlLibrary:
             gi_caps_minor=nodes.gi_minor(parent.minor, gi_id),
             ci_caps_minor=nodes.ci_minor(parent.minor, gi_id, ci_id),
         )
+
+    def mig_device(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> MigDevice | None:
+        """The MIG device at this GPU and compute instance, read as discovery reads it; None if absent.
+
+        For MIG devices made after discovery: the GPU's profile names and the nvidia-caps table are
+        read once per library and kept.
+        """
+        nvml = self._nvml
+        try:
+            handle = self._call(nvml.nvmlDeviceGetHandleByUUID, gpu_uuid)
+            parent = _Parent(handle, -1, self._call(nvml.nvmlDeviceGetMinorNumber, handle), gpu_uuid)
+            if gpu_uuid not in self._profile_names:
+                self._profile_names[gpu_uuid] = {p.profile_id: p.name for p in self._mig_profiles(handle)}
+            if self._nodes is None:
+                self._nodes = read_driver_nodes(self._proc_root)
+            for slot in range(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except nvml.NVMLError_NotFound:
+                    continue
+                ids = (
+                    self._call(nvml.nvmlDeviceGetGpuInstanceId, mig),
+                    self._call(nvml.nvmlDeviceGetComputeInstanceId, mig),
+                )
+                if ids == (gpu_instance, compute_instance):
+                    return self._mig_device(parent, mig, self._profile_names[gpu_uuid], self._nodes)
+        except (_CallFailedError, nvml.NVMLError) as err:
+            raise DiscoveryError(
+                f"cannot read MIG device {gpu_instance}/{compute_instance} of {gpu_uuid}: {err}"
+            ) from None
+        return None
 
     def _pcie_root(self, bus_id: str) -> str | None:
         """`pci<domain>:<bus>` of the root complex, from where /sys/bus/pci/devices/<bdf> points."""

@@ -13,21 +13,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from dradriver.discovery.errors import DiscoveryError
+from dradriver.fieldpath import field_path
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NESTED_FIELD = re.compile(r"[a-zA-Z_][\w.\[\]]*: ")
 _PROFILES_PACKAGE = "dradriver.discovery.profiles"
 _MIG_TABLES_FILE = "mig-tables.yaml"
 
-NonNegative = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(gt=0)]
+#: Sane upper bounds, so that a typo (`count: 100000000`) is an error, not gigabytes of fake GPUs.
+MAX_GPUS = 1024
+_MAX_INT = 2**31 - 1
+_MAX_LIST = 64
+NonNegative = Annotated[int, Field(ge=0, le=_MAX_INT)]
+Positive = Annotated[int, Field(gt=0, le=_MAX_INT)]
+Text = Annotated[str, Field(min_length=1, max_length=256)]
+#: MIG slice counts and positions: a GPU has at most 8 memory slices today.
+MigSlots = Annotated[int, Field(ge=0, le=_MAX_LIST)]
+Major = Annotated[int, Field(gt=0, le=4095)]
 
 
 class _Model(BaseModel):
@@ -39,8 +46,8 @@ class MigProfileSpec(_Model):
 
     name: Annotated[str, Field(pattern=r"^[1-9]\d*g\.[1-9]\d*gb(\+[a-z]+)*$")]
     id: NonNegative
-    slice_count: Positive
-    instance_count: Positive
+    slice_count: Annotated[MigSlots, Field(gt=0)]
+    instance_count: Annotated[MigSlots, Field(gt=0)]
     memory_mib: Positive = Field(alias="memoryMiB")
     multiprocessors: Positive
     copy_engines: NonNegative = 0
@@ -48,15 +55,15 @@ class MigProfileSpec(_Model):
     encoders: NonNegative = 0
     jpeg_engines: NonNegative = 0
     ofa_engines: NonNegative = 0
-    placement_size: Positive
-    placement_starts: Annotated[tuple[NonNegative, ...], Field(min_length=1)]
+    placement_size: Annotated[MigSlots, Field(gt=0)]
+    placement_starts: Annotated[tuple[MigSlots, ...], Field(min_length=1, max_length=_MAX_LIST)]
 
 
 class MigDeviceSpec(_Model):
     """A MIG device that exists on the GPU: a GPU instance with one compute instance spanning it."""
 
-    profile: str
-    start: NonNegative
+    profile: Text
+    start: MigSlots
     gi: NonNegative | None = Field(default=None, description="GPU instance id; default: position + 1")
 
 
@@ -66,10 +73,10 @@ class MigSpec(_Model):
     The table is either a built-in one by name (`table`) or written out (`profiles`).
     """
 
-    table: str | None = None
-    profiles: Annotated[tuple[MigProfileSpec, ...], Field(min_length=1)] | None = None
+    table: Text | None = None
+    profiles: Annotated[tuple[MigProfileSpec, ...], Field(min_length=1, max_length=_MAX_LIST)] | None = None
     enabled: bool = False
-    devices: tuple[MigDeviceSpec, ...] = ()
+    devices: Annotated[tuple[MigDeviceSpec, ...], Field(max_length=_MAX_LIST)] = ()
 
     @field_validator("table")
     @classmethod
@@ -120,18 +127,18 @@ class MigSpec(_Model):
 class GpuGroup(_Model):
     """`count` identical GPUs with consecutive minors; per-GPU facts come as lists of `count` items."""
 
-    product_name: Annotated[str, Field(min_length=1)]
-    count: Positive = 1
-    first_minor: NonNegative | None = None
-    brand: Annotated[str, Field(min_length=1)] = "Nvidia"
-    architecture: Annotated[str, Field(min_length=1)]
-    compute_capability: str
+    product_name: Text
+    count: Annotated[int, Field(gt=0, le=MAX_GPUS)] = 1
+    first_minor: Annotated[int, Field(ge=0, le=2**20 - MAX_GPUS)] | None = None
+    brand: Text = "Nvidia"
+    architecture: Text
+    compute_capability: Text
     memory_mib: Positive = Field(alias="memoryMiB")
-    uuids: tuple[str, ...] | None = None
-    pci_bus_ids: tuple[str, ...] | None = None
-    pcie_roots: tuple[str, ...] | None = None
-    numa_nodes: tuple[NonNegative, ...] | None = None
-    module_ids: tuple[Positive, ...] | None = None
+    uuids: Annotated[tuple[Text, ...], Field(max_length=MAX_GPUS)] | None = None
+    pci_bus_ids: Annotated[tuple[Text, ...], Field(max_length=MAX_GPUS)] | None = None
+    pcie_roots: Annotated[tuple[Text, ...], Field(max_length=MAX_GPUS)] | None = None
+    numa_nodes: Annotated[tuple[NonNegative, ...], Field(max_length=MAX_GPUS)] | None = None
+    module_ids: Annotated[tuple[Positive, ...], Field(max_length=MAX_GPUS)] | None = None
     addressing_mode: Literal["HMM", "ATS", "None"] | None = None
     mig: MigSpec | None = None
 
@@ -164,16 +171,19 @@ class GpuGroup(_Model):
 class FakeProfile(_Model):
     """A fake node: what the fake backend reports instead of NVML."""
 
-    description: str = ""
-    driver_version: Annotated[str, Field(min_length=1)]
-    cuda_driver_version: Annotated[str, Field(min_length=1)]
-    nvidia_caps_major: Positive = 236
+    description: Annotated[str, Field(max_length=4096)] = ""
+    driver_version: Text
+    cuda_driver_version: Text
+    nvidia_caps_major: Major = 236
     #: Character major of /dev/nvidia-uvm (dynamic on real nodes; any free major works for fakes).
-    nvidia_uvm_major: Positive = 510
-    gpus: tuple[GpuGroup, ...]
+    nvidia_uvm_major: Major = 510
+    gpus: Annotated[tuple[GpuGroup, ...], Field(max_length=MAX_GPUS)]
 
     @model_validator(mode="after")
     def _unique_minors(self) -> FakeProfile:
+        total = sum(group.count for group in self.gpus)
+        if total > MAX_GPUS:
+            raise ValueError(f"gpus: {total} GPUs in all; a profile may have at most {MAX_GPUS}")
         seen: set[int] = set()
         for minor in (m for _, minors in self.expand_minors() for m in minors):
             if minor in seen:
@@ -192,16 +202,9 @@ class FakeProfile(_Model):
         return out
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    path = _field_path(first["loc"])
+    path = field_path(first["loc"])
     message = str(first["msg"]).removeprefix("Value error, ")
     # Our own validators start their message with the nested field they blame: join the paths.
     if path and _NESTED_FIELD.match(message):
@@ -221,20 +224,25 @@ def parse_profile(data: Any, source: str) -> FakeProfile:
 
 
 def _load_yaml(text: str, source: str) -> Any:
+    from dradriver.files import FileInputError, parse_text
+
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (the C one when built)
-    except yaml.YAMLError as err:
-        raise DiscoveryError(
-            f"invalid fake GPU profile {source}: not valid YAML: {err}".replace("\n", " ")
-        ) from None
+        documents = parse_text(text, source, json_text=False)
+    except FileInputError as err:
+        raise DiscoveryError(f"invalid fake GPU profile {err}") from None
+    if len(documents) > 1:
+        raise DiscoveryError(f"invalid fake GPU profile {source}: holds {len(documents)} YAML documents")
+    return documents[0] if documents else None
 
 
 def load_profile_file(path: Path) -> FakeProfile:
+    from dradriver.files import FileInputError, load_document
+
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise DiscoveryError(f"cannot read fake GPU profile {path}: {err.strerror or err}") from None
-    return parse_profile(_load_yaml(text, str(path)), str(path))
+        data = load_document(path)
+    except FileInputError as err:
+        raise DiscoveryError(f"invalid fake GPU profile {err}") from None
+    return parse_profile(data, str(path))
 
 
 def builtin_profile_names() -> list[str]:

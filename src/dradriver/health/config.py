@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from dradriver.health.xid import XidClass
+from dradriver.health.xid import MAX_XID, XidClass
 
 #: Upper bound of durations, so that a unit mix-up (milliseconds) is caught.
 _MAX_SECONDS = 7 * 24 * 3600.0
@@ -53,7 +53,7 @@ class Thresholds(_Model):
 
 class HealthConfig(_Model):
     enabled: bool = True
-    xids: dict[Annotated[int, Field(ge=0)], XidClass] = Field(default_factory=dict)
+    xids: dict[Annotated[int, Field(ge=0, le=MAX_XID)], XidClass] = Field(default_factory=dict)
     unlisted_xids: XidClass = XidClass.FATAL
     quiet_period_seconds: Annotated[float, Field(ge=0, le=_MAX_SECONDS)] = 300.0
     recheck_interval_seconds: Annotated[float, Field(gt=0, le=_MAX_SECONDS)] = 30.0
@@ -63,14 +63,12 @@ class HealthConfig(_Model):
 
 def load_health_config(path: Path) -> HealthConfig:
     """Read and validate the YAML file; raises HealthConfigError with a one-line reason."""
-    import yaml
+    from dradriver.files import FileInputError, load_document
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise HealthConfigError(f"{path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise HealthConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+        data = load_document(path)
+    except FileInputError as err:
+        raise HealthConfigError(str(err)) from None
     if data is None:
         return HealthConfig()
     if not isinstance(data, dict):

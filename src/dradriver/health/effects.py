@@ -71,7 +71,7 @@ class HealthFileSink:
         self._source = source_name
 
     def apply(self, changes: Sequence[Transition], problems: Mapping[str, Problem]) -> None:
-        from dradriver.prepare.cdi import write_atomically
+        from dradriver.files.write import ensure_directory, write_atomically
 
         _, devices = self._board.snapshot()
         document = {
@@ -89,7 +89,7 @@ class HealthFileSink:
             ],
         }
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_directory(self.path.parent)
             write_atomically(self.path, json.dumps(document, indent=1).encode() + b"\n", mode=0o644)
         except OSError as err:
             log.warning("could not write the health file", path=str(self.path), error=str(err))

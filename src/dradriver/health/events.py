@@ -6,8 +6,8 @@ devices an event concerns is decided once, in `targets`, for every source alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -85,6 +85,9 @@ class SourceOptions:
     state_dir: Path
     thresholds: Thresholds
     metrics: HealthMetrics
+    #: Called when the source learns that the node's devices changed (NVML's MIG config event):
+    #: the live inventory rescans at once instead of at its next interval.
+    inventory_changed: Callable[[], None] = field(default=lambda: None)
 
 
 class HealthSource(Protocol):
@@ -103,6 +106,10 @@ class HealthSource(Protocol):
 
     def check(self, gpu_uuid: str) -> str | None:
         """Re-check a GPU before it is trusted again: None if fine, else what is still wrong."""
+        ...
+
+    def watch(self, gpu_uuids: Sequence[str]) -> None:
+        """The published GPUs changed (live inventory): watch these from now on."""
         ...
 
     def close(self) -> None: ...

@@ -15,8 +15,9 @@ is state, replayed from the whole file, so a restarted `serve` still sees it los
 from __future__ import annotations
 
 import os
+import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Self
 
@@ -24,10 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dradriver import logs
 from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, XidEvent
+from dradriver.health.xid import MAX_XID
 
 FAKE_EVENTS_FILE = "fake-events.jsonl"
 #: How often an idle `serve` looks at the log: 5 stats a second cost nothing measurable.
 POLL_SECONDS = 0.2
+#: At most this much of the log is read per look (a line is far shorter).
+MAX_READ_BYTES = 1024 * 1024
 
 log = logs.get_logger(component="health")
 
@@ -38,9 +42,9 @@ class FakeEventRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     device: Annotated[str, Field(min_length=1, max_length=63)]
-    xid: Annotated[int, Field(ge=0)] | None = None
+    xid: Annotated[int, Field(ge=0, le=MAX_XID)] | None = None
     lost: bool | None = None
-    at: float
+    at: Annotated[float, Field(allow_inf_nan=False)]
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
@@ -52,8 +56,10 @@ class FakeEventRecord(BaseModel):
 def append_fake_event(state_dir: Path, record: FakeEventRecord) -> Path:
     """Append `record` to the log; one O_APPEND write, so concurrent writers never interleave."""
     path = state_dir / FAKE_EVENTS_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
+        if os.fstat(fd).st_size == 0:
+            os.fchmod(fd, 0o644)  # whatever the umask: the daemon reads it
         os.write(fd, (record.model_dump_json(exclude_none=True) + "\n").encode())
     finally:
         os.close(fd)
@@ -104,22 +110,32 @@ class FakeHealthSource:
             return None
         return f"GPU marked lost; dradriver fake-event --device {device} --restore brings it back"
 
+    def watch(self, gpu_uuids: Sequence[str]) -> None:
+        """Nothing to register: `locate` follows the published devices."""
+
     def close(self) -> None:
         """Nothing held open between polls."""
 
     def _read_new(self) -> list[HealthEvent]:
         try:
-            size = self._path.stat().st_size
-        except FileNotFoundError:
-            return []
-        if size < self._offset:  # truncated or replaced: start over
-            self._offset = 0
-        if size == self._offset:
-            return []
-        with self._path.open("rb") as f:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return []  # not there yet (or not a file we would follow)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return []
+            if st.st_size < self._offset:  # truncated or replaced: start over
+                self._offset = 0
+            if st.st_size == self._offset:
+                return []
             f.seek(self._offset)
-            data = f.read(size - self._offset)
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+            data = f.read(min(st.st_size - self._offset, MAX_READ_BYTES))
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == MAX_READ_BYTES:
+            log.warning("skipping an overlong line in the fake-event log", path=str(self._path))
+            end = len(data)
+        complete = data[:end]  # a line still being written waits
         self._offset += len(complete)
         events = []
         for line in complete.splitlines():

@@ -5,6 +5,10 @@
 
 The thread blocks in the source (NVML's event wait, the fake log's poll) for at most a second,
 or until the next re-check is due, so an idle node costs a wake-up a second and nothing else.
+
+When the live inventory changes the published devices, `retarget` swaps the targets: devices no
+longer published are forgotten, and those kept published although their hardware vanished (a
+prepared claim holds them) are unhealthy until they go, through the same sinks.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from dradriver import logs
+from dradriver.devicemodel import PublishedDevice
 from dradriver.health.board import Health
 from dradriver.health.config import HealthConfig
 from dradriver.health.events import HealthEvent, HealthMetrics, HealthSource, XidEvent
@@ -55,6 +60,9 @@ class HealthMonitor:
         self._tracker = HealthTracker(config.quiet_period_seconds, config.recheck_interval_seconds)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Guards targets and tracker: the inventory's thread retargets while this one steps.
+        self._lock = threading.Lock()
+        self._watch: tuple[str, ...] | None = None  # GPUs for the source to watch, from its own thread
 
     def start(self) -> None:
         """Report what cannot be watched, let every sink see the initial state, start the thread."""
@@ -86,14 +94,31 @@ class HealthMonitor:
 
     def step(self, timeout: float) -> None:
         """Wait up to `timeout` for events, handle them and any re-check that is due."""
+        with self._lock:
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            self._source.watch(watch)
         events = self._source.next_events(timeout)
-        now = self._clock()
-        changes: list[Transition] = []
-        for event in events:
-            changes += self._on_event(event, now)
-        changes += self._recheck(now)
-        if changes:
-            self._apply(changes)
+        with self._lock:
+            now = self._clock()
+            changes: list[Transition] = []
+            for event in events:
+                changes += self._on_event(event, now)
+            changes += self._recheck(now)
+            if changes:
+                self._apply(changes)
+
+    def retarget(self, devices: Sequence[PublishedDevice], gone: Mapping[str, Problem]) -> None:
+        """The published devices are now `devices`; `gone` (some of them) lost their hardware."""
+        with self._lock:
+            before = set(self._targets.device_names)
+            self._targets.update(devices)
+            names = set(self._targets.device_names)
+            self._tracker.forget(before - names)
+            changes = self._tracker.pin(gone)
+            changes += self._tracker.unpin(names - set(gone), self._wall())
+            self._watch = self._targets.gpu_uuids
+            self._apply(changes)  # also when only devices were dropped: their taints go
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -104,7 +129,8 @@ class HealthMonitor:
                 self._stop.wait(MAX_WAIT_SECONDS)
 
     def _wait_time(self) -> float:
-        due = self._tracker.next_recheck()
+        with self._lock:
+            due = self._tracker.next_recheck()
         if due is None:
             return MAX_WAIT_SECONDS
         return max(0.0, min(MAX_WAIT_SECONDS, due - self._clock()))
@@ -134,7 +160,7 @@ class HealthMonitor:
                 **where,
             )
             return []
-        log.warning("fatal GPU event", problem=assessment.problem.message, devices=list(devices), **where)
+        log.warning("fatal GPU event", reason=assessment.problem.message, devices=list(devices), **where)
         return self._tracker.observe(devices, assessment.problem, now)
 
     def _recheck(self, now: float) -> list[Transition]:
@@ -149,7 +175,7 @@ class HealthMonitor:
                 results[gpu] = self._source.check(gpu)
             changes += self._tracker.rechecked(device, results[gpu], now, self._wall())
         for gpu, failure in results.items():
-            log.info("GPU re-checked", gpu=gpu, passed=failure is None, failure=failure)
+            log.info("GPU re-checked", gpu=gpu, passed=failure is None, error=failure)
         return changes
 
     def _apply(self, changes: Sequence[Transition]) -> None:

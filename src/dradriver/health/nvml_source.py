@@ -64,6 +64,7 @@ class NvmlHealthSource:
         thresholds: Thresholds,
         metrics: HealthMetrics,
         clock: Callable[[], float] = time.monotonic,
+        inventory_changed: Callable[[], None] = lambda: None,
     ) -> None:
         import pynvml
 
@@ -72,6 +73,7 @@ class NvmlHealthSource:
         self._metrics = metrics
         self._clock = clock
         self._uuids = tuple(gpu_uuids)
+        self._inventory_changed = inventory_changed
         self._unmonitored: dict[str, str] = {}
         self._uuid_at: dict[int | None, str] = {}  # event handle address -> GPU UUID
         self._lost: set[str] = set()
@@ -144,6 +146,18 @@ class NvmlHealthSource:
                 log.warning("re-registering a recovered GPU for events failed", gpu=gpu_uuid, error=str(err))
         return None
 
+    def watch(self, gpu_uuids: Sequence[str]) -> None:
+        new = [u for u in gpu_uuids if u not in self._uuids]
+        self._uuids = tuple(gpu_uuids)
+        if self._set is None:
+            self._unmonitored.update(dict.fromkeys(new, "NVML events are not available"))
+            return
+        for uuid in new:
+            try:
+                self._register(uuid)
+            except _CallError as err:
+                self._unmonitored[uuid] = str(err)
+
     def close(self) -> None:
         if not self._open:
             return
@@ -195,16 +209,15 @@ class NvmlHealthSource:
         )
         if not supported & nvml.nvmlEventTypeXidCriticalError:
             raise _CallError("nvmlDeviceGetSupportedEventTypes", ValueError("no XID events on this GPU"))
-        self._call(
-            "nvmlDeviceRegisterEvents",
-            nvml.nvmlDeviceRegisterEvents,
-            handle,
-            nvml.nvmlEventTypeXidCriticalError,
-            self._set,
-        )
+        # MIG devices created or destroyed by anyone (nvidia-smi, mig-parted): the live inventory.
+        wanted = nvml.nvmlEventTypeXidCriticalError | (supported & nvml.nvmlEventMigConfigChange)
+        self._call("nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, handle, wanted, self._set)
         self._uuid_at[_address(handle)] = uuid
 
     def _event(self, data: Any) -> list[HealthEvent]:
+        if data.eventType & self._nvml.nvmlEventMigConfigChange:
+            log.info("MIG configuration changed", gpu=self._uuid_at.get(_address(data.device)))
+            self._inventory_changed()
         if not data.eventType & self._nvml.nvmlEventTypeXidCriticalError:
             return []
         uuid = self._uuid_at.get(_address(data.device))

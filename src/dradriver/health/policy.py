@@ -20,6 +20,8 @@ from dradriver.health.xid import XidClass, classify, describe
 
 #: The taint value (and health.json reason) of a lost GPU.
 GPU_LOST = "gpu-lost"
+#: ... of a device that vanished from the node while a prepared claim holds it (live inventory).
+DEVICE_GONE = "device-gone"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class _Unhealthy:
     recheck_at: float
     #: What the last re-check found, once one failed.
     recheck_failure: str | None = None
+    #: Unhealthy for as long as the hardware is missing, whatever re-checks say (see `pin`).
+    pinned: bool = False
 
 
 class HealthTracker:
@@ -105,7 +109,35 @@ class HealthTracker:
 
     def due(self, now: float) -> list[str]:
         """Devices whose re-check is due."""
-        return [device for device, state in self._unhealthy.items() if state.recheck_at <= now]
+        return [d for d, state in self._unhealthy.items() if not state.pinned and state.recheck_at <= now]
+
+    def pin(self, problems: Mapping[str, Problem]) -> list[Transition]:
+        """Devices whose hardware is gone: unhealthy, never re-checked, until `unpin` or `forget`."""
+        out = []
+        for device, problem in problems.items():
+            current = self._unhealthy.get(device)
+            if current is not None and current.pinned and current.problem == problem:
+                continue
+            self._unhealthy[device] = _Unhealthy(problem, float("inf"), pinned=True)
+            out.append(Transition(device, Health.UNHEALTHY, problem.message, changed=current is None))
+        return out
+
+    def unpin(self, devices: Iterable[str], wall: float) -> list[Transition]:
+        """Pinned devices whose hardware is back: healthy again."""
+        out = []
+        for device in devices:
+            state = self._unhealthy.get(device)
+            if state is None or not state.pinned:
+                continue
+            del self._unhealthy[device]
+            message = f"healthy again at {timestamp(wall)}: back on the node (was: {state.problem.message})"
+            out.append(Transition(device, Health.HEALTHY, message, changed=True))
+        return out
+
+    def forget(self, devices: Iterable[str]) -> None:
+        """Devices no longer published: nothing to track."""
+        for device in devices:
+            self._unhealthy.pop(device, None)
 
     def rechecked(self, device: str, failure: str | None, now: float, wall: float) -> list[Transition]:
         """Record a re-check's result (`failure` None: passed) made at monotonic `now`, Unix `wall`."""
@@ -126,7 +158,7 @@ class HealthTracker:
 
     def next_recheck(self) -> float | None:
         """Monotonic time of the earliest re-check, None when every device is healthy."""
-        return min((state.recheck_at for state in self._unhealthy.values()), default=None)
+        return min((s.recheck_at for s in self._unhealthy.values() if not s.pinned), default=None)
 
     def problems(self) -> Mapping[str, Problem]:
         """Unhealthy device -> its problem (what its taint says)."""

@@ -3,15 +3,16 @@
 An event on a whole GPU concerns every device published on it (the GPU itself, its MIG
 devices, its MIG placements); an event NVML attributes to one GPU instance or one compute
 instance concerns only the MIG devices there, so a fault inside one MIG slice leaves its
-neighbours in service.
+neighbours in service. That includes MIG devices made on demand (--partitionable): `created`
+says which placement each GPU instance dradriver made sits at, as prepare keeps it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from dradriver.devicemodel import PossibleMig, PublishedDevice
+from dradriver.devicemodel import PublishedDevice
 from dradriver.discovery.model import Gpu, MigDevice
 from dradriver.health.events import HardwareRef
 
@@ -31,8 +32,6 @@ def _placed(device: PublishedDevice) -> _Placed:
         return _Placed(device.name, HardwareRef(hardware.uuid))
     if isinstance(hardware, MigDevice):
         return _Placed(device.name, _mig_ref(hardware))
-    if isinstance(hardware, PossibleMig) and hardware.existing is not None:
-        return _Placed(device.name, _mig_ref(hardware.existing))
     return _Placed(device.name, HardwareRef(hardware.parent.uuid), uncreated=True)
 
 
@@ -40,13 +39,42 @@ def _mig_ref(mig: MigDevice) -> HardwareRef:
     return HardwareRef(mig.parent_uuid, mig.gi_id, mig.ci_id)
 
 
-class HealthTargets:
-    """The node's published devices, indexed by the hardware under them."""
+#: (GPU UUID, GPU instance id) -> the published placement of a MIG device made on demand.
+CreatedInstances = Callable[[], Mapping[tuple[str, int], str]]
 
+
+class _Index:
     def __init__(self, devices: Iterable[PublishedDevice]) -> None:
-        self._devices = tuple(_placed(d) for d in devices)
-        self._by_name = {d.name: d for d in self._devices}
-        self.gpu_uuids = tuple(dict.fromkeys(d.where.gpu_uuid for d in self._devices))
+        self.devices = tuple(_placed(d) for d in devices)
+        self.by_name = {d.name: d for d in self.devices}
+        self.gpu_uuids = tuple(dict.fromkeys(d.where.gpu_uuid for d in self.devices))
+
+
+class HealthTargets:
+    """The node's published devices, indexed by the hardware under them.
+
+    `update` swaps in a new device list (live inventory) in one step, for every reader at once;
+    `created` is read at each lookup (prepare sets it once it exists): MIG devices come and go.
+    """
+
+    def __init__(self, devices: Iterable[PublishedDevice], created: CreatedInstances = dict) -> None:
+        self.created = created
+        self._index = _Index(devices)
+
+    def update(self, devices: Iterable[PublishedDevice]) -> None:
+        self._index = _Index(devices)
+
+    @property
+    def _devices(self) -> tuple[_Placed, ...]:
+        return self._index.devices
+
+    @property
+    def _by_name(self) -> dict[str, _Placed]:
+        return self._index.by_name
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return self._index.gpu_uuids
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -54,7 +82,10 @@ class HealthTargets:
 
     def devices_for(self, where: HardwareRef) -> tuple[str, ...]:
         """The devices an event at `where` concerns, in publishing order (empty if none)."""
-        return tuple(d.name for d in self._devices if _concerns(where, d))
+        made = None
+        if where.gpu_instance is not None:
+            made = self.created().get((where.gpu_uuid, where.gpu_instance))
+        return tuple(d.name for d in self._devices if _concerns(where, d) or (d.uncreated and d.name == made))
 
     def devices_on(self, gpu_uuid: str) -> tuple[str, ...]:
         return self.devices_for(HardwareRef(gpu_uuid))
@@ -69,7 +100,10 @@ class HealthTargets:
         None for an unknown name and for a MIG placement whose MIG device does not exist.
         """
         placed = self._by_name.get(device_name)
-        return None if placed is None or placed.uncreated else placed.where
+        if placed is None or not placed.uncreated:
+            return placed.where if placed is not None else None
+        made = [key for key, name in self.created().items() if name == device_name]
+        return HardwareRef(made[0][0], made[0][1]) if made else None
 
 
 def _concerns(event: HardwareRef, device: _Placed) -> bool:

@@ -23,6 +23,9 @@ class XidClass(enum.StrEnum):
     INFORMATIONAL = "informational"
 
 
+#: The largest XID code: the host driver reports them as a C int.
+MAX_XID = 2**31 - 1
+
 #: NVIDIA's list of XIDs caused by applications, not by the GPU.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 #: XIDs that record something without the GPU being unusable.

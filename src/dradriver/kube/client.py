@@ -77,7 +77,9 @@ def pick_config_source(
 ) -> ConfigSource | None:
     """Where cluster access comes from: the flag, then the pod's service account (what the
     DaemonSet's RBAC grants), then $KUBECONFIG, then ~/.kube/config; None when there is none
-    (serve then runs node-only)."""
+    (serve then runs node-only). As with kubectl, files in $KUBECONFIG that do not exist are
+    skipped, and a set $KUBECONFIG means ~/.kube/config is not read; a file given with the
+    flag must exist (load_client says so)."""
     if kubeconfig:
         return ("kubeconfig", kubeconfig)
     if (
@@ -87,7 +89,8 @@ def pick_config_source(
     ):
         return ("in-cluster", None)
     if environ.get("KUBECONFIG"):
-        return ("kubeconfig", environ["KUBECONFIG"])
+        existing = [p for p in environ["KUBECONFIG"].split(os.pathsep) if p and Path(p).expanduser().exists()]
+        return ("kubeconfig", os.pathsep.join(existing)) if existing else None
     default = home / ".kube" / "config"
     if default.exists():
         return ("kubeconfig", str(default))
@@ -97,22 +100,31 @@ def pick_config_source(
 def load_client(kubeconfig: str | None = None, **options: Any) -> KubeClient | None:
     """A client for the cluster this process can reach, or None when it has no access at all.
 
-    A kubeconfig that exists but cannot be used raises KubeError naming the file.
+    A kubeconfig that is missing (when named with the flag) or cannot be used raises KubeError
+    naming the file. Kubeconfig files go through the project's safe loader first (limits,
+    duplicate keys), so the client library only ever parses a file already found sound.
     """
     source = pick_config_source(kubeconfig, os.environ, Path.home())
     if source is None:
         return None
     from kubernetes import client, config
 
+    from dradriver.files import FileInputError, load_document
+
     configuration = client.Configuration()
     try:
         if source[0] == "in-cluster":
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
+            for path in source[1].split(os.pathsep):
+                if not isinstance(load_document(Path(path).expanduser()), dict):
+                    raise ValueError(f"{path}: must be a kubeconfig mapping (apiVersion: v1, kind: Config)")
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=source[1], client_configuration=configuration, persist_config=False
             )
-    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as err:
+    except FileInputError as err:
+        raise KubeError(f"cannot load kubeconfig {err}") from None
+    except (config.ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         where = "in-cluster service account" if source[0] == "in-cluster" else f"kubeconfig {source[1]}"
         raise KubeError(f"cannot load {where}: {err}") from err
     # We retry ourselves (with backoff and Retry-After); urllib3's immediate retries would hide
@@ -226,7 +238,7 @@ class KubeClient:
                 if waited + delay > self.retry.budget:
                     raise
                 log.debug(
-                    "retrying API call", method=method, path=path, error=str(err), delay=round(delay, 3)
+                    "retrying API call", method=method, path=path, error=str(err), retry_in=round(delay, 3)
                 )
                 self._sleep(delay)
                 waited += delay
@@ -354,7 +366,12 @@ class KubeClient:
         """The v1 ResourceClaim (NotFoundError if it does not exist)."""
         return self.request("GET", f"{RESOURCE_API}/namespaces/{_seg(namespace)}/resourceclaims/{_seg(name)}")
 
-    def list_resource_claims(self, *, limit: int = 500, continue_token: str = "") -> Json:
+    def list_resource_claims(self) -> list[Json]:
+        """Every v1 ResourceClaim of every namespace."""
+        items: list[Json] = self.request("GET", f"{RESOURCE_API}/resourceclaims").get("items", [])
+        return items
+
+    def list_resource_claim_page(self, *, limit: int = 500, continue_token: str = "") -> Json:
         """One page of the ResourceClaimList of all namespaces (`metadata.continue` names the next)."""
         query = [("limit", str(limit))] + ([("continue", continue_token)] if continue_token else [])
         return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query)

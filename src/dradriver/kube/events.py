@@ -73,7 +73,7 @@ class NodeEventSender:
         try:
             self._queue.put_nowait((reason, message, event_type))
         except queue.Full:
-            self._log.warning("too many Events queued; dropping one", reason=reason, message=message)
+            self._log.warning("too many Events queued; dropping one", event_reason=reason, message=message)
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (within `timeout`), then stop."""
@@ -99,4 +99,4 @@ class NodeEventSender:
                 )
                 self._client.create_event(EVENT_NAMESPACE, event)
             except KubeError as err:
-                self._log.warning("could not create a Node Event", reason=reason, error=str(err))
+                self._log.warning("could not create a Node Event", event_reason=reason, error=str(err))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.cel import CELCompileError, compile_selector
+from dradriver.cel.errors import COMPILATION_FAILED
 from dradriver.cel.parser import lex, literal_value
 from dradriver.devicemodel import attributes as published
 from dradriver.devicemodel.attributes import DeviceType
@@ -48,6 +49,10 @@ class _Ref:
     domain: str
     name_token: Any | None
     name: str | None
+
+
+def _first_line(message: str) -> str:
+    return message.removeprefix(COMPILATION_FAILED).splitlines()[0]
 
 
 def _string_token(token: Any) -> str | None:
@@ -150,7 +155,7 @@ def rewrite(expression: str, *, driver: str, device_types: frozenset[DeviceType]
     try:
         tokens = lex(expression)
     except CELCompileError as err:
-        out.problems.append(f"does not compile: {err.message.splitlines()[0]}")
+        out.problems.append(f"does not compile: {_first_line(err.message)}")
         return out
     edits: dict[int, tuple[int, str]] = {}
     in_refs: set[int] = set()
@@ -209,7 +214,7 @@ def rewrite(expression: str, *, driver: str, device_types: frozenset[DeviceType]
         try:
             compile_selector(text)
         except CELCompileError as err:
-            out.problems.append(f"does not compile: {err.message.splitlines()[0]}")
+            out.problems.append(f"does not compile: {_first_line(err.message)}")
     return out
 
 

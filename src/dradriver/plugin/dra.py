@@ -34,6 +34,9 @@ from dradriver.plugin.driver import (
 #: What GetInfo advertises, in order of preference: the kubelet takes the first one it knows.
 SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 
+#: Per-claim errors end up in Pod events; one that echoes a huge input is cut to this length.
+MAX_ERROR_CHARS = 1024
+
 #: How long the kubelet may trust a health report; it marks unreported devices Unknown after it.
 HEALTH_TIMEOUT_SECONDS = 60
 #: Streams re-send the full list this often, well inside the timeout, even when nothing changed.
@@ -71,7 +74,9 @@ class DRAService:
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         errors = self._driver.unprepare(claims)
         return {
-            claim.uid: errors.get(claim.uid, f"internal error: driver returned no result for claim {claim}")
+            claim.uid: _clipped(
+                errors.get(claim.uid, f"internal error: driver returned no result for claim {claim}")
+            )
             for claim in claims
         }
 
@@ -80,8 +85,12 @@ def _normalized(result: PrepareResult | None, claim: ClaimRef) -> PrepareResult:
     if result is None:
         return PrepareResult(error=f"internal error: driver returned no result for claim {claim}")
     if result.error:
-        return PrepareResult(error=result.error)
+        return PrepareResult(error=_clipped(result.error))
     return PrepareResult(devices=tuple(_with_base_request_names(d) for d in result.devices))
+
+
+def _clipped(error: str) -> str:
+    return logs.clip_text(error, MAX_ERROR_CHARS)
 
 
 def _with_base_request_names(device: PreparedDevice) -> PreparedDevice:
@@ -141,13 +150,13 @@ class _DRAPluginAdapter:
         except CallError as err:
             self._service.recorder.record(method, self._version, time.perf_counter() - started, (), "UNKNOWN")
             log.warning(f"{method} failed", error=str(err))
-            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            context.abort(grpc.StatusCode.UNKNOWN, _clipped(str(err)))
         except Exception as err:
             self._service.recorder.record(
                 method, self._version, time.perf_counter() - started, (), "INTERNAL"
             )
             log.exception(f"{method} crashed")
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {err}")
+            context.abort(grpc.StatusCode.INTERNAL, _clipped(f"internal error in {method}: {err}"))
 
     def _log_done(self, method: str, outcomes: Any, started: float, error_of: Any) -> None:
         failed = [error_of(o) for o in outcomes if error_of(o)]

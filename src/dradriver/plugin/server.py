@@ -4,13 +4,20 @@ Start-up follows the Go `kubeletplugin` helper: take the instance lock, remove s
 serve the DRA socket, then the registration socket (so the DRA services are up by the time the
 kubelet reacts to registration). A watchdog re-creates a socket that was deleted under us (the
 kubelet's plugin directories wiped), and `stop` drains in-flight calls before removing everything.
+
+Whoever can connect to the DRA socket can prepare claims, so its mode never depends on the
+umask: each socket is bound inside a fresh private (0700) directory, set to SOCKET_MODE there,
+and only then renamed into place. The lock file is opened without following symlinks.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import socket
 import stat
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -22,18 +29,27 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
+from dradriver.files.write import ensure_directory
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
-#: sun_path is 108 bytes including the terminating NUL.
+#: sun_path is 108 bytes including the terminating NUL. Each socket is first bound as `s` in a
+#: private directory beside it (`.b` and 8 random characters), which must fit too.
+_STAGING_PREFIX = ".b"
+_STAGED_NAME = "s"
 MAX_SOCKET_PATH_BYTES = 107
+#: The file all instances of the driver on a node lock around prepare/unprepare (as the Go helper).
+SERIALIZE_LOCK = "serialize.lock"
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
 MAX_WORKERS = 16
 #: How often the watchdog checks that our sockets still exist.
 WATCH_INTERVAL_SECONDS = 1.0
 #: In-flight calls on a DRA server whose socket vanished get this long before it is torn down.
 RESTART_GRACE_SECONDS = 2.0
+#: The kubelet (root) is the only client of our sockets.
+SOCKET_MODE = 0o600
+LOCK_FILE_MODE = 0o644
 
 log = logs.get_logger(component="server")
 
@@ -42,9 +58,29 @@ class StartupError(Exception):
     """The plugin cannot start on these paths (another instance, a foreign file, a bad path)."""
 
 
+def registration_socket_name(driver_name: str, instance: str = "") -> str:
+    """The Go helper's registration socket name: `<driver>-reg.sock`, or with rolling updates
+    (`RollingUpdate(podUID)`) `<driver>-<podUID>-reg.sock`."""
+    return f"{driver_name}{_suffix(instance)}-reg.sock"
+
+
+def dra_socket_name(instance: str = "") -> str:
+    """The Go helper's DRA socket name: `dra.sock`, or with rolling updates `dra-<podUID>.sock`."""
+    return f"dra{_suffix(instance)}.sock"
+
+
+def _suffix(instance: str) -> str:
+    return f"-{instance}" if instance else ""
+
+
 @dataclass(frozen=True)
 class PluginPaths:
-    """Where the kubelet expects us; identical inside the container and on the host."""
+    """Where the kubelet expects us; identical inside the container and on the host.
+
+    `instance` is the pod UID when rolling updates are on (two pods of the driver side by side
+    on a node during a surge rollout): each has its own sockets and instance lock, and they
+    share the plugin directory (checkpoint, `serialize.lock`).
+    """
 
     plugin_dir: Path
     dra_socket: Path
@@ -52,14 +88,21 @@ class PluginPaths:
     lock_file: Path
 
     @classmethod
-    def for_driver(cls, driver_name: str, plugins_dir: Path, registry_dir: Path) -> PluginPaths:
+    def for_driver(
+        cls, driver_name: str, plugins_dir: Path, registry_dir: Path, instance: str = ""
+    ) -> PluginPaths:
         plugin_dir = plugins_dir / driver_name
         return cls(
             plugin_dir=plugin_dir,
-            dra_socket=plugin_dir / "dra.sock",
-            registration_socket=registry_dir / f"{driver_name}-reg.sock",
-            lock_file=plugin_dir / "serve.lock",
+            dra_socket=plugin_dir / dra_socket_name(instance),
+            registration_socket=registry_dir / registration_socket_name(driver_name, instance),
+            lock_file=plugin_dir / f"serve{_suffix(instance)}.lock",
         )
+
+    @property
+    def serialize_lock(self) -> Path:
+        """The Go helper's cross-instance lock file (rolling updates): one prepare/unprepare at a time."""
+        return self.plugin_dir / SERIALIZE_LOCK
 
     def check(self) -> None:
         for sock in (self.dra_socket, self.registration_socket):
@@ -67,6 +110,10 @@ class PluginPaths:
                 raise StartupError(f"socket path {sock} must be absolute")
             if len(os.fsencode(sock)) > MAX_SOCKET_PATH_BYTES:
                 raise StartupError(f"socket path {sock} is longer than {MAX_SOCKET_PATH_BYTES} bytes")
+            staged = sock.parent / f"{_STAGING_PREFIX}{'x' * 8}" / _STAGED_NAME
+            if len(os.fsencode(staged)) > MAX_SOCKET_PATH_BYTES:
+                limit = MAX_SOCKET_PATH_BYTES - (len(os.fsencode(staged)) - len(os.fsencode(sock.parent)))
+                raise StartupError(f"socket directory {sock.parent} is longer than {limit} bytes")
 
 
 class InstanceLock:
@@ -77,14 +124,15 @@ class InstanceLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(self._path.parent)
         while True:
-            handle = self._path.open("a+")
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
+            handle = os.fdopen(fd, "r+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 handle.seek(0)
-                owner = handle.read().strip() or "unknown"
+                owner = handle.read(64).strip() or "unknown"
                 handle.close()
                 raise StartupError(
                     f"another dradriver serve (pid {owner}) holds {self._path}; "
@@ -94,6 +142,7 @@ class InstanceLock:
             if self._path.exists() and os.stat(self._path).st_ino == os.fstat(handle.fileno()).st_ino:
                 break
             handle.close()
+        os.fchmod(handle.fileno(), LOCK_FILE_MODE)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -108,6 +157,37 @@ class InstanceLock:
         self._file = None
 
 
+def instance_alive(registry_dir: Path, driver_name: str, instance: str) -> bool:
+    """Whether the driver instance `instance` (a pod UID, "" without rolling updates) is serving:
+    its registration socket accepts a connection. A crashed instance's stale socket refuses."""
+    return _answers(registry_dir / registration_socket_name(driver_name, instance))
+
+
+def peer_registration_sockets(registry_dir: Path, driver_name: str, own: Path) -> set[Path]:
+    """The registration sockets of the driver's other instances on this node."""
+    names = {registration_socket_name(driver_name)}
+    found = {p for p in registry_dir.glob(registration_socket_name(driver_name, "*")) if p != own}
+    found |= {registry_dir / n for n in names if registry_dir / n != own}
+    return {p for p in found if _is_socket(p)}
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 class _SocketServer:
     """A gRPC server bound to one unix socket whose inode we remember, so we only ever remove our own."""
 
@@ -115,12 +195,20 @@ class _SocketServer:
         self.path = path
         self.server = server
         _remove_stale_socket(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(path.parent)
+        # Bound where nobody else can reach it, given its mode, then moved into place.
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=path.parent))
         try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as err:
-            raise StartupError(f"cannot listen on {path}: {err}") from err
-        server.start()
+            bound = staging / _STAGED_NAME
+            try:
+                server.add_insecure_port(f"unix://{bound}")
+            except RuntimeError as err:
+                raise StartupError(f"cannot listen on {path}: {err}") from err
+            server.start()
+            os.chmod(bound, SOCKET_MODE)
+            os.rename(bound, path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         self.inode = os.stat(path).st_ino
 
     def still_there(self) -> bool:
@@ -132,6 +220,9 @@ class _SocketServer:
 
     def stop(self, grace: float | None) -> None:
         self.server.stop(grace).wait()
+        self.remove()
+
+    def remove(self) -> None:
         if self.still_there():
             self.path.unlink(missing_ok=True)
 
@@ -190,19 +281,54 @@ class PluginServer:
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._restart_lock = threading.Lock()
+        self._legacy_kubelet = False
+        self._peers: set[Path] = set()
 
-    def start(self) -> None:
+    def legacy_kubelet(self) -> None:
+        """The kubelet predates 1.33: it keeps one instance per driver, and forgets the driver
+        when any instance's registration socket goes. So when another instance leaves, register
+        anew (re-create our registration socket) instead of staying forgotten."""
+        with self._restart_lock:
+            self._legacy_kubelet = True
+            self._peers = self._peer_sockets()
+
+    def _peer_sockets(self) -> set[Path]:
+        registry = self.paths.registration_socket.parent
+        return peer_registration_sockets(registry, self._driver_name, self.paths.registration_socket)
+
+    def start(self, *, register: bool = True) -> None:
+        """Take the lock, serve the DRA socket, then (unless `register` is False: see `register`)
+        the registration socket; StartupError (with nothing left behind) if not."""
         self.paths.check()
-        self._lock.acquire()
+        try:
+            self._lock.acquire()
+        except OSError as err:
+            raise StartupError(
+                f"cannot take the lock {self.paths.lock_file}: {err.strerror or err}"
+            ) from None
         try:
             self._dra = self._serve_dra()
-            self._reg = self._serve_registration()
-        except BaseException:
+            if register:
+                self._reg = self._serve_registration()
+        except BaseException as err:
             self._stop_sockets(grace=0)
             self._lock.release()
+            if isinstance(err, OSError):
+                raise StartupError(f"cannot create the plugin sockets: {err}") from None
             raise
         self._watchdog = threading.Thread(target=self._watch, name="socket-watchdog", daemon=True)
         self._watchdog.start()
+
+    def register(self) -> None:
+        """Offer ourselves to the kubelet now (after `start(register=False)`): during a rollout
+        the new instance registers only once it can serve, the old one serving meanwhile."""
+        with self._restart_lock:
+            if self._reg is None and not self._stopping.is_set():
+                self._reg = self._serve_registration()
+
+    def peers_serving(self) -> bool:
+        """Whether another instance of the driver serves on this node (a rollout is under way)."""
+        return any(_answers(p) for p in self._peer_sockets())
 
     def stop(self, grace: float) -> None:
         """Deregister, let in-flight calls finish for up to `grace` seconds, remove sockets and lock."""
@@ -211,6 +337,14 @@ class PluginServer:
             self._watchdog.join()
         self._board.close()  # ends health streams so they do not hold up the drain
         self._stop_sockets(grace)
+        self._lock.release()
+
+    def abandon(self) -> None:
+        """Remove our sockets and lock without waiting for anything: the last act of a process
+        that exits with calls still running."""
+        for server in (self._reg, self._dra):
+            if server is not None:
+                server.remove()
         self._lock.release()
 
     def liveness_problem(self) -> str | None:
@@ -261,9 +395,20 @@ class PluginServer:
                 # grpc unlinks whatever socket is at its path when it stops, so stop first, then bind.
                 self._dra.stop(grace=RESTART_GRACE_SECONDS)
                 self._dra = self._serve_dra()
-            if dra_lost or not self._reg.still_there():
+            peer_left = False
+            if self._legacy_kubelet:
+                peers = self._peer_sockets()
+                peer_left = bool(self._peers - peers)
+                self._peers = peers
+            if dra_lost or peer_left or not self._reg.still_there():
                 # Re-creating the registration socket makes the kubelet register us (and dial) afresh.
-                log.warning("re-creating the registration socket", path=str(self.paths.registration_socket))
+                log.warning(
+                    "re-creating the registration socket",
+                    path=str(self.paths.registration_socket),
+                    reason="another instance left and the kubelet (< 1.33) forgot the driver"
+                    if peer_left
+                    else "a socket was removed",
+                )
                 self._reg.stop(grace=0)
                 self._registration.reset()
                 self._reg = self._serve_registration()

@@ -10,12 +10,13 @@ The rules enforced here are the CDI library's, which are stricter than its JSON 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dradriver.files.write import ensure_directory, is_temp_name, write_files_atomically
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -214,6 +215,12 @@ class InvalidSpecError(ValueError):
     pass
 
 
+#: Specs are world-readable (every runtime reads them) and written by us alone.
+SPEC_FILE_MODE = 0o644
+#: Our specs are a few KiB; anything larger in our name was not written by us.
+MAX_SPEC_BYTES = 1024 * 1024
+
+
 class CdiDirectory:
     """The runtime's dynamic CDI directory (e.g. /var/run/cdi), of which we own our vendor's claim files.
 
@@ -221,6 +228,7 @@ class CdiDirectory:
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
     fsync, rename) and only after validation. Renames and removals are not fsynced: a spec only
     matters until the next reboot, after which recovery removes every spec of the previous boot.
+    See `dradriver.files.write` for why a symlink planted in the directory is never followed.
     """
 
     def __init__(self, path: Path, driver_name: str) -> None:
@@ -232,13 +240,36 @@ class CdiDirectory:
         return self.path / spec_file_name(self._driver_name, claim_uid)
 
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-        problems = validate(spec)
-        if problems:
-            raise InvalidSpecError("; ".join(problems))
-        target = self.file_for(claim_uid)
-        data = json.dumps(spec, separators=(",", ":")).encode() + b"\n"  # compact: the C encoder
-        write_atomically(target, data, mode=0o644)
-        return target
+        """Validate and write one claim's spec; InvalidSpecError or OSError if it cannot be."""
+        error = self.write_many({claim_uid: spec}).get(claim_uid)
+        if error is not None:
+            raise error
+        return self.file_for(claim_uid)
+
+    def write_many(self, specs: Mapping[str, Mapping[str, Any]]) -> dict[str, InvalidSpecError | OSError]:
+        """Validate and write the specs of many claims (keyed by UID) in one batch; returns
+        the error of each claim whose spec could not be written."""
+        errors: dict[str, InvalidSpecError | OSError] = {}
+        files: dict[str, bytes] = {}
+        for claim_uid, spec in specs.items():
+            if problems := validate(spec):
+                errors[claim_uid] = InvalidSpecError("; ".join(problems))
+            else:  # compact: the C encoder, ten times faster than an indenting one
+                files[claim_uid] = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+        if not files:
+            return errors
+        try:
+            ensure_directory(self.path)
+        except OSError as err:
+            return errors | dict.fromkeys(files, err)
+        names = {self.file_for(uid).name: uid for uid in files}
+        failed = write_files_atomically(
+            self.path,
+            {name: files[uid] for name, uid in names.items()},
+            mode=SPEC_FILE_MODE,
+            sync_directory=False,
+        )
+        return errors | {names[name]: err for name, err in failed.items()}
 
     def remove(self, claim_uid: str) -> bool:
         target = self.file_for(claim_uid)
@@ -259,51 +290,21 @@ class CdiDirectory:
         )
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
+        """A spec of ours as written, or None if it is missing, not a regular file (a planted
+        symlink or device is never followed), too large or not a JSON object."""
+        from dradriver.files import FileReadError, read_bytes
+
         try:
-            data: dict[str, Any] = json.loads(self.file_for(claim_uid).read_bytes())
-        except (FileNotFoundError, ValueError):
+            data = json.loads(read_bytes(self.file_for(claim_uid), MAX_SPEC_BYTES, follow_symlinks=False))
+        except (FileReadError, ValueError, RecursionError):
             return None
-        return data
+        return data if isinstance(data, dict) else None
 
     def remove_temp_files(self) -> list[Path]:
         """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""
         if not self.path.is_dir():
             return []
-        leftovers = [
-            p for p in self.path.iterdir() if p.name.startswith(f".{self._prefix}") and p.suffix == ".tmp"
-        ]
+        leftovers = [p for p in self.path.iterdir() if is_temp_name(p.name, self._prefix)]
         for p in leftovers:
             p.unlink(missing_ok=True)
         return leftovers
-
-
-def write_atomically(target: Path, data: bytes, *, mode: int, sync_directory: bool = False) -> None:
-    """Replace `target` with `data` so that readers see the old or the new content, never a mix,
-    even after a power failure (the data is fsynced before the rename). The rename itself is
-    durable only with `sync_directory`.
-
-    The temp file is `.<name>.tmp`: hidden, and not ending in .json/.yaml, so CDI runtimes skip it.
-    """
-    tmp = target.with_name(f".{target.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileNotFoundError:  # the directory is made on first use (a mkdir per write costs more)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, mode)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(fd, mode)  # the umask must not make a spec unreadable or a checkpoint world-readable
-        out.write(data)
-        out.flush()
-        os.fsync(fd)
-    os.replace(tmp, target)
-    if sync_directory:
-        fsync_directory(target.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -7,7 +7,12 @@ File format (`checkpoint.json`, mode 0600):
 The checksum covers the canonical JSON (sorted keys, no spaces) of `data` *as read*, never a
 re-encoding of our model, so a newer or older dradriver that adds or drops fields still
 verifies the file (NVIDIA's driver crash-looped when re-marshalling changed its checksum).
-Unknown fields are ignored on read. A file that fails any check is moved aside, never fatal.
+Fields this version does not know (written by a newer one) are kept and written back as they
+were, so a downgrade followed by an upgrade loses nothing. A file that fails any check is moved
+aside, never fatal.
+
+During a rolling update two instances share the file (taking turns under `serialize.lock`):
+`changed_on_disk` tells an instance that the other one wrote it since it last read or wrote.
 
 Durability: each save fsyncs the new content before renaming it into place, so after a power
 failure the file holds one complete version. Only the first save of a process also fsyncs the
@@ -17,8 +22,10 @@ of a previous boot are dropped at start whichever version survived (`read_boot_i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -28,10 +35,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dradriver.prepare.cdi import write_atomically
+from dradriver.files import FileReadError, read_bytes
+from dradriver.files.write import ensure_directory, is_temp_name, write_atomically
 
 CHECKPOINT_VERSION = 1
 FILE_NAME = "checkpoint.json"
+FILE_MODE = 0o600
+#: About 600 bytes a claim: room for 100,000 prepared claims, and a bound on what recovery reads.
+MAX_BYTES = 64 * 1024 * 1024
 
 
 class ClaimState(StrEnum):
@@ -40,7 +51,25 @@ class ClaimState(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # "allow": a newer version's fields survive our rewrite (model_dump includes them).
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class MigRecord(_Model):
+    """A MIG device dradriver creates for the claim at its allocated placement.
+
+    Written before each step (intent, then with the GPU instance id, then with the compute
+    instance id), so that after a crash recovery knows what may exist and can remove it; only MIG
+    devices recorded here are ever removed.
+    """
+
+    parent_uuid: str
+    profile: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    gi_id: int | None = None
+    ci_id: int | None = None
 
 
 class DeviceRecord(_Model):
@@ -56,6 +85,9 @@ class DeviceRecord(_Model):
     uuid: str = ""
     #: The sharing applied to it, e.g. "TimeSlicing(Long)" or "MPS"; "" for none. Undone on unprepare.
     sharing: str = ""
+    #: Set when prepare creates this MIG device (--partitionable); destroyed on unprepare. Left
+    #: out of the file when unset, so records without one read the same in every version.
+    mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ClaimRecord(_Model):
@@ -75,6 +107,16 @@ class CheckpointData(_Model):
     boot_id: str = ""
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
 
+    def created_gpu_instances(self) -> dict[tuple[str, int], str]:
+        """The GPU instances dradriver created for the claims recorded here, by (parent GPU UUID,
+        GPU instance id), each with the placement device it was made for."""
+        return {
+            (device.mig.parent_uuid, device.mig.gi_id): device.device
+            for claim in self.claims.values()
+            for device in claim.devices
+            if device.mig is not None and device.mig.gi_id is not None
+        }
+
 
 class CheckpointError(Exception):
     """The file exists but cannot be trusted (corrupt, checksum mismatch, unknown version)."""
@@ -89,17 +131,19 @@ def checksum(data: Any) -> str:
 
 
 def encode(checkpoint: CheckpointData) -> bytes:
-    return _document(checkpoint.model_dump(mode="json"))
+    return _document(canonical(checkpoint.model_dump(mode="json")))
 
 
-def _document(data: dict[str, Any]) -> bytes:
-    return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum(data), "data": data}).encode()
+def _document(data: bytes) -> bytes:
+    """The file for canonical `data`: it is serialized once, and checksummed as written."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return b'{"version":%d,"checksum":"%s","data":%s}' % (CHECKPOINT_VERSION, digest.encode(), data)
 
 
 def decode(raw: bytes) -> CheckpointData:
     try:
         document = json.loads(raw)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise CheckpointError(f"not valid JSON: {err}") from err
     if not isinstance(document, Mapping):
         raise CheckpointError("not a JSON object")
@@ -119,36 +163,75 @@ class CheckpointStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / FILE_NAME
-        # Records are immutable: each is converted to JSON once, not on every save of the file.
-        self._dumped: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
+        # Records are immutable: each is serialized once, not on every save of the file.
+        self._fragments: dict[str, tuple[ClaimRecord, bytes]] = {}
+        #: Identity of the file as we last read or wrote it (every write is a rename: a new inode).
+        self._seen: tuple[int, int, int] | None = None
         self._directory_synced = False
 
     def load(self) -> CheckpointData | None:
-        """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy."""
+        """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
+        (also when the path is a symlink, a device or larger than MAX_BYTES: never followed)."""
+        self._remove_temp_files()
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
+            raw = read_bytes(self.path, MAX_BYTES, follow_symlinks=False)
+        except FileReadError as err:
+            if err.errno == errno.ENOENT:
+                self._seen = None
+                return None
+            raise CheckpointError(err.problem) from None
+        # Under serialize.lock nobody else writes between the read and this stat.
+        self._seen = _identity(os.stat(self.path))
         return decode(raw)
 
+    def changed_on_disk(self) -> bool:
+        """Whether someone else (another instance) replaced the file since our last load or save."""
+        try:
+            current: tuple[int, int, int] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            current = None
+        return current != self._seen
+
+    def _remove_temp_files(self) -> None:
+        """Leftovers of saves interrupted by a crash."""
+        try:
+            leftovers = [p for p in self.path.parent.iterdir() if is_temp_name(p.name, FILE_NAME)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for path in leftovers:
+            path.unlink(missing_ok=True)
+
     def save(self, checkpoint: CheckpointData) -> None:
-        """Write the whole checkpoint (same bytes as `encode`), converting only changed records."""
-        claims = {}
+        """Write the whole checkpoint (the same bytes as `encode`), serializing only new records:
+        the canonical form of the data is the canonical form of each record, in UID order."""
+        fragments = {}
         for uid, record in checkpoint.claims.items():
-            cached = self._dumped.get(uid)
+            cached = self._fragments.get(uid)
             if cached is None or cached[0] is not record:
-                cached = (record, record.model_dump(mode="json"))
-            claims[uid] = cached
-        self._dumped = claims
-        data = {"boot_id": checkpoint.boot_id, "claims": {uid: dumped for uid, (_, dumped) in claims.items()}}
-        write_atomically(self.path, _document(data), mode=0o600, sync_directory=not self._directory_synced)
+                cached = (record, canonical(record.model_dump(mode="json")))
+            fragments[uid] = cached
+        self._fragments = fragments
+        claims = b",".join(canonical(uid) + b":" + fragments[uid][1] for uid in sorted(fragments))
+        fields = {"boot_id": canonical(checkpoint.boot_id), "claims": b"{%s}" % claims}
+        # A newer version's top-level fields, kept as encode keeps them (canonical: sorted keys).
+        fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
+        data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
+        ensure_directory(self.path.parent)
+        write_atomically(
+            self.path, _document(data), mode=FILE_MODE, sync_directory=not self._directory_synced
+        )
         self._directory_synced = True
+        self._seen = _identity(os.stat(self.path))
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""
         target = self.path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         self.path.replace(target)
         return target
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_boot_id(proc_root: Path = Path("/proc")) -> str:

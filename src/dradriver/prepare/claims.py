@@ -1,19 +1,17 @@
 """Where ResourceClaims come from: the API server, or files (demo, tests, node-only set-ups).
 
 Both give the claim as `resource.k8s.io/v1` JSON. `ClaimNotFoundError` means the claim does not
-exist (used to garbage-collect claims deleted behind the kubelet's back); any other problem is a
-`ClaimSourceError`.
+exist (used to garbage-collect claims deleted behind the kubelet's back); `ClaimUnusableError`
+that this one claim cannot be had; any other problem is a `ClaimSourceError`.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-import yaml
 
 from dradriver import logs
 from dradriver.plugin.driver import ClaimRef
@@ -31,13 +29,19 @@ class ClaimNotFoundError(ClaimSourceError):
     pass
 
 
-class ClaimsUnavailableError(ClaimSourceError):
-    """There is no source to ask at all: a per-claim error rather than a failed call."""
+class ClaimUnusableError(ClaimSourceError):
+    """This claim cannot be had, while others can: that claim's error rather than a failed call."""
+
+
+class ClaimsUnavailableError(ClaimUnusableError):
+    """There is no source to ask at all."""
 
 
 class ClaimSource(Protocol):
     #: True when a missing claim really means it was deleted (so stale state may be collected).
     authoritative: bool
+    #: True when each get is a network request (worth having several in flight).
+    remote: bool
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]: ...
 
@@ -46,6 +50,7 @@ class NoClaimSource:
     """Node-only mode: there is nothing to fetch claims from."""
 
     authoritative = False
+    remote = False
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         raise ClaimsUnavailableError(
@@ -54,71 +59,136 @@ class NoClaimSource:
         )
 
 
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class _ClaimFile:
+    """What one file holds: claims by namespace/name, claims it names but that are unusable,
+    and the reason the whole file is unreadable (then it holds nothing)."""
+
+    stamp: tuple[int, int, int]
+    claims: dict[Key, Mapping[str, Any]] = field(default_factory=dict)
+    problems: dict[Key, str] = field(default_factory=dict)
+    error: str = ""
+
+
 class DirectoryClaimSource:
     """ResourceClaims from the YAML/JSON files of a directory.
 
     Files may hold several documents or a List; anything that is not a ResourceClaim is ignored.
-    A file is parsed again only when it changes (size, mtime or inode), so lookups stay cheap
-    when one file holds many claims.
+    A file is parsed again only when it changes (size, mtime or inode), and a claim found before
+    costs one stat to fetch again. A file that cannot be read (malformed, too large, a FIFO)
+    affects only the claims it might hold: a claim found in no readable file is then that
+    claim's error, naming the unreadable files, rather than a failed call.
     """
 
     authoritative = False
+    remote = False
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
         self._lock = threading.Lock()
-        self._files: dict[Path, tuple[tuple[int, int, int], dict[tuple[str, str], Mapping[str, Any]]]] = {}
+        self._files: dict[Path, _ClaimFile] = {}
+        self._index: dict[Key, Path] = {}
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        key = (namespace, name)
         with self._lock:
-            for claims in self._refresh():
-                claim = claims.get((namespace, name))
-                if claim is not None:
-                    return claim
-        raise ClaimNotFoundError(f"resourceclaims.resource.k8s.io {name!r} not found in {namespace!r}")
+            path = self._index.get(key)
+            if path is None or _stamp(path) != self._files[path].stamp:
+                self._refresh()
+                path = self._index.get(key)
+            if path is not None:
+                held = self._files[path]
+                if key in held.problems:
+                    raise ClaimUnusableError(
+                        f"ResourceClaim {namespace}/{name} in {path}: {held.problems[key]}"
+                    )
+                return held.claims[key]
+            broken = [f"{p.name}: {f.error}" for p, f in self._files.items() if f.error]
+        missing = f"resourceclaims.resource.k8s.io {name!r} not found in {namespace!r}"
+        if broken:
+            shown = "; ".join(broken[:3]) + (f"; and {len(broken) - 3} more" if len(broken) > 3 else "")
+            raise ClaimUnusableError(
+                f"{missing}; {len(broken)} file(s) in {self._directory} that could hold it cannot be "
+                f"read: {shown}"
+            )
+        raise ClaimNotFoundError(missing)
 
-    def _refresh(self) -> list[dict[tuple[str, str], Mapping[str, Any]]]:
+    def _refresh(self) -> None:
         try:
             paths = sorted(p for p in self._directory.iterdir() if p.suffix in {".yaml", ".yml", ".json"})
-        except FileNotFoundError:
-            return []
-        current = {}
+        except OSError:
+            paths = []
+        files: dict[Path, _ClaimFile] = {}
         for path in paths:
-            try:
-                st = path.stat()
-            except FileNotFoundError:
+            stamp = _stamp(path)
+            if stamp is None:
                 continue
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             cached = self._files.get(path)
-            if cached is None or cached[0] != stamp:
-                cached = (stamp, {_key(c): c for c in _claims_in(path)})
-            current[path] = cached
-        self._files = current
-        return [claims for _, claims in current.values()]
+            files[path] = (
+                cached if cached is not None and cached.stamp == stamp else _read_claim_file(path, stamp)
+            )
+        self._files = files
+        index: dict[Key, Path] = {}
+        for path, held in files.items():
+            for key in [*held.claims, *held.problems]:
+                index.setdefault(key, path)  # the first file (by name) wins
+        self._index = index
 
 
-def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
-    meta = claim.get("metadata") or {}
-    return str(meta.get("namespace", "default")), str(meta.get("name"))
-
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _claims_in(path: Path) -> list[Mapping[str, Any]]:
+def _stamp(path: Path) -> tuple[int, int, int] | None:
     try:
-        text = path.read_text()
-        documents = (
-            [json.loads(text)] if path.suffix == ".json" else list(yaml.load_all(text, Loader=_Loader))
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _read_claim_file(path: Path, stamp: tuple[int, int, int]) -> _ClaimFile:
+    from dradriver.files import FileInputError, load_documents
+
+    try:
+        documents = load_documents(path)
+    except FileInputError as err:
+        return _ClaimFile(stamp, error=str(err).removeprefix(f"{path}: "))
+    held = _ClaimFile(stamp)
+    unnamed = 0
+    for doc in _objects(documents):
+        if not isinstance(doc, dict) or doc.get("kind") != "ResourceClaim":
+            continue
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        namespace = meta.get("namespace", "default") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not isinstance(namespace, str):
+            unnamed += 1
+            continue
+        key = (namespace, name)
+        if key in held.claims or key in held.problems:
+            held.claims.pop(key, None)
+            held.problems[key] = "defined more than once in the file"
+        else:
+            held.claims[key] = doc
+    if unnamed:
+        return _ClaimFile(
+            stamp, held.claims, held.problems, f"{unnamed} ResourceClaim(s) without a string metadata.name"
         )
-    except (OSError, ValueError, yaml.YAMLError):
-        return []
-    found: list[Mapping[str, Any]] = []
+    return held
+
+
+def _objects(documents: list[Any]) -> list[Any]:
+    """Documents, with `kind: *List` objects replaced by their items."""
+    found: list[Any] = []
     for doc in documents:
-        items = (
-            doc.get("items", []) if isinstance(doc, dict) and doc.get("kind", "").endswith("List") else [doc]
-        )
-        found += [d for d in items if isinstance(d, dict) and d.get("kind") == "ResourceClaim"]
+        if (
+            isinstance(doc, dict)
+            and str(doc.get("kind", "")).endswith("List")
+            and isinstance(doc.get("items"), list)
+        ):
+            found += doc["items"]
+        else:
+            found.append(doc)
     return found
 
 
@@ -126,6 +196,7 @@ class ApiClaimSource:
     """ResourceClaims from the API server (resource.k8s.io/v1), one GET each, as the Go helper does."""
 
     authoritative = True
+    remote = True
 
     def __init__(self, client: KubeClient) -> None:
         self._client = client
@@ -221,7 +292,7 @@ class ClaimWatch:
         items: list[dict[str, Any]] = []
         token = ""
         while True:
-            page = self._client.list_resource_claims(continue_token=token)
+            page = self._client.list_resource_claim_page(continue_token=token)
             items += [c for c in page.get("items", []) if self._ours(c)]
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
@@ -251,3 +322,8 @@ class ClaimWatch:
     def _set_watching(self, watching: bool) -> None:
         with self._lock:
             self._watching = watching
+
+
+def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
+    meta = claim.get("metadata") or {}
+    return str(meta.get("namespace", "default")), str(meta.get("name"))

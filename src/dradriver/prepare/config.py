@@ -16,9 +16,9 @@ typo fails the claim instead of silently doing nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -30,6 +30,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+if TYPE_CHECKING:
+    from dradriver.prepare.resourceclaim import AllocatedConfig
 
 API_VERSION = "gpu.dradriver.dev/v1alpha1"
 
@@ -158,22 +161,21 @@ class ScopedConfig:
         return not self.requests or request in self.requests or request.partition("/")[0] in self.requests
 
 
-def our_configs(allocation_configs: Sequence[Mapping[str, Any]], driver_name: str) -> list[ScopedConfig]:
+def our_configs(allocation_configs: Sequence[AllocatedConfig], driver_name: str) -> list[ScopedConfig]:
     """Decode our driver's entries of `status.allocation.devices.config`, in order (class first).
 
     Entries for other drivers are skipped. Raises ConfigError naming the entry and field.
     """
     decoded = []
     for i, entry in enumerate(allocation_configs):
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver_name:
+        if entry.opaque is None or entry.opaque.driver != driver_name:
             continue
         where = f"status.allocation.devices.config[{i}].opaque.parameters"
         decoded.append(
             ScopedConfig(
-                config=parse(opaque.get("parameters"), where),
-                requests=tuple(entry.get("requests") or ()),
-                source=str(entry.get("source", "")),
+                config=parse(entry.opaque.parameters, where),
+                requests=entry.requests,
+                source=entry.source,
             )
         )
     return decoded

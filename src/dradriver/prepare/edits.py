@@ -34,15 +34,22 @@ def gpu_node(minor: int) -> DeviceNode:
     return DeviceNode(path=f"/dev/nvidia{minor}", type="c", major=NVIDIA_CHAR_MAJOR, minor=minor)
 
 
+def check_mig_access(name: str, caps_major: int | None, *minors: int | None) -> None:
+    """A MIG device is usable in a container only with its nvidia-caps access nodes; checked
+    before a MIG device is created for a claim, too."""
+    if caps_major is None or None in minors:
+        raise EditsError(
+            f"MIG device {name}: the driver did not list its nvidia-caps access nodes "
+            "(/proc/devices, /proc/driver/nvidia-caps/mig-minors), so a container could not use it"
+        )
+
+
 def device_edits(name: str, hardware: Gpu | MigDevice, caps_major: int | None) -> ContainerEdits:
     env = (f"{device_env_name(name)}={hardware.uuid}",)
     if isinstance(hardware, Gpu):
         return ContainerEdits(env=env, device_nodes=(gpu_node(hardware.minor),))
-    if caps_major is None or hardware.gi_caps_minor is None or hardware.ci_caps_minor is None:
-        raise EditsError(
-            f"MIG device {name}: the driver did not list its nvidia-caps access nodes "
-            "(/proc/driver/nvidia-caps/mig-minors), so a container could not use it"
-        )
+    check_mig_access(name, caps_major, hardware.gi_caps_minor, hardware.ci_caps_minor)
+    assert caps_major is not None
     caps = tuple(
         DeviceNode(
             path=f"/dev/nvidia-caps/nvidia-cap{minor}",

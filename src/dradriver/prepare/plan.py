@@ -2,15 +2,17 @@
 
 Only results of our driver count (a claim may mix drivers); each must be in this node's pool and
 name a device we publish. Results for the same device (several requests, or one device serving a
-request and its subrequest) become one prepared device. Opaque configs decide the sharing of each
-device: class configs first, claim configs override, scoped by request.
+request and its subrequest) become one prepared device; a MIG placement (--partitionable) is
+planned as itself, and prepare creates its MIG device. Opaque configs decide the sharing of each
+device: class configs first, claim configs override, scoped by request. A config that would
+share nothing of this claim (a GpuConfig on MIG devices only, or the reverse) is an error, never
+silently ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dradriver.devicemodel import PossibleMig
 from dradriver.discovery import Gpu, MigDevice
@@ -25,8 +27,8 @@ from dradriver.prepare.config import (
     effective,
     our_configs,
 )
+from dradriver.prepare.resourceclaim import AllocationResult, DeviceAllocation, ResourceClaim
 
-Hardware = Gpu | MigDevice
 #: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Published = Gpu | MigDevice | PossibleMig
 
@@ -39,7 +41,8 @@ class PlanError(Exception):
 class PlannedDevice:
     name: str
     pool: str
-    hardware: Hardware
+    #: A MIG placement until prepare has created its MIG device.
+    hardware: Published
     #: Request references as allocated (may contain `/subrequest`; the gRPC layer strips them).
     requests: tuple[str, ...]
     admin_access: bool
@@ -48,7 +51,8 @@ class PlannedDevice:
 
     @property
     def uuid(self) -> str:
-        return self.hardware.uuid
+        """The GPU or MIG device UUID; empty for a MIG device not created yet."""
+        return "" if isinstance(self.hardware, PossibleMig) else self.hardware.uuid
 
 
 @dataclass(frozen=True)
@@ -58,36 +62,36 @@ class ClaimPlan:
 
 
 def plan_claim(
-    claim: Mapping[str, Any],
+    claim: ResourceClaim,
     ref: ClaimRef,
     *,
     driver_name: str,
     pool_name: str,
     devices: Mapping[str, Published],
 ) -> ClaimPlan:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    allocated = allocation.get("devices") or {}
+    allocation = claim.status.allocation
+    allocated = allocation.devices if allocation is not None else DeviceAllocation()
     try:
-        configs = our_configs(allocated.get("config") or [], driver_name)
+        configs = our_configs(allocated.config, driver_name)
     except ConfigError as err:
         raise PlanError(f"claim {ref}: invalid opaque config: {err}") from None
 
-    grouped: dict[tuple[str, str | None], list[Mapping[str, Any]]] = {}
-    for result in allocated.get("results") or []:
-        if result.get("driver") != driver_name:
+    grouped: dict[tuple[str, str | None], list[AllocationResult]] = {}
+    for result in allocated.results:
+        if result.driver != driver_name:
             continue
-        if result.get("pool") != pool_name:
+        if result.pool != pool_name:
             raise PlanError(
-                f"claim {ref}: request {result.get('request')!r} was allocated device "
-                f"{result.get('device')!r} in pool {result.get('pool')!r}, "
+                f"claim {ref}: request {result.request!r} was allocated device "
+                f"{result.device!r} in pool {result.pool!r}, "
                 f"but this node's pool is {pool_name!r}"
             )
-        if result.get("device") not in devices:
+        if result.device not in devices:
             raise PlanError(
-                f"claim {ref}: request {result.get('request')!r} was allocated device "
-                f"{result.get('device')!r}, which this node does not have"
+                f"claim {ref}: request {result.request!r} was allocated device "
+                f"{result.device!r}, which this node does not have"
             )
-        grouped.setdefault((result["device"], result.get("shareID")), []).append(result)
+        grouped.setdefault((result.device, result.share_id), []).append(result)
 
     planned = [
         _plan_device(
@@ -95,45 +99,56 @@ def plan_claim(
             name,
             share_id,
             results,
-            hardware=_hardware(ref, name, devices[name]),
+            hardware=devices[name],
             pool=pool_name,
             configs=configs,
         )
         for (name, share_id), results in grouped.items()
     ]
+    _check_every_sharing_config_applies(ref, configs, planned)
     return ClaimPlan(claim=ref, devices=tuple(planned))
 
 
-def _hardware(ref: ClaimRef, name: str, published: Published) -> Hardware:
-    if not isinstance(published, PossibleMig):
-        return published
-    if published.existing is None:
-        raise PlanError(
-            f"claim {ref}: MIG device {name} does not exist on the GPU yet, and dradriver does not create "
-            "MIG devices on demand; create the partitions first (nvidia-smi mig, mig-parted)"
-        )
-    return published.existing
+def _config_kind(hardware: Published) -> type[DeviceConfig]:
+    return GpuConfig if isinstance(hardware, Gpu) else MigDeviceConfig
+
+
+def _check_every_sharing_config_applies(
+    ref: ClaimRef, configs: Sequence[ScopedConfig], planned: Sequence[PlannedDevice]
+) -> None:
+    """A sharing setting that reaches none of the devices it was meant for is an error."""
+    for scoped in configs:
+        if scoped.config.sharing is None:
+            continue
+        meant = [d for d in planned if any(scoped.applies_to(r) for r in d.requests)]
+        if meant and not any(_config_kind(d.hardware) is type(scoped.config) for d in meant):
+            other = _config_kind(meant[0].hardware).__name__
+            kinds = "MIG devices" if other == "MigDeviceConfig" else "full GPUs"
+            raise PlanError(
+                f"claim {ref}: a {scoped.config.kind} with {scoped.config.sharing.strategy} applies to "
+                f"{', '.join(d.name for d in meant)}, which are {kinds}, so it would do nothing; use {other}"
+            )
 
 
 def _plan_device(
     ref: ClaimRef,
     name: str,
     share_id: str | None,
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence[AllocationResult],
     *,
     pool: str,
-    hardware: Hardware,
+    hardware: Published,
     configs: Sequence[ScopedConfig],
 ) -> PlannedDevice:
-    requests = tuple(dict.fromkeys(str(r.get("request", "")) for r in results))
-    kind: type[DeviceConfig] = MigDeviceConfig if isinstance(hardware, MigDevice) else GpuConfig
+    requests = tuple(dict.fromkeys(r.request for r in results))
+    kind = _config_kind(hardware)
     for scoped in configs:
         if (
             scoped.requests
             and not isinstance(scoped.config, kind)
             and any(scoped.applies_to(r) for r in requests)
         ):
-            device_type = "MIG device" if isinstance(hardware, MigDevice) else "GPU"
+            device_type = "GPU" if isinstance(hardware, Gpu) else "MIG device"
             raise PlanError(
                 f"claim {ref}: a {scoped.config.kind} config names request(s) {list(scoped.requests)}, "
                 f"but {name} serving them is a {device_type}; use {kind.__name__}"
@@ -147,7 +162,7 @@ def _plan_device(
         pool=pool,
         hardware=hardware,
         requests=requests,
-        admin_access=all(bool(r.get("adminAccess")) for r in results),
+        admin_access=all(bool(r.admin_access) for r in results),
         share_id=share_id,
         sharing=config.sharing if config is not None else None,
     )

@@ -10,10 +10,9 @@ from dradriver.publish.controller import (
     delete_node_slices,
     field_selector,
 )
-from dradriver.publish.reconcile import InvalidPoolError, Plan, plan_pool
+from dradriver.publish.reconcile import Plan, plan_pool
 
 __all__ = [
-    "InvalidPoolError",
     "Plan",
     "PublishStatus",
     "SliceController",

@@ -8,6 +8,9 @@ edit) triggers a sync after a short debounce; our own writes are recognised and 
 Slices are left in place when the controller stops: a restarted driver adopts them without a
 write, and when a driver goes away for good the kubelet deletes its slices 30 s after it
 disconnects. `delete_node_slices` removes them explicitly.
+
+With a `marker`, two instances (a surge rollout) share the pool as `handover` describes: the
+newest one writes, an older one stands by.
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ from dradriver.kube.reflector import Reflector
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
 from dradriver.publish.cache import SliceCache
+from dradriver.publish.handover import Marker, newest_other, stamp
 from dradriver.publish.reconcile import (
-    InvalidPoolError,
     Plan,
     content,
     contents_equal,
     fingerprint,
     plan_pool,
 )
+from dradriver.slices import InvalidSlicesError
 from dradriver.slices.compare import dropped_gates
 
 Json = dict[str, Any]
@@ -41,6 +45,8 @@ Json = dict[str, Any]
 #: Watch events arrive in bursts (the kubelet deletes all slices at once): wait this long
 #: after the first one before syncing.
 DEFAULT_DEBOUNCE_S = 0.3
+#: While a newer instance owns the pool, how often to check that it is still there.
+HANDOVER_RECHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class PublishStatus:
     #: Reports that are not failures: publishing goes on (e.g. which fields were dropped).
     warnings: tuple[str, ...] = ()
     writes: WriteCounts = field(default_factory=WriteCounts)
+    #: The newer instance that owns the pool now (we write nothing meanwhile), if any.
+    superseded_by: str | None = None
 
 
 def field_selector(driver_name: str, node_name: str) -> str:
@@ -97,7 +105,7 @@ def delete_node_slices(client: KubeClient, *, driver_name: str, node_name: str) 
 class SliceController:
     """Publishes `desired()` as this node's pool and keeps it that way (see module docstring).
 
-    `desired()` returns full ResourceSlice objects in priority order (as `render_slices` makes
+    `desired()` returns full ResourceSlice objects in priority order (as `render_node_slices` makes
     them); the controller owns their names, owner reference and pool generation.
     """
 
@@ -111,6 +119,8 @@ class SliceController:
         debounce: float = DEFAULT_DEBOUNCE_S,
         backoff: Backoff | None = None,
         events: bool = True,
+        marker: Marker | None = None,
+        instance_alive: Callable[[str], bool] | None = None,
     ) -> None:
         self._client = client
         self.driver_name = driver_name
@@ -121,6 +131,9 @@ class SliceController:
         self._events = events
         self._log = get_logger(component="publish", driver=driver_name, node=node_name)
         self._selector = field_selector(driver_name, node_name)
+        self._marker = marker
+        self._instance_alive = instance_alive or (lambda _instance: False)
+        self._owner: Marker | None = None  # reconciler thread only: the newer instance we yield to
 
         self._cache = SliceCache()
         self._cond = threading.Condition()
@@ -234,7 +247,7 @@ class SliceController:
                 request = self._requested
             try:
                 plan = self._sync_once()
-            except InvalidPoolError as err:  # retried on the next resync, not in a loop
+            except InvalidSlicesError as err:  # retried on the next resync, not in a loop
                 self._log.error("not publishing: invalid desired ResourceSlices", error=str(err))
                 self._set_status(in_sync=False, last_error=str(err))
                 continue
@@ -305,6 +318,8 @@ class SliceController:
     def _sync_once(self) -> Plan:
         """One pass: plan against the cache, make the writes, report dropped fields."""
         assert self._node_uid is not None
+        if self._yielding():
+            return Plan(generation=self.status.generation or 0)
         desired = self._desired()
         effective = [self._effective(i, s) for i, s in enumerate(desired)]
         plan = plan_pool(
@@ -333,14 +348,44 @@ class SliceController:
                 pass
             self._cache.record_delete(delete.name, delete.uid)
         for update in plan.updates:
-            stored = self._client.update_resource_slice(update.body)
+            stored = self._client.update_resource_slice(self._stamped(update.body))
             self._count(updates=1)
             self._stored(update.index, desired[update.index], effective[update.index], stored)
         for create in plan.creates:
-            stored = self._client.create_resource_slice(create.body)
+            stored = self._client.create_resource_slice(self._stamped(create.body))
             self._count(creates=1)
             self._stored(create.index, desired[create.index], effective[create.index], stored)
         return plan
+
+    def _stamped(self, body: Json) -> Json:
+        return body if self._marker is None else stamp(body, self.driver_name, self._marker)
+
+    def _yielding(self) -> bool:
+        """Whether a newer, still serving instance owns the pool (see `handover`)."""
+        if self._marker is None:
+            return False
+        seen = newest_other(self._cache.snapshot(), self.driver_name, self._marker)
+        newest = max((m for m in (seen, self._owner) if m is not None), default=None)
+        # Our own pod's marker from a newer start is an earlier life of ours (clock stepped back).
+        alive = (
+            newest is not None
+            and newest.instance != self._marker.instance
+            and self._instance_alive(newest.instance)
+        )
+        if alive and newest != self._owner:
+            assert newest is not None
+            self._log.info(
+                "a newer instance of the driver publishes the pool; leaving it to it", newer=newest.format()
+            )
+        elif not alive and self._owner is not None:
+            self._log.info(
+                "the newer instance is gone; publishing the pool again", newer=self._owner.format()
+            )
+        self._owner = newest if alive else None
+        self._set_status(superseded_by=self._owner.format() if self._owner else None)
+        if self._owner is not None:
+            self._kick_at(time.monotonic() + HANDOVER_RECHECK_S)
+        return self._owner is not None
 
     def _effective(self, index: int, desired: Json) -> Json:
         """The desired slice, or the form the server stored for it when it dropped fields."""

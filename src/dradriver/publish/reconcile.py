@@ -39,10 +39,6 @@ CONTENT_FIELDS = ("devices", "sharedCounters", "perDeviceNodeSelection", "nodeSe
 TAINT_TIME_TOLERANCE_S = 1.0
 
 
-class InvalidPoolError(ValueError):
-    """The desired slices cannot be published as they are (the message names slice and field)."""
-
-
 @dataclass(frozen=True)
 class Create:
     index: int
@@ -216,63 +212,6 @@ def _taint_key(taint: Json) -> tuple[Any, Any, Any]:
     return taint.get("key"), taint.get("value"), taint.get("effect")
 
 
-# -- validation -----------------------------------------------------------------------------------
-
-
-def validate_desired(desired: Sequence[Json], *, driver: str, node: str) -> None:
-    """Refuse a pool that upstream would refuse (and what would land in the wrong place)."""
-    devices: dict[str, int] = {}
-    counter_sets: dict[str, set[str]] = {}
-    for i, slice_ in enumerate(desired):
-        spec = slice_.get("spec") or {}
-        where = f"desired ResourceSlice #{i}"
-        if spec.get("driver", driver) != driver:
-            raise InvalidPoolError(
-                f"{where}: spec.driver {spec.get('driver')!r} is not this driver {driver!r}"
-            )
-        if spec.get("nodeName", node) != node:
-            raise InvalidPoolError(
-                f"{where}: spec.nodeName {spec.get('nodeName')!r} is not this node {node!r}"
-            )
-        pool_name = (spec.get("pool") or {}).get("name", node)
-        if pool_name != node:
-            raise InvalidPoolError(f"{where}: spec.pool.name {pool_name!r} must be the node name {node!r}")
-        for field in ("nodeSelector", "allNodes"):
-            if spec.get(field) is not None:
-                raise InvalidPoolError(
-                    f"{where}: spec.{field} is set, but node-local slices use spec.nodeName"
-                )
-        for j, device in enumerate(spec.get("devices") or []):
-            name = device.get("name")
-            if name in devices:
-                raise InvalidPoolError(
-                    f"{where}: spec.devices[{j}].name {name!r} is already used in desired ResourceSlice "
-                    f"#{devices[name]}; device names must be unique in the pool"
-                )
-            devices[name] = i
-        for j, counter_set in enumerate(spec.get("sharedCounters") or []):
-            name = counter_set.get("name")
-            if name in counter_sets:
-                raise InvalidPoolError(
-                    f"{where}: spec.sharedCounters[{j}].name {name!r} is not unique in the pool"
-                )
-            counter_sets[name] = set(counter_set.get("counters") or {})
-    for i, slice_ in enumerate(desired):
-        for j, device in enumerate((slice_.get("spec") or {}).get("devices") or []):
-            for k, consumption in enumerate(device.get("consumesCounters") or []):
-                where = f"desired ResourceSlice #{i}: spec.devices[{j}].consumesCounters[{k}]"
-                set_name = consumption.get("counterSet")
-                if set_name not in counter_sets:
-                    raise InvalidPoolError(
-                        f"{where}.counterSet {set_name!r} is not a counter set of the pool"
-                    )
-                unknown = sorted(set(consumption.get("counters") or {}) - counter_sets[set_name])
-                if unknown:
-                    raise InvalidPoolError(
-                        f"{where}.counters: {', '.join(unknown)} not in counter set {set_name!r}"
-                    )
-
-
 # -- the plan -------------------------------------------------------------------------------------
 
 
@@ -280,11 +219,9 @@ def plan_pool(
     existing: Sequence[Json], desired: Sequence[Json], *, driver: str, node: str, node_uid: str
 ) -> Plan:
     """The writes that turn `existing` (our driver's slices on this node, as stored) into
-    `desired` (slice objects in priority order; their pool generation and metadata are ignored).
-
-    Raises InvalidPoolError when `desired` cannot be published.
+    `desired` (slice objects in priority order; their pool generation and metadata are ignored),
+    which the caller has validated (`slices.render_node_slices` does).
     """
-    validate_desired(desired, driver=driver, node=node)
     owner = node_owner(node, node_uid)
     ours = [s for s in existing if _spec(s).get("pool", {}).get("name") == node]
     obsolete: list[Json] = [s for s in existing if _spec(s).get("pool", {}).get("name") != node]

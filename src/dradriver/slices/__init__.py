@@ -1,27 +1,34 @@
 """ResourceSlices: rendering a node's devices into slices, and the upstream-limits validator.
 
-`build_node_slices` is the one-call path (discover -> device model -> render -> validate)
-shared by `dradriver slices`, the CEL dry-run's --fake-gpus and `serve`; it raises
-`InvalidSlicesError` instead of returning anything the API server would reject.
+`render_node_slices` is the one pipeline from a device set to the slices of the node's pool
+(render, then `validate_node_pool`): `serve` publishes what it returns, and `dradriver slices`,
+the CEL tools' --fake-gpus and the demo get it through `build_node_slices` (discover -> device
+model -> render_node_slices). It raises `InvalidSlicesError` instead of returning anything the
+API server or the scheduler would reject.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver.slices.compare import dropped_gates, stored_differences
 from dradriver.slices.render import render_slices, slice_name_prefix
-from dradriver.slices.validate import Finding, validate_slice, validate_slices
+from dradriver.slices.validate import Finding, validate_node_pool, validate_slice, validate_slices
+
+if TYPE_CHECKING:
+    from dradriver.devicemodel import DeviceSet
 
 __all__ = [
     "Finding",
     "InvalidSlicesError",
     "build_node_slices",
+    "render_node_slices",
     "render_slices",
     "slice_name_prefix",
     "dropped_gates",
     "stored_differences",
+    "validate_node_pool",
     "validate_slice",
     "validate_slices",
 ]
@@ -64,7 +71,12 @@ def build_node_slices(
         log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
     for warning in device_set.warnings:
         log.warning(warning)
+    return render_node_slices(device_set, node_name=node_name, driver_name=driver_name)
+
+
+def render_node_slices(device_set: DeviceSet, *, node_name: str, driver_name: str) -> list[dict[str, Any]]:
+    """The validated slices of the node's pool; InvalidSlicesError if any rule fails."""
     slices = render_slices(device_set, node_name=node_name, driver_name=driver_name)
-    if findings := validate_slices(slices):
+    if findings := validate_node_pool(slices, driver=driver_name, node=node_name):
         raise InvalidSlicesError(findings)
     return slices

@@ -8,6 +8,8 @@ from fractions import Fraction
 from typing import Any
 
 from dradriver.names import (
+    INT64_MAX,
+    INT64_MIN,
     dns_label_error,
     dns_subdomain_error,
     label_name_error,
@@ -17,8 +19,6 @@ from dradriver.names import (
 )
 from dradriver.quantity import parse_quantity, quantity_error
 from dradriver.slices.rules import (
-    INT64_MAX,
-    INT64_MIN,
     MAX_ATTRIBUTE_VALUES,
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_BINDING_CONDITIONS,

@@ -34,7 +34,7 @@ from dradriver.slices.rules import (
     unknown_keys,
 )
 
-__all__ = ["Finding", "validate_slice", "validate_slices"]
+__all__ = ["Finding", "validate_node_pool", "validate_slice", "validate_slices"]
 
 _SLICE_KEYS = {"apiVersion", "kind", "metadata", "spec"}
 _SPEC_KEYS = {
@@ -256,4 +256,28 @@ def validate_slices(slices: Sequence[Mapping[str, Any]]) -> list[Finding]:
     """Every slice on its own, then each pool across its slices; empty when all is well."""
     findings = [finding for index, obj in enumerate(slices) for finding in _slice(obj, f"[{index}]")]
     findings += _pool_checks(slices)
+    return findings
+
+
+def validate_node_pool(slices: Sequence[Mapping[str, Any]], *, driver: str, node: str) -> list[Finding]:
+    """`validate_slices`, plus what makes the slices one node's own pool of one driver: the
+    rules everything `serve` publishes (and `dradriver slices` prints) must pass."""
+    findings = validate_slices(slices)
+    for index, obj in enumerate(slices):
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        path = f"[{index}].spec"
+        if spec.get("driver") != driver:
+            findings.append(Finding(f"{path}.driver", f"must be this driver {driver!r}"))
+        if spec.get("nodeName") != node:
+            findings.append(Finding(f"{path}.nodeName", f"must be this node {node!r}"))
+        pool = spec.get("pool")
+        if isinstance(pool, Mapping) and pool.get("name") != node:
+            findings.append(Finding(f"{path}.pool.name", f"must be the node name {node!r}"))
+        for key in ("nodeSelector", "allNodes", "perDeviceNodeSelection"):
+            if spec.get(key) is not None:
+                findings.append(
+                    Finding(f"{path}.{key}", "must not be set: node-local slices use spec.nodeName")
+                )
     return findings

@@ -1,0 +1,16 @@
+"""The DeviceClasses and example claims that ship with dradriver.
+
+`deviceclasses/` and `examples/` here are links to the repository's top-level directories, which
+stay the source of truth; a build copies their files into the wheel. So `dry-run` and
+`dradriver examples` read the same files from a checkout, a wheel install and the image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).parent
+DEVICE_CLASSES = ROOT / "deviceclasses"
+EXAMPLE_CLAIMS = ROOT / "examples" / "claims"
+#: What `dradriver examples` serves, relative to ROOT (the repository's layout).
+DIRECTORIES = ("deviceclasses", "examples/claims")

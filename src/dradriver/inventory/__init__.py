@@ -1,0 +1,10 @@
+"""The live inventory: the node's devices followed while serve runs, without a restart.
+
+`effective` decides (pure) what is published after a scan; `watcher` decides when to scan
+(NVML's MIG events, a changed fake profile file, a periodic rescan) and hands changes on.
+"""
+
+from dradriver.inventory.effective import Published, effective_devices
+from dradriver.inventory.watcher import InventoryWatcher, ProfileFileTrigger
+
+__all__ = ["InventoryWatcher", "ProfileFileTrigger", "Published", "effective_devices"]

@@ -1,0 +1,93 @@
+"""The parts of a `resource.k8s.io/v1` ResourceClaim that preparing reads, as typed data (pure).
+
+A claim from the API server always has the right shapes, but one from a file (--claims-dir)
+may have anything anywhere; decoding here turns a wrong type into that claim's error, naming
+the field, instead of an exception that would fail the whole NodePrepareResources call.
+Unknown fields are ignored, as a client built against an older API would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from dradriver.fieldpath import field_path
+
+
+def _null_is_empty(value: Any) -> Any:
+    """JSON null for a list is an empty list (Go's nil slice)."""
+    return [] if value is None else value
+
+
+def _null_is_default(value: Any) -> Any:
+    return {} if value is None else value
+
+
+class _Part(BaseModel):
+    # Scalars are strict (5 is not a string); lists may come as JSON arrays.
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class ObjectMeta(_Part):
+    name: StrictStr = ""
+    namespace: StrictStr = ""
+    uid: StrictStr = ""
+
+
+class AllocationResult(_Part):
+    request: StrictStr = ""
+    driver: StrictStr = ""
+    pool: StrictStr = ""
+    device: StrictStr = ""
+    admin_access: StrictBool | None = Field(default=None, alias="adminAccess")
+    share_id: StrictStr | None = Field(default=None, alias="shareID")
+
+
+class OpaqueConfig(_Part):
+    driver: StrictStr = ""
+    #: Decoded by `prepare.config` when the driver is ours; anything JSON otherwise.
+    parameters: Any = None
+
+
+class AllocatedConfig(_Part):
+    source: StrictStr = ""
+    requests: Annotated[tuple[StrictStr, ...], BeforeValidator(_null_is_empty)] = ()
+    opaque: OpaqueConfig | None = None
+
+
+class DeviceAllocation(_Part):
+    results: Annotated[tuple[AllocationResult, ...], BeforeValidator(_null_is_empty)] = ()
+    config: Annotated[tuple[AllocatedConfig, ...], BeforeValidator(_null_is_empty)] = ()
+
+
+class Allocation(_Part):
+    devices: Annotated[DeviceAllocation, BeforeValidator(_null_is_default)] = Field(
+        default_factory=DeviceAllocation
+    )
+
+
+class ClaimStatus(_Part):
+    allocation: Allocation | None = None
+
+
+class ResourceClaim(_Part):
+    metadata: Annotated[ObjectMeta, BeforeValidator(_null_is_default)] = Field(default_factory=ObjectMeta)
+    status: Annotated[ClaimStatus, BeforeValidator(_null_is_default)] = Field(default_factory=ClaimStatus)
+
+
+class ClaimFormatError(ValueError):
+    """The claim object has a field of the wrong type; the message names the field."""
+
+
+def decode_claim(raw: Any) -> ResourceClaim:
+    """The typed claim; ClaimFormatError naming the first bad field (and how many more)."""
+    if not isinstance(raw, Mapping):
+        raise ClaimFormatError(f"must be an object, not {type(raw).__name__}")
+    try:
+        return ResourceClaim.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors(include_url=False, include_input=False)[0]
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise ClaimFormatError(f"{field_path(first['loc'])}: {first['msg']}{more}") from None

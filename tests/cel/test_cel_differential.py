@@ -1,0 +1,150 @@
+"""dradriver.cel against the real Kubernetes CEL code (dra-oracle), on generated selectors.
+
+Every generated selector is compiled by both and evaluated on devices dradriver publishes for
+the fake profiles. They must agree on the outcome class (compile error, runtime error, true,
+false), on the messages a user sees (compile errors and runtime errors), on the actual cost and,
+for the API server's validation (`dradriver validate`), on accept/reject, the field path, the
+message and the estimated cost.
+
+Not evaluated by dradriver yet (issue 14 follow-up): the optional syntax and functions, timestamps
+and durations, the IP, CIDR and URL libraries and string formatting. Generated selectors using
+them are still generated and checked: ours must refuse them at compile time with an explicit
+error (never a silent true/false), and the run counts them as "pending" in its report.
+
+CI runs a fixed seed and a bounded number of examples; `make fuzz-cel` runs many more
+(DRADRIVER_FUZZ_EXAMPLES, DRADRIVER_FUZZ_SEED). With DRADRIVER_FUZZ_REPORT=FILE the run
+writes its counts there (bench/RESULTS.md quotes them).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from dradriver.allocation.validation import validate_object
+from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
+from tests.cel.selector_strategy import DRIVER, selectors
+from tests.oracle import Oracle
+
+EXAMPLES = int(os.environ.get("DRADRIVER_FUZZ_EXAMPLES", "800"))
+SEED = int(os.environ.get("DRADRIVER_FUZZ_SEED", "14"))
+REPORT = os.environ.get("DRADRIVER_FUZZ_REPORT")
+PROFILES = (("dgx-h100", False), ("dgx-a100-mig", True), ("mixed", False), ("t4x4", False))
+
+PENDING = re.compile(
+    r"\.\?|\[\?|\{\?|optional\.|\b(timestamp|duration|ip|cidr|url|isIP|isCIDR|isURL)\(|ip\.isCanonical|\.format\("
+)
+
+counts: dict[str, int] = {"expressions": 0, "cases": 0, "validations": 0, "pending": 0}
+
+
+@functools.cache
+def published_devices() -> list[dict[str, Any]]:
+    """Every device dradriver publishes for the fake profiles (full GPUs, MIG devices, placements)."""
+    from dradriver.slices import build_node_slices
+
+    devices: list[dict[str, Any]] = []
+    for profile, partitionable in PROFILES:
+        for slice_ in build_node_slices(
+            profile, node_name="node", driver_name=DRIVER, partitionable=partitionable
+        ):
+            devices.extend(slice_["spec"].get("devices") or [])
+    return devices
+
+
+def ours(expression: str, device: dict[str, Any]) -> tuple[str, Any, int | None]:
+    try:
+        selector = compile_selector(expression)
+    except CELCompileError as err:
+        return "compileError", err.message, None
+    try:
+        evaluation = selector.evaluate(to_cel_device(device, DRIVER), DRIVER)
+    except CELRuntimeError as err:
+        return "runtimeError", err.message, None
+    return "result", evaluation.matched, evaluation.cost
+
+
+def theirs(oracle: Oracle, expression: str, device: dict[str, Any]) -> tuple[str, Any, int | None]:
+    answer = oracle.ask_ok(
+        {
+            "expression": expression,
+            "driver": DRIVER,
+            "attributes": device.get("attributes") or {},
+            "capacity": device.get("capacity") or {},
+            "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
+        }
+    )
+    for kind in ("compileError", "runtimeError", "result"):
+        if kind in answer:
+            return kind, answer[kind], answer.get("cost") if kind == "result" else None
+    raise AssertionError(f"unexpected oracle answer {answer}")
+
+
+def our_validation(expression: str) -> list[dict[str, str]]:
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "dra-oracle"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+    return [
+        {"field": f.path, "message": f"{f.path}: {f.message}"} for f in validate_object(device_class, DRIVER)
+    ]
+
+
+def check(oracle: Oracle, expression: str, device_indexes: list[int]) -> None:
+    devices = published_devices()
+    if PENDING.search(expression):
+        counts["pending"] += 1
+        with pytest.raises(CELCompileError):
+            compile_selector(expression)
+        return
+    counts["expressions"] += 1
+    for index in device_indexes:
+        device = devices[index % len(devices)]
+        mine, expected = ours(expression, device), theirs(oracle, expression, device)
+        counts["cases"] += 1
+        assert mine == expected, f"{expression!r} on {device['name']}: ours {mine}, Kubernetes {expected}"
+    answer = oracle.ask_ok({"expression": expression, "mode": "validate"})
+    expected_errors = [
+        {"field": e["field"], "message": e["message"]} for e in answer.get("validationErrors") or []
+    ]
+    counts["validations"] += 1
+    assert our_validation(expression) == expected_errors, f"validate {expression!r}"
+    if "maxCost" in answer:
+        assert compile_selector(expression, cost_limit=2**64).estimated_cost == answer["maxCost"], (
+            f"estimated cost of {expression!r}"
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Any:
+    yield
+    if REPORT:
+        Path(REPORT).write_text(json.dumps({"seed": SEED, "examples": EXAMPLES, **counts}) + "\n")
+
+
+@pytest.mark.timeout(1800)
+@seed(SEED)
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+@given(
+    expression=selectors(),
+    device_indexes=st.lists(st.integers(min_value=0, max_value=10_000), min_size=2, max_size=3),
+)
+def test_generated_selectors_agree_with_kubernetes(
+    cel_oracle: Oracle, expression: str, device_indexes: list[int]
+) -> None:
+    check(cel_oracle, expression, device_indexes)

@@ -1,0 +1,98 @@
+"""A node for in-process prepare tests: a fake GPU profile, its devices, and a GpuDriver over
+real files (claims directory, CDI directory, checkpoint) in a temporary directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dradriver.devicemodel import build_devices
+from dradriver.discovery import open_library
+from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare.cdi import CdiDirectory
+from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
+from dradriver.prepare.claims import DirectoryClaimSource
+from dradriver.prepare.driver import GpuDriver
+from dradriver.prepare.edits import common_edits
+from dradriver.prepare.mig import MigManager
+from dradriver.prepare.sharing import FakeSharing
+from tests.helpers import DRIVER
+
+
+class CountingStore(CheckpointStore):
+    """The checkpoint, counting its writes."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir)
+        self.saves = 0
+
+    def save(self, checkpoint: CheckpointData) -> None:
+        self.saves += 1
+        super().save(checkpoint)
+
+
+@dataclass
+class RecordedMigMetrics:
+    created: int = 0
+    destroyed: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def mig_created(self) -> None:
+        self.created += 1
+
+    def mig_destroyed(self) -> None:
+        self.destroyed += 1
+
+    def mig_failed(self, operation: str, reason: str) -> None:
+        self.failures.append((operation, reason))
+
+
+@dataclass
+class Node:
+    root: Path
+    profile: str
+    boot_id: str = "boot-1"
+    partitionable: bool = False
+
+    def __post_init__(self) -> None:
+        self.claims_dir = self.root / "claims"
+        self.claims_dir.mkdir(exist_ok=True)
+        self.cdi = CdiDirectory(self.root / "cdi", DRIVER)
+        self.store = CheckpointStore(self.root / "state")
+        self.sharing = FakeSharing(self.root / "state")
+        self.library = open_library(self.profile)
+        self.inventory = self.library.discover()
+        self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
+        self.mig_metrics = RecordedMigMetrics()
+
+    def driver(self, *, claims: object = None, hints: object = None, recover: bool = True) -> GpuDriver:
+        driver = GpuDriver(
+            driver_name=DRIVER,
+            pool_name="node-1",
+            devices={d.name: d.hardware for d in self.devices.devices},
+            claims=claims or DirectoryClaimSource(self.claims_dir),  # type: ignore[arg-type]
+            cdi_dir=self.cdi,
+            store=self.store,
+            common_edits=common_edits(self.inventory.nvidia_uvm_major, []),
+            caps_major=self.inventory.nvidia_caps_major,
+            sharing=self.sharing,
+            boot_id=self.boot_id,
+            mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
+            hints=hints,  # type: ignore[arg-type]
+        )
+        if recover:
+            driver.recover()
+        return driver
+
+    def add(self, claim: dict[str, object]) -> ClaimRef:
+        meta = claim["metadata"]
+        assert isinstance(meta, dict)
+        (self.claims_dir / f"{meta['namespace']}.{meta['name']}.yaml").write_text(yaml.safe_dump(claim))
+        return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+
+    def spec(self, ref: ClaimRef) -> dict[str, object]:
+        data = self.cdi.read(ref.uid)
+        assert data is not None
+        return data
