@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import threading
 import time
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from bench.common import real_api_server, summary
+from bench.common import cpu_seconds, real_api_server, summary
 from dradriver import kubeletclient
 from dradriver.health.board import Health
 from dradriver.health.fake_source import FakeEventRecord, append_fake_event
@@ -169,11 +168,6 @@ def taint_latency(runs: int, kubeconfig: str | None) -> list[float]:
         finally:
             backend.cleanup()
     return samples
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def idle_cpu(health: str, seconds: float, nvml: bool) -> float:

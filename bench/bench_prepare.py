@@ -5,9 +5,10 @@ Run: .venv/bin/python -m bench.bench_prepare [--rounds 300] [--api]
      .venv/bin/python -m bench.bench_prepare --one-call 1000,3000 [--runs 7]
 
 The plugin runs on a fake profile with 128 GPUs; every claim gets its own GPU, a CDI spec and
-checkpoint writes with fsync. Claims come from a directory (the local claim source), or with
---api from an API server: the test suite's loopback fake API server (tests/publish/kubefake.py),
-since no real kube-apiserver can run on this machine; each prepare then GETs its claim over HTTP.
+a checkpoint write with fsync. Claims come from a directory (the local claim source), or with
+--api from the test suite's loopback fake API server (tests/publish/kubefake.py) — a fake's
+figures are not the product's: bench/bench_vs_go.py measures prepare against a real
+kube-apiserver, side by side with the Go reference.
 """
 
 from __future__ import annotations

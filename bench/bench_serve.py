@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.common import summary
+from bench.common import rss_mb, summary
 from dradriver import kubeletclient
 from dradriver.kubeletapi.pluginregistration import api_pb2 as reg_pb
 from dradriver.kubeletapi.pluginregistration import api_pb2_grpc as reg_grpc
@@ -83,13 +83,6 @@ def start_to_get_info(root: Path) -> tuple[float, subprocess.Popen[bytes]]:
             except grpc.RpcError:
                 pass
         time.sleep(0.001)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main() -> None:

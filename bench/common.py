@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -72,3 +73,19 @@ def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[
         yield deployment
     finally:
         local.stop()
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a mapping (VmRSS, Threads, ...)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def rss_mb(pid: int) -> float:
+    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -103,7 +103,13 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         assert 'dradriver_devices{health="unhealthy",type="gpu"} 1.0' in metrics
         assert 'dradriver_devices{health="healthy",type="gpu"} 7.0' in metrics
 
-        report = json.loads(status(serve, "-o", "json").stdout)
+        report: dict[str, Any] = {}
+
+        def gpu3_unhealthy() -> bool:
+            report.update(json.loads(status(serve, "-o", "json").stdout))
+            return any(d["device"] == "gpu-3" and d["health"] == "UNHEALTHY" for d in report["devices"])
+
+        wait_for(gpu3_unhealthy, 20, "the health file (written after the board the metrics show)")
         assert report["healthSource"] == "fake"
         (gpu3,) = [d for d in report["devices"] if d["device"] == "gpu-3"]
         assert (gpu3["health"], gpu3["reason"], gpu3["message"]) == ("UNHEALTHY", "79", message)

@@ -225,11 +225,12 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
             kubeletclient.register(paths.registration_socket)
             assert registration.status.registered is True
             server.legacy_kubelet()
-            first = os.stat(paths.registration_socket).st_ino
+            # A new socket may get the freed inode number again: its change time tells them apart.
+            first = identity(paths.registration_socket)
             peer.close()
             peer_path.unlink()
             wait_for(
-                lambda: os.stat(paths.registration_socket).st_ino != first,
+                lambda: identity(paths.registration_socket) != first,
                 10,
                 "the registration socket to be re-created",
             )
@@ -239,6 +240,11 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
             assert info.endpoint == str(paths.dra_socket)
         finally:
             server.stop(grace=0)
+
+
+def identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_ctime_ns
 
 
 def test_a_kubelet_older_than_1_33_is_reported_on_the_node(tmp_path: Path) -> None:

@@ -12,13 +12,25 @@ from dradriver.devicemodel import build_devices
 from dradriver.discovery import open_library
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
-from dradriver.prepare.checkpoint import CheckpointStore
+from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
 from dradriver.prepare.claims import DirectoryClaimSource
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER
+
+
+class CountingStore(CheckpointStore):
+    """The checkpoint, counting its writes."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir)
+        self.saves = 0
+
+    def save(self, checkpoint: CheckpointData) -> None:
+        self.saves += 1
+        super().save(checkpoint)
 
 
 @dataclass
@@ -55,7 +67,7 @@ class Node:
         self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
         self.mig_metrics = RecordedMigMetrics()
 
-    def driver(self, *, claims: object = None, recover: bool = True) -> GpuDriver:
+    def driver(self, *, claims: object = None, hints: object = None, recover: bool = True) -> GpuDriver:
         driver = GpuDriver(
             driver_name=DRIVER,
             pool_name="node-1",
@@ -68,6 +80,7 @@ class Node:
             sharing=self.sharing,
             boot_id=self.boot_id,
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
+            hints=hints,  # type: ignore[arg-type]
         )
         if recover:
             driver.recover()

@@ -24,6 +24,7 @@ from tests.publish.kubefake import FakeApiServer
 from tests.publish.tcpproxy import TcpProxy
 
 TEST_DRIVER = "gpu.test.dradriver.dev"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 GATES_OFF = frozenset({"DRADeviceTaints", "DRAPartitionableDevices"})
 
 
@@ -91,6 +92,21 @@ class Backend:
             client.close()
         if self.fake is not None:
             self.fake.stop()
+
+
+def create_allocated_claim(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
+    """Create the claim, then write its allocation through the status subresource (the scheduler's way)."""
+    status = claim.pop("status")
+    created: dict[str, Any] = backend.direct.request("POST", CLAIMS, body=claim)
+    created["status"] = status
+    return update_claim_status(backend, created)
+
+
+def update_claim_status(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
+    name = claim["metadata"]["name"]
+    suffix = "/status" if backend.kind == "cluster" else ""
+    updated: dict[str, Any] = backend.direct.request("PUT", f"{CLAIMS}/{name}{suffix}", body=claim)
+    return updated
 
 
 def fake_backend(tmp_path: Path, gates_off: bool = False) -> Backend:

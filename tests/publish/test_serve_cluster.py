@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -16,20 +15,7 @@ import pytest
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
 from tests.helpers import ServeProcess, allocated_claim, free_port, http_get, short_tmpdir, uid, wait_for
-from tests.publish.apiservers import TEST_DRIVER, Backend
-
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-
-
-def create_allocated_claim(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
-    """Create the claim, then write its allocation through the status subresource (the scheduler's way)."""
-    status = claim.pop("status")
-    created: dict[str, Any] = backend.direct.request("POST", CLAIMS, body=claim)
-    created["status"] = status
-    name = created["metadata"]["name"]
-    suffix = "/status" if backend.kind == "cluster" else ""
-    updated: dict[str, Any] = backend.direct.request("PUT", f"{CLAIMS}/{name}{suffix}", body=created)
-    return updated
+from tests.publish.apiservers import CLAIMS, TEST_DRIVER, Backend, create_allocated_claim
 
 
 def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backend) -> None:

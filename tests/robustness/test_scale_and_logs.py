@@ -19,23 +19,13 @@ from dradriver.devicemodel import build_devices
 from dradriver.discovery import DiscoveryError, open_library
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
-from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
 from dradriver.prepare.claims import DirectoryClaimSource
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
-
-
-class CountingStore(CheckpointStore):
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(state_dir)
-        self.saves = 0
-
-    def save(self, checkpoint: CheckpointData) -> None:
-        self.saves += 1
-        super().save(checkpoint)
+from tests.prepare.node import CountingStore
 
 
 def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_times(tmp_path: Path) -> None:
@@ -68,7 +58,7 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
     store.saves = 0
     results = driver.prepare(refs)
     assert [r.error for r in results.values()] == [""] * 1000
-    assert store.saves == 2  # PrepareStarted for all, then PrepareCompleted for all
+    assert store.saves == 1  # PrepareCompleted for all (nothing shared: PrepareStarted is not written first)
     assert len(list((tmp_path / "cdi").glob("*.json"))) == 1000
     store.saves = 0
     assert driver.prepare(refs[:10]) == {r.uid: results[r.uid] for r in refs[:10]}  # idempotent

@@ -92,19 +92,24 @@ def _replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
         raise
 
 
-def write_atomically(target: Path, data: bytes, *, mode: int) -> None:
-    """Replace `target` with `data` so that readers see the old or the new content, never a mix."""
+def write_atomically(target: Path, data: bytes, *, mode: int, sync_directory: bool = True) -> None:
+    """Replace `target` with `data` so that readers see the old or the new content, never a mix,
+    even after a power failure (the data is fsynced before the rename). The rename itself is
+    durable only with `sync_directory` (an fsync of the directory)."""
     dir_fd = _open_directory(target.parent)
     try:
         _replace(dir_fd, target.name, data, mode)
-        os.fsync(dir_fd)
+        if sync_directory:
+            os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
-def write_files_atomically(directory: Path, files: Mapping[str, bytes], *, mode: int) -> dict[str, OSError]:
-    """`write_atomically` for many files of one directory, in parallel, with one fsync of the
-    directory at the end. Returns the error of each file that could not be written."""
+def write_files_atomically(
+    directory: Path, files: Mapping[str, bytes], *, mode: int, sync_directory: bool = True
+) -> dict[str, OSError]:
+    """`write_atomically` for many files of one directory, in parallel, with (`sync_directory`)
+    one fsync of the directory at the end. Returns the error of each file that could not be written."""
     if not files:
         return {}
     dir_fd = _open_directory(directory)
@@ -117,19 +122,15 @@ def write_files_atomically(directory: Path, files: Mapping[str, bytes], *, mode:
             errors[name] = err
 
     try:
-        with ThreadPoolExecutor(
-            max_workers=min(BATCH_WORKERS, len(files)), thread_name_prefix="write"
-        ) as pool:
-            list(pool.map(write, files))
-        os.fsync(dir_fd)
+        if len(files) == 1:  # a thread for one file costs ten times its write on a tmpfs
+            write(next(iter(files)))
+        else:
+            with ThreadPoolExecutor(
+                max_workers=min(BATCH_WORKERS, len(files)), thread_name_prefix="write"
+            ) as pool:
+                list(pool.map(write, files))
+        if sync_directory:
+            os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
     return errors
-
-
-def fsync_directory(path: Path) -> None:
-    fd = _open_directory(path)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.files.write import ensure_directory, fsync_directory, is_temp_name, write_files_atomically
+from dradriver.files.write import ensure_directory, is_temp_name, write_files_atomically
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -226,8 +226,9 @@ class CdiDirectory:
 
     Runtimes watch the directory and re-read it on every change, and some fail every injection on
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
-    fsync, rename, fsync the directory) and only after validation. See `dradriver.files.write`
-    for why a symlink planted in the directory is never followed.
+    fsync, rename) and only after validation. Renames and removals are not fsynced: a spec only
+    matters until the next reboot, after which recovery removes every spec of the previous boot.
+    See `dradriver.files.write` for why a symlink planted in the directory is never followed.
     """
 
     def __init__(self, path: Path, driver_name: str) -> None:
@@ -263,24 +264,20 @@ class CdiDirectory:
             return errors | dict.fromkeys(files, err)
         names = {self.file_for(uid).name: uid for uid in files}
         failed = write_files_atomically(
-            self.path, {name: files[uid] for name, uid in names.items()}, mode=SPEC_FILE_MODE
+            self.path,
+            {name: files[uid] for name, uid in names.items()},
+            mode=SPEC_FILE_MODE,
+            sync_directory=False,
         )
         return errors | {names[name]: err for name, err in failed.items()}
 
-    def remove(self, claim_uid: str, *, sync: bool = True) -> bool:
+    def remove(self, claim_uid: str) -> bool:
         target = self.file_for(claim_uid)
         try:
             target.unlink()
         except FileNotFoundError:
             return False
-        if sync:
-            self.sync()
         return True
-
-    def sync(self) -> None:
-        """Make renames and removals in the directory durable."""
-        if self.path.is_dir():
-            fsync_directory(self.path)
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of ours in the directory."""

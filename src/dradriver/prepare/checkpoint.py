@@ -13,6 +13,11 @@ aside, never fatal.
 
 During a rolling update two instances share the file (taking turns under `serialize.lock`):
 `changed_on_disk` tells an instance that the other one wrote it since it last read or wrote.
+
+Durability: each save fsyncs the new content before renaming it into place, so after a power
+failure the file holds one complete version. Only the first save of a process also fsyncs the
+directory (the file then surely exists); later renames need not be durable, because the claims
+of a previous boot are dropped at start whichever version survived (`read_boot_id`).
 """
 
 from __future__ import annotations
@@ -162,6 +167,7 @@ class CheckpointStore:
         self._fragments: dict[str, tuple[ClaimRecord, bytes]] = {}
         #: Identity of the file as we last read or wrote it (every write is a rename: a new inode).
         self._seen: tuple[int, int, int] | None = None
+        self._directory_synced = False
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
@@ -211,7 +217,10 @@ class CheckpointStore:
         fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
         data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
         ensure_directory(self.path.parent)
-        write_atomically(self.path, _document(data), mode=FILE_MODE)
+        write_atomically(
+            self.path, _document(data), mode=FILE_MODE, sync_directory=not self._directory_synced
+        )
+        self._directory_synced = True
         self._seen = _identity(os.stat(self.path))
 
     def quarantine(self) -> Path:

@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dradriver import logs
+from dradriver.plugin.driver import ClaimRef
+
 if TYPE_CHECKING:
-    from dradriver.kube import KubeClient
+    from dradriver.kube import KubeClient, WatchEvent
+    from dradriver.kube.reflector import Reflector
 
 
 class ClaimSourceError(Exception):
@@ -207,3 +211,119 @@ class ApiClaimSource:
         except KubeError as err:
             raise ClaimSourceError(str(err)) from err
         return claim
+
+
+class ClaimHints(Protocol):
+    def get(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        """A copy of the claim that may be out of date, or None."""
+        ...
+
+
+def allocated_here(claim: Mapping[str, Any], driver_name: str, pool_name: str) -> bool:
+    """Whether the claim's allocation has a result of our driver in our pool."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return any(
+        r.get("driver") == driver_name and r.get("pool") == pool_name
+        for r in (allocation.get("devices") or {}).get("results") or []
+    )
+
+
+class ClaimWatch:
+    """This node's allocated ResourceClaims, kept by one list + watch of all ResourceClaims.
+
+    A hint, never the truth the kubelet acted on: a watch may trail the API server. Prepare
+    starts from it while the claim is fetched and answers only once the fetched claim shows the
+    same UID and allocation (GpuDriver). Claims allocated elsewhere are dropped as they arrive,
+    and nothing is handed out while the watch is down. A claim newly allocated here also warms
+    a connection for the fetch that will follow.
+    """
+
+    def __init__(
+        self, client: KubeClient, *, driver_name: str, pool_name: str, warm_after: float | None = None
+    ) -> None:
+        """`warm_after`: how long the client may have been idle before a new claim warms it."""
+        from dradriver.kube import Backoff
+        from dradriver.kube.client import WARM_AFTER_IDLE_SECONDS
+        from dradriver.kube.reflector import Reflector
+
+        self._client = client
+        self._warm_after = WARM_AFTER_IDLE_SECONDS if warm_after is None else warm_after
+        self._driver_name = driver_name
+        self._pool_name = pool_name
+        self._lock = threading.Lock()
+        self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self._watching = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reflector: Reflector = Reflector(
+            what="ResourceClaims",
+            list_objects=self._list,
+            watch=client.watch_resource_claims,
+            on_list=self._replace,
+            on_event=self._apply,
+            on_watching=self._set_watching,
+            backoff=Backoff(initial=0.2, cap=10.0),
+            log=logs.get_logger(component="claim-watch"),
+        )
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._reflector.run, args=(self._stop,), name="claim-watch")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._reflector.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def get(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        with self._lock:
+            claim = self._claims.get((ref.namespace, ref.name)) if self._watching else None
+        if claim is None or (claim.get("metadata") or {}).get("uid") != ref.uid:
+            return None
+        return claim
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._claims)
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self._client.list_resource_claim_page(continue_token=token)
+            items += [c for c in page.get("items", []) if self._ours(c)]
+            meta = page.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
+
+    def _ours(self, claim: Mapping[str, Any]) -> bool:
+        return allocated_here(claim, self._driver_name, self._pool_name)
+
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._claims = {_key(c): c for c in items}
+
+    def _apply(self, event: WatchEvent) -> None:
+        key = _key(event.object)
+        with self._lock:
+            if event.type != "DELETED" and self._ours(event.object):
+                newly = self._claims.get(key) is None
+                self._claims[key] = event.object
+            else:
+                newly = False
+                self._claims.pop(key, None)
+        if newly:
+            # Allocated here just now: the kubelet will ask to prepare it once its pod is bound.
+            self._client.warm(self._warm_after)
+
+    def _set_watching(self, watching: bool) -> None:
+        with self._lock:
+            self._watching = watching
+
+
+def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
+    meta = claim.get("metadata") or {}
+    return str(meta.get("namespace", "default")), str(meta.get("name"))

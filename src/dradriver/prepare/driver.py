@@ -1,25 +1,34 @@
 """The GPU driver behind the DRAPlugin services: prepare and unprepare claims, crash-safely.
 
 The claims of one call go through the steps together: fetch (before any lock, as the Go helper
-does), plan (pure), record `PrepareStarted` for all of them in one checkpoint write, create the
-MIG devices of allocated MIG placements (each step recorded first), apply sharing and write each
-CDI spec, then record `PrepareCompleted` for all in one more write. So a call costs O(claims) and
-at most three checkpoint writes, however many claims it carries, plus two per MIG device made.
-Unprepare undoes the steps in reverse. A crash at any point leaves a state that `recover` rolls
-back or keeps whole at the next start: nothing is half-prepared, no CDI file is orphaned and no
-MIG device we made is left without a claim. Calls for the same claim are serialized, different
-claims proceed concurrently (MIG reconfiguration is serialized by the `MigManager`).
+does), plan (pure), reserve the devices of all of them as `PrepareStarted`, create the MIG devices
+of allocated MIG placements (each step recorded first), apply sharing and write each CDI spec,
+then record `PrepareCompleted` for all in one checkpoint write before the call answers. The
+reservations reach the disk first (one more write) only when something a spec file cannot tell
+recovery about is changed: sharing applied to a GPU, a MIG device made, an earlier record
+replaced; otherwise a crash leaves spec files without records, orphans that recovery removes.
+So a call costs O(claims) and one or two checkpoint writes, however many claims it carries, plus
+two per MIG device made. Unprepare undoes the steps in reverse. A crash at any point leaves a
+state that `recover` rolls back or keeps whole at the next start: nothing is half-prepared, no
+CDI file is orphaned and no MIG device we made is left without a claim. Calls for the same
+claim are serialized, different claims proceed concurrently (MIG reconfiguration is serialized
+by the `MigManager`).
 
 With rolling updates two instances share the node's checkpoint: every prepare and unprepare
 (after the claims are fetched) then holds `serialize.lock` across instances and starts from the
 checkpoint as the other instance may have left it (see `prepare.shared`).
+
+With a claim watch, the claims it has copies of are prepared from those while they are fetched
+(`_prepare_watched`); a copy's result is the answer only if the fetched claim has the same
+allocation. That call holds `serialize.lock` from before the fetch, so that it too writes the
+checkpoint once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -43,7 +52,13 @@ from dradriver.prepare.checkpoint import (
     DeviceRecord,
     MigRecord,
 )
-from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError, ClaimUnusableError
+from dradriver.prepare.claims import (
+    ClaimHints,
+    ClaimNotFoundError,
+    ClaimSource,
+    ClaimSourceError,
+    ClaimUnusableError,
+)
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
@@ -80,6 +95,17 @@ class Recovery:
     rollback_failed: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
     temp_files_removed: int = 0
+
+
+@dataclass
+class _Batch:
+    """What `GpuDriver._prepare_batch` did."""
+
+    results: dict[str, PrepareResult] = field(default_factory=dict)
+    #: UIDs of the claims it prepared (not those it found prepared already).
+    prepared: list[str] = field(default_factory=list)
+    #: Whether the checkpoint must be written before the call answers.
+    write: bool = False
 
 
 def claim_ref_error(ref: ClaimRef) -> str | None:
@@ -132,10 +158,12 @@ class GpuDriver:
         boot_id: str,
         mig: MigManager,
         serialize: SerializeLock | None = None,
+        hints: ClaimHints | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
         self.claims = claims
+        self._hints = hints
         self._devices = devices
         self._cdi = cdi_dir
         self._store = store
@@ -198,7 +226,7 @@ class GpuDriver:
         elif loaded.boot_id and self._boot_id and loaded.boot_id != self._boot_id:
             report.cleared_after_reboot = sorted(loaded.claims)
             for uid in loaded.claims:
-                self._cdi.remove(uid, sync=False)
+                self._cdi.remove(uid)
             state = CheckpointData(boot_id=self._boot_id)
         else:
             state = loaded.model_copy(update={"boot_id": self._boot_id})
@@ -218,9 +246,8 @@ class GpuDriver:
             report.rolled_back.append(record.uid)
         for uid in self._cdi.claim_uids():
             if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
-                self._cdi.remove(uid, sync=False)
+                self._cdi.remove(uid)
                 report.orphans_removed.append(uid)
-        self._cdi.sync()
         with self._state_lock:
             # A model_copy keeps the fields a newer version wrote at the top level.
             self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
@@ -268,6 +295,10 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=problem)
             else:
                 valid.setdefault(ref.uid, ref)  # a UID twice in one call is prepared once
+        copies = self._copies(valid.values())
+        if copies:
+            results.update(self._prepare_watched(list(valid.values()), copies))
+            return results
         fetched: list[tuple[ClaimRef, ResourceClaim]] = []
         for ref, claim in zip(valid.values(), self._fetch_all(list(valid.values())), strict=True):
             if isinstance(claim, str):
@@ -275,7 +306,10 @@ class GpuDriver:
             else:
                 fetched.append((ref, claim))
         with self._exclusive(), self._claim_locks([ref.uid for ref, _ in fetched]):
-            results.update(self._prepare_batch(fetched))
+            batch = self._prepare_batch(fetched)
+            if batch.write:
+                self._persist()
+        results.update(batch.results)
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -307,7 +341,6 @@ class GpuDriver:
                 released.append(uid)
                 log.info("unprepared", claim=str(ref), uid=uid)
             if released:
-                self._cdi.sync()
                 self._forget(released)
         return errors
 
@@ -353,6 +386,78 @@ class GpuDriver:
             )
         log.debug("checkpoint reloaded: another instance changed it", claims=len(self._state.claims))
 
+    def _copies(self, refs: Iterable[ClaimRef]) -> dict[str, ResourceClaim]:
+        """The claim watch's copies of these claims (none that would not decode)."""
+        if self._hints is None:
+            return {}
+        copies = {}
+        for ref in refs:
+            raw = self._hints.get(ref)
+            if raw is None:
+                continue
+            try:
+                copies[ref.uid] = decode_claim(raw)
+            except ClaimFormatError:
+                continue  # the fetched claim gets that error
+        return copies
+
+    def _prepare_watched(
+        self, refs: Sequence[ClaimRef], copies: Mapping[str, ResourceClaim]
+    ) -> dict[str, PrepareResult]:
+        """Prepare from the watch's copies while the claims are fetched, so the fetch overlaps
+        the file writes; answer from a copy only if the fetched claim has the same UID and
+        allocation (the kubelet names neither, and a watch may trail a reallocation), else
+        prepare what was fetched. A failed fetch fails the call, undoing what it prepared."""
+        fetches = [self._fetcher.submit(self._fetch, ref) for ref in refs]
+        results: dict[str, PrepareResult] = {}
+        with self._exclusive(), self._claim_locks([ref.uid for ref in refs]):
+            early = _Batch()
+            try:
+                early = self._prepare_batch(
+                    [(ref, copies[ref.uid]) for ref in refs if ref.uid in copies], copy=True
+                )
+                try:
+                    fetched = [f.result() for f in fetches]
+                except CallError:
+                    self._discard(early.prepared)
+                    raise
+                confirmed: list[tuple[ClaimRef, ResourceClaim]] = []
+                for ref, claim in zip(refs, fetched, strict=True):
+                    result = early.results.get(ref.uid)
+                    if isinstance(claim, str):
+                        results[ref.uid] = PrepareResult(error=claim)
+                    elif result is not None and claim.status.allocation == copies[ref.uid].status.allocation:
+                        results[ref.uid] = result
+                    else:
+                        confirmed.append((ref, claim))
+                batch = self._prepare_batch(confirmed)
+                early.write = early.write or batch.write
+                results.update(batch.results)
+            finally:
+                if early.write:
+                    self._persist()
+        return results
+
+    def _persist(self) -> None:
+        """The one checkpoint write of a call, before it answers: the spec files of the claims it
+        prepared exist already, and a crash before this write leaves only orphans to remove."""
+        with self._state_lock:
+            self._store.save(self._state)
+
+    def _discard(self, uids: Sequence[str]) -> None:
+        """Undo what was prepared from copies (their claim locks are held)."""
+        for uid in uids:
+            record = self._state.claims.get(uid)
+            if record is None:
+                continue
+            try:
+                self._release(record)
+            except (SharingError, MigError) as err:  # copies apply neither: kept for recovery
+                log.error("could not undo a claim prepared from the claim watch", uid=uid, error=str(err))
+                continue
+            with self._state_lock:
+                self._state.claims.pop(uid, None)
+
     def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[ResourceClaim | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
         while a claim that cannot be used (no claim source, a malformed object, an unreadable
@@ -380,22 +485,35 @@ class GpuDriver:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> dict[str, PrepareResult]:
-        """Prepare claims whose locks are held: plan all, reserve all (one checkpoint write), make
-        their MIG devices, write specs, then record all completed (one more write)."""
-        results: dict[str, PrepareResult] = {}
+    def _prepare_batch(
+        self,
+        claims: Sequence[tuple[ClaimRef, ResourceClaim]],
+        *,
+        copy: bool = False,
+    ) -> _Batch:
+        """Prepare claims whose locks are held: plan all, reserve all, make their MIG devices,
+        write specs and record all completed in memory; the caller writes the checkpoint once,
+        before answering, if the batch says so.
+
+        With `copy` (the claims are a watch's copies) only what needs no word of the API server
+        is prepared: a claim with an earlier record, sharing or a MIG device to make, a plan
+        error or a device held by another claim gets no result, and waits for its fetched claim."""
+        batch = _Batch()
+        results = batch.results
         replaced: list[str] = []
         planned: list[ClaimPlan] = []
         for ref, claim in claims:
             existing = self._state.claims.get(ref.uid)
-            if (
-                existing is not None
-                and existing.state is ClaimState.PREPARE_COMPLETED
-                and not existing.recovered
-            ):
+            if existing is not None and _same_devices(existing, claim, self.driver_name):
                 results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
                 continue
+            if existing is not None and copy:
+                continue
             if existing is not None:
+                if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
+                    log.warning(
+                        "claim was prepared for another allocation: preparing it again", claim=str(ref)
+                    )
                 try:
                     self._release(existing, keep_cdi=existing.recovered)
                 except (SharingError, MigError) as err:
@@ -413,12 +531,16 @@ class GpuDriver:
                         check_mig_access(device.name, self._caps_major)
                     else:
                         self._cdi_device(ref, device)
-                planned.append(plan)
             except (PlanError, EditsError) as err:
-                log.warning("cannot prepare claim", claim=str(ref), error=str(err))
-                results[ref.uid] = PrepareResult(error=str(err))
-        self._release_stale_holders(planned)
-        started = self._start(planned, replaced, results)
+                if not copy:
+                    log.warning("cannot prepare claim", claim=str(ref), error=str(err))
+                    results[ref.uid] = PrepareResult(error=str(err))
+                continue
+            if not (copy and any(d.sharing or isinstance(d.hardware, PossibleMig) for d in plan.devices)):
+                planned.append(plan)
+        if not copy:
+            self._release_stale_holders(planned)
+        started = self._start(planned, replaced, results, copy=copy)
         completed: list[ClaimRecord] = []
         failed: list[ClaimRecord] = []
         specs: dict[str, dict[str, Any]] = {}
@@ -433,7 +555,7 @@ class GpuDriver:
                 spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
                 common = self._common + self._apply_sharing(ref, devices)
             except (SharingError, MigError, EditsError) as err:
-                self._fail(ref.uid, err, failed, results)
+                self._fail(ref.uid, err, failed, results, copy=copy)
                 continue
             specs[ref.uid] = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), spec_devices, common))
         written = self._cdi.write_many(specs)
@@ -443,20 +565,16 @@ class GpuDriver:
             if uid in rolled_back or uid in results:
                 continue
             if (error := written.get(uid)) is not None:
-                self._fail(uid, error, failed, results)
+                self._fail(uid, error, failed, results, copy=copy)
             else:
                 completed.append(
                     self._state.claims[uid].model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
                 )
-        if failed:
-            self._cdi.sync()  # the specs of rolled-back claims are gone for good
-        if started:
-            with self._state_lock:
-                for record in failed:
-                    self._state.claims.pop(record.uid, None)
-                for record in completed:
-                    self._state.claims[record.uid] = record
-                self._store.save(self._state)
+        with self._state_lock:
+            for record in failed:
+                self._state.claims.pop(record.uid, None)
+            for record in completed:
+                self._state.claims[record.uid] = record
         # One line per claim, unless a call carries so many that one line for all says more.
         each = log.info if len(completed) <= LOG_EACH_CLAIM_UP_TO else log.debug
         for record in completed:
@@ -471,7 +589,9 @@ class GpuDriver:
             log.info(
                 "prepared claims", count=len(completed), claims=[f"{r.namespace}/{r.name}" for r in completed]
             )
-        return results
+        batch.prepared = [record.uid for record in completed]
+        batch.write = bool(started or replaced)
+        return batch
 
     def _fail(
         self,
@@ -479,9 +599,12 @@ class GpuDriver:
         error: Exception,
         failed: list[ClaimRecord],
         results: dict[str, PrepareResult],
+        *,
+        copy: bool = False,
     ) -> None:
-        """Roll a started claim back (its record is forgotten with the batch's last write); what
-        cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery."""
+        """Roll a started claim back (its record is forgotten with the call's checkpoint write); what
+        cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery.
+        A claim prepared from a copy gets no result: its fetched claim is prepared again."""
         record = self._state.claims[uid]
         ref = ClaimRef(record.namespace, record.name, record.uid)
         try:
@@ -490,6 +613,8 @@ class GpuDriver:
         except (SharingError, MigError) as undo_error:
             log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
         log.warning("prepare failed, rolled back", claim=str(ref), error=str(error))
+        if copy:
+            return
         if isinstance(error, MigError) and error.reason == "insufficient_resources":
             message = (
                 f"claim {ref}: cannot create the MIG device: {error} (the GPU has no room at the allocated "
@@ -534,10 +659,21 @@ class GpuDriver:
         )
 
     def _start(
-        self, planned: Sequence[ClaimPlan], replaced: Sequence[str], results: dict[str, PrepareResult]
+        self,
+        planned: Sequence[ClaimPlan],
+        replaced: Sequence[str],
+        results: dict[str, PrepareResult],
+        *,
+        copy: bool = False,
     ) -> list[ClaimPlan]:
-        """Reserve the devices of every plan and record PrepareStarted (one checkpoint write);
-        a plan whose device another claim holds gets an error naming that claim."""
+        """Reserve the devices of every plan as PrepareStarted; a plan whose device another claim
+        holds gets an error naming that claim (left out with `copy`).
+
+        The reservations are written to the checkpoint before anything is touched only when
+        recovery needs them: sharing changes a GPU, a MIG device is made (its steps are recorded
+        anyway), or earlier records were replaced (their spec files removed). Otherwise a crash
+        leaves spec files without records, orphans recovery removes, and the call's write of
+        PrepareCompleted is its only one."""
         started = []
         with self._state_lock:
             for uid in replaced:
@@ -547,13 +683,16 @@ class GpuDriver:
                 ref = plan.claim
                 conflict = self._first_conflict(plan, holders)
                 if conflict is not None:
-                    results[ref.uid] = PrepareResult(error=conflict)
+                    if not copy:
+                        results[ref.uid] = PrepareResult(error=conflict)
                     continue
                 record = self._record(plan)
                 self._state.claims[ref.uid] = record
                 self._hold(holders, record)
                 started.append(plan)
-            if started or replaced:
+            if replaced or any(
+                d.sharing or isinstance(d.hardware, PossibleMig) for plan in started for d in plan.devices
+            ):
                 self._store.save(self._state)
         return started
 
@@ -633,7 +772,7 @@ class GpuDriver:
             except ClaimSourceError as err:
                 log.warning("cannot check the claim holding a device", holder=holder.uid, error=str(err))
                 continue
-            reason = released_reason(holder, claim)
+            reason = released_reason(holder, claim, self.driver_name)
             if reason is None:
                 continue
             ref = ClaimRef(holder.namespace, holder.name, holder.uid)
@@ -646,7 +785,6 @@ class GpuDriver:
                 except (SharingError, MigError) as err:
                     log.warning("cannot release a stale claim's devices", holder=str(ref), error=str(err))
                     continue
-                self._cdi.sync()
                 self._forget([uid])
             released.append(uid)
             log.info(
@@ -697,7 +835,7 @@ class GpuDriver:
 
     def _release(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
         """Release sharing, destroy the MIG devices made for the claim and remove the spec (the
-        caller forgets the record and syncs the CDI directory); safe to repeat after a crash. A
+        caller forgets the record); safe to repeat after a crash. A
         MigError (e.g. a MIG device still in use) leaves the spec, so that the claim stays whole
         for the kubelet, or recovery, to try again."""
         by_sharing: dict[str, list[str]] = {}
@@ -710,7 +848,7 @@ class GpuDriver:
             if device.mig is not None:
                 self._mig.destroy(device.mig)
         if not keep_cdi:
-            self._cdi.remove(record.uid, sync=False)
+            self._cdi.remove(record.uid)
 
     def _forget(self, uids: Sequence[str]) -> None:
         with self._state_lock:
@@ -754,6 +892,17 @@ class GpuDriver:
                     entry[1] -= 1
                     if entry[1] == 0:
                         del self._claim_locks_by_uid[uid]
+
+
+def _same_devices(record: ClaimRecord, claim: ResourceClaim, driver_name: str) -> bool:
+    """Whether `record` is a finished preparation of the devices `claim` is allocated now (a
+    claim deallocated and allocated again under its UID may have other devices)."""
+    if record.state is not ClaimState.PREPARE_COMPLETED or record.recovered:
+        return False
+    allocation = claim.status.allocation
+    results = allocation.devices.results if allocation is not None else ()
+    allocated = {(r.pool, r.device, r.share_id or "") for r in results if r.driver == driver_name}
+    return {(d.pool, d.device, d.share_id or "") for d in record.devices} == allocated
 
 
 def _with_created_migs(record: ClaimRecord, devices: Sequence[PlannedDevice]) -> ClaimRecord:

@@ -36,7 +36,7 @@ def gone_reason(record: ClaimRecord, claim: Mapping[str, Any] | None) -> str | N
     return None
 
 
-def released_reason(record: ClaimRecord, claim: Mapping[str, Any] | None) -> str | None:
+def released_reason(record: ClaimRecord, claim: Mapping[str, Any] | None, driver_name: str) -> str | None:
     """Why `record`'s claim cannot be using its devices any more, or None if it may still be.
 
     Asked when the scheduler has given one of those devices to another claim: it only does that
@@ -51,6 +51,10 @@ def released_reason(record: ClaimRecord, claim: Mapping[str, Any] | None) -> str
         return "its ResourceClaim is no longer allocated"
     if not status.get("reservedFor"):
         return "its ResourceClaim is reserved for no pod any more"
+    results = (status["allocation"].get("devices") or {}).get("results") or []
+    allocated = {(r.get("pool"), r.get("device")) for r in results if r.get("driver") == driver_name}
+    if record.devices and not any((d.pool, d.device) in allocated for d in record.devices):
+        return "its ResourceClaim was allocated other devices since"
     return None
 
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from dradriver.kube.client import KubeClient, WatchStream
-from dradriver.kube.errors import ConflictError, GoneError, KubeError, NotFoundError
+from dradriver.kube.client import KubeClient, WatchEvent
+from dradriver.kube.errors import ConflictError, KubeError, NotFoundError
 from dradriver.kube.events import EVENT_NAMESPACE, node_event
+from dradriver.kube.reflector import Reflector
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
 from dradriver.publish.cache import SliceCache
@@ -138,7 +139,16 @@ class SliceController:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._listed = threading.Event()
-        self._stream: WatchStream | None = None
+        self._reflector = Reflector(
+            what="ResourceSlices",
+            list_objects=self._listed_slices,
+            watch=lambda rv: client.watch_resource_slices(self._selector, rv),
+            on_list=self._on_list,
+            on_event=self._on_event,
+            on_watching=lambda watching: self._set_status(watching=watching),
+            backoff=self._backoff,
+            log=self._log,
+        )
         self._threads: list[threading.Thread] = []
         # Guarded by _cond:
         self._status = PublishStatus()
@@ -168,9 +178,7 @@ class SliceController:
         """Stop the threads; the slices stay in the API server (see module docstring)."""
         self._stop.set()
         self._listed.set()  # releases a reconciler still waiting for the first list
-        stream = self._stream
-        if stream is not None:
-            stream.close()
+        self._reflector.close()
         with self._cond:
             self._cond.notify_all()
         for thread in self._threads:
@@ -199,56 +207,21 @@ class SliceController:
     # -- watcher -------------------------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        resource_version: str | None = None
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                if resource_version is None:
-                    listed = self._client.list_resource_slices(self._selector)
-                    self._cache.replace(listed.get("items", []))
-                    resource_version = str(listed.get("metadata", {}).get("resourceVersion", ""))
-                    self._listed.set()
-                    self._kick(debounce=False)
-                stream = self._client.watch_resource_slices(self._selector, resource_version)
-                self._stream = stream
-                self._set_status(watching=True)
-                if self._stop.is_set():
-                    stream.close()
-                opened, events = time.monotonic(), 0
-                for event in stream:
-                    failures, events = 0, events + 1
-                    resource_version = str(
-                        event.object.get("metadata", {}).get("resourceVersion") or resource_version
-                    )
-                    if event.type != "BOOKMARK" and self._cache.apply_event(event.type, event.object):
-                        self._log.debug(
-                            "slice changed", type=event.type, slice=event.object["metadata"].get("name")
-                        )
-                        self._kick(debounce=True)
-                if not events and time.monotonic() - opened < 1.0 and not self._stop.is_set():
-                    # Something in between accepts and hangs up at once: do not spin.
-                    failures += 1
-                    self._stop.wait(self._backoff.delay(failures - 1))
-            except GoneError:
-                self._log.info("watch resourceVersion expired, listing again")
-                resource_version = None
-                continue
-            except KubeError as err:
-                failures += 1
-                self._set_status(watching=False)
-                delay = self._backoff.delay(failures - 1)
-                self._log.warning("watching ResourceSlices failed", error=str(err), retry_in=round(delay, 2))
-                self._stop.wait(delay)
-                continue
-            except Exception:  # keep the daemon alive whatever happens; the next round starts afresh
-                failures += 1
-                self._log.exception("unexpected error in the ResourceSlice watch")
-                resource_version = None
-                self._stop.wait(self._backoff.delay(failures - 1))
-                continue
-            finally:
-                self._stream = None
-                self._set_status(watching=False)
+        self._reflector.run(self._stop)
+
+    def _listed_slices(self) -> tuple[list[Json], str]:
+        listed = self._client.list_resource_slices(self._selector)
+        return listed.get("items", []), str(listed.get("metadata", {}).get("resourceVersion", ""))
+
+    def _on_list(self, items: list[Json]) -> None:
+        self._cache.replace(items)
+        self._listed.set()
+        self._kick(debounce=False)
+
+    def _on_event(self, event: WatchEvent) -> None:
+        if self._cache.apply_event(event.type, event.object):
+            self._log.debug("slice changed", type=event.type, slice=event.object["metadata"].get("name"))
+            self._kick(debounce=True)
 
     def _kick(self, *, debounce: bool) -> None:
         with self._cond:
