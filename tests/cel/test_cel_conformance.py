@@ -22,6 +22,8 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
   [KQ]    apiserver pkg/cel/library/quantity.go + pkg/cel/quantity.go, and apimachinery
           pkg/api/resource/quantity.go + amount.go (ParseQuantity, AsInt64, Cmp).
   [KSV]   apiserver pkg/cel/library/semverlib.go + pkg/cel/semver.go, and blang/semver v4.
+  [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
+          Addr.String, Prefix.Contains/Overlaps).
   [COST]  cel-go interpreter/runtimecost.go; DRA limit resourceapi.CELSelectorExpressionMaxCost.
 """
 
@@ -230,6 +232,32 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     # ext lists trackListSelfCompare charges distinct n*n*2 up front: 3000 elements exceed 1e6.
     ("lists.range(3000).distinct().size() > 0", Runtime("actual cost limit exceeded")),
     ("lists.range(500).distinct().size() == 500", True),
+    # -- IP and CIDR [KNET]: netip.ParseAddr / ParsePrefix, no zones, no IPv4-mapped IPv6 ----------
+    ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6 && ip("::1").isLoopback()', True),
+    ('string(ip("2001:DB8:0:0:1:0:0:1")) == "2001:db8::1:0:0:1"', True),
+    ('ip.isCanonical("2001:db8::0:1")', False),
+    (
+        'ip("01.2.3.4") == ip("1.2.3.4")',
+        Runtime('ParseAddr("01.2.3.4"): IPv4 field has octet with leading zero'),
+    ),
+    ('ip("fe80::1%eth0").isLinkLocalUnicast()', Runtime("with zone value is not allowed")),
+    ('isIP("::ffff:1.2.3.4")', False),
+    (
+        'ip("1.2.3.4") == "1.2.3.4"',
+        Compile("found no matching overload for '_==_' applied to '(net.IP, string)'"),
+    ),
+    ('cidr("10.0.0.1/8").masked() == cidr("10.0.0.0/8") && cidr("10.0.0.1/8") != cidr("10.0.0.0/8")', True),
+    (
+        'cidr("10.0.0.0/8").containsCIDR("10.1.0.0/16") && !cidr("10.1.0.0/16").containsCIDR("10.0.0.0/8")',
+        True,
+    ),
+    ('cidr("10.0.0.0/8").containsIP("::1")', False),
+    # cidrContainsIPString hands the failed parse on as a wrong-typed argument.
+    ('cidr("10.0.0.0/8").containsIP("x")', Runtime("no such overload")),
+    (
+        'cidr("10.0.0.1/33").prefixLength() == 33',
+        Runtime('netip.ParsePrefix("10.0.0.1/33"): prefix length out of range'),
+    ),
 ]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.decls import UNSUPPORTED_FUNCTIONS, Overload
+from dradriver.cel.decls import SUPPORTED_LIBRARIES, UNSUPPORTED_FUNCTIONS, Overload
 from dradriver.cel.parser import format_issue
 from dradriver.cel.values import UInt
 
@@ -52,6 +52,8 @@ TYPE_IDENTS: dict[str, t.Type] = {
     "uint": t.UINT,
     "kubernetes.Quantity": t.QUANTITY,
     "kubernetes.Semver": t.SEMVER,
+    "net.IP": t.IP,
+    "net.CIDR": t.CIDR,
 }
 
 
@@ -236,7 +238,7 @@ class Checker:
         if name in UNSUPPORTED_FUNCTIONS:
             self._error(
                 f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
-                "evaluate it (supported: standard CEL, strings, lists, sets, regex, quantity, semver)",
+                f"evaluate it (supported: {SUPPORTED_LIBRARIES})",
                 e.pos,
             )
             return

@@ -574,7 +574,7 @@ class Coster:
             return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
         if function == "_==_" and len(args) == 2 and args[0].type == args[1].type:
             kind, name = args[0].type.kind, args[0].type.name
-            if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.IPNet")) or (
+            if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.CIDR")) or (
                 kind is t.Kind.STRUCT and name in ("kubernetes.Quantity", "kubernetes.Semver")
             ):
                 return CallEstimate(ONE)

@@ -203,6 +203,8 @@ def declarations() -> dict[str, list[Overload]]:
             ov("int64_to_string", [t.INT], t.STRING),
             ov("timestamp_to_string", [t.TIMESTAMP], t.STRING),
             ov("uint64_to_string", [t.UINT], t.STRING),
+            ov("ip_to_string", [t.IP], t.STRING),
+            ov("cidr_to_string", [t.CIDR], t.STRING),
         ],
         "timestamp": [
             ov("timestamp_to_timestamp", [t.TIMESTAMP], t.TIMESTAMP),
@@ -335,11 +337,38 @@ def declarations() -> dict[str, list[Overload]]:
         "major": [ov("semver_major", [t.SEMVER], t.INT, member=True)],
         "minor": [ov("semver_minor", [t.SEMVER], t.INT, member=True)],
         "patch": [ov("semver_patch", [t.SEMVER], t.INT, member=True)],
+        # -- kubernetes ip and cidr libraries -----------------------------------------------------
+        "ip": [
+            ov("string_to_ip", [t.STRING], t.IP),
+            ov("cidr_ip", [t.CIDR], t.IP, member=True),
+        ],
+        "family": [ov("ip_family", [t.IP], t.INT, member=True)],
+        "ip.isCanonical": [ov("ip_is_canonical", [t.STRING], t.BOOL)],
+        "isUnspecified": [ov("ip_is_unspecified", [t.IP], t.BOOL, member=True)],
+        "isLoopback": [ov("ip_is_loopback", [t.IP], t.BOOL, member=True)],
+        "isLinkLocalMulticast": [ov("ip_is_link_local_multicast", [t.IP], t.BOOL, member=True)],
+        "isLinkLocalUnicast": [ov("ip_is_link_local_unicast", [t.IP], t.BOOL, member=True)],
+        "isGlobalUnicast": [ov("ip_is_global_unicast", [t.IP], t.BOOL, member=True)],
+        "isIP": [ov("is_ip", [t.STRING], t.BOOL)],
+        "cidr": [ov("string_to_cidr", [t.STRING], t.CIDR)],
+        "containsIP": [
+            ov("cidr_contains_ip_string", [t.CIDR, t.STRING], t.BOOL, member=True),
+            ov("cidr_contains_ip_ip", [t.CIDR, t.IP], t.BOOL, member=True),
+        ],
+        "containsCIDR": [
+            ov("cidr_contains_cidr_string", [t.CIDR, t.STRING], t.BOOL, member=True),
+            ov("cidr_contains_cidr", [t.CIDR, t.CIDR], t.BOOL, member=True),
+        ],
+        "prefixLength": [ov("cidr_prefix_length", [t.CIDR], t.INT, member=True)],
+        "masked": [ov("cidr_masked", [t.CIDR], t.CIDR, member=True)],
+        "isCIDR": [ov("is_cidr", [t.STRING], t.BOOL)],
     }
     for getter in _TS_GETTERS:
         d[getter] = _getter_overloads(getter)
     return d
 
+
+SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr"
 
 # Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
 # is a compile error from us (never a silent false), worded so that nobody mistakes it for an
@@ -355,21 +384,6 @@ UNSUPPORTED_FUNCTIONS = frozenset(
         "getPort",
         "getEscapedPath",
         "getQuery",
-        "ip",
-        "isIP",
-        "ip.isCanonical",
-        "cidr",
-        "isCIDR",
-        "family",
-        "isUnspecified",
-        "isLoopback",
-        "isLinkLocalMulticast",
-        "isLinkLocalUnicast",
-        "isGlobalUnicast",
-        "containsIP",
-        "containsCIDR",
-        "masked",
-        "prefixLength",
         "optional.of",
         "optional.ofNonZeroValue",
         "optional.none",

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from dradriver.cel import network
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
@@ -388,6 +389,8 @@ def to_string(value: Any) -> str:
             return cast(bytes, value).decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    if tv is network.IP or tv is network.CIDR:
+        return str(value)
     raise no_such_overload("string", value)
 
 
@@ -1049,6 +1052,21 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "major": (semver_major, None),
     "minor": (semver_minor, None),
     "patch": (semver_patch, None),
+    "ip": (network.ip, network.ip_cost),
+    "isIP": (network.is_ip, _first_string),
+    "ip.isCanonical": (network.ip_is_canonical, _first_string_twice),
+    "family": (network.family, None),
+    "isUnspecified": (network.is_unspecified, None),
+    "isLoopback": (network.is_loopback, None),
+    "isLinkLocalMulticast": (network.is_link_local_multicast, None),
+    "isLinkLocalUnicast": (network.is_link_local_unicast, None),
+    "isGlobalUnicast": (network.is_global_unicast, None),
+    "cidr": (network.cidr, _first_string),
+    "isCIDR": (network.is_cidr, _first_string),
+    "containsIP": (network.contains_ip, lambda args: network.contains_cost(args, of_cidr=False)),
+    "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
+    "prefixLength": (network.prefix_length, None),
+    "masked": (network.masked, None),
 }
 
 # How a call with arguments of the wrong runtime type fails, per cel-go binding style:

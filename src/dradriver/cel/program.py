@@ -34,6 +34,7 @@ from dradriver.cel.functions import (
 from dradriver.cel.values import (
     EMPTY_MAP,
     DefaultingMap,
+    OpaqueValue,
     TypeValue,
     UInt,
     equal,
@@ -826,7 +827,7 @@ def _eq_cost(lhs: Any, rhs: Any) -> int:
     from dradriver.cel.semver import Semver
     from dradriver.quantity import Quantity
 
-    if isinstance(lhs, Quantity | Semver):
+    if isinstance(lhs, Quantity | Semver | OpaqueValue):
         return 1
     import math
 

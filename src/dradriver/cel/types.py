@@ -100,6 +100,8 @@ TYPE = _simple(Kind.TYPE, "type")
 
 QUANTITY = Type(Kind.STRUCT, "kubernetes.Quantity")
 SEMVER = Type(Kind.STRUCT, "kubernetes.Semver")
+IP = Type(Kind.OPAQUE, "net.IP")
+CIDR = Type(Kind.OPAQUE, "net.CIDR")
 
 
 def list_of(elem: Type) -> Type:

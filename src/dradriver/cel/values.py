@@ -50,6 +50,14 @@ class TypeValue:
         return self.name
 
 
+class OpaqueValue:
+    """A value of a Kubernetes library's opaque type (`net.IP`, `net.CIDR`, `kubernetes.URL`):
+    equal only to a value of the same type; any other right operand is "no such overload"."""
+
+    __slots__ = ()
+    cel_type_name = "opaque"
+
+
 class DefaultingMap(dict[str, Any]):
     """`device.attributes` / `device.capacity`: an unknown domain reads as an empty map.
 
@@ -103,6 +111,8 @@ def type_name(value: object) -> str:
         return name
     if isinstance(value, Mapping):
         return "map"
+    if isinstance(value, OpaqueValue):
+        return value.cel_type_name
     return type(value).__name__
 
 
@@ -176,6 +186,8 @@ def equal(a: object, b: object) -> bool:
         return a.compare(b) == 0
     if ta is TypeValue:
         return type(b) is TypeValue and a == b
+    if isinstance(a, OpaqueValue) and type(b) is not ta:
+        raise EvalError("no such overload")
     return a == b
 
 
@@ -328,3 +340,26 @@ def go_format_float(value: float) -> str:
     if point >= len(digits):
         return f"{sign}{digits}{'0' * (point - len(digits))}"
     return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(text: str) -> str:
+    """strconv.Quote: printable characters as they are, the rest escaped."""
+    out = ['"']
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)
