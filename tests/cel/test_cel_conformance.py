@@ -22,6 +22,8 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
   [KQ]    apiserver pkg/cel/library/quantity.go + pkg/cel/quantity.go, and apimachinery
           pkg/api/resource/quantity.go + amount.go (ParseQuantity, AsInt64, Cmp).
   [KSV]   apiserver pkg/cel/library/semverlib.go + pkg/cel/semver.go, and blang/semver v4.
+  [OPT]   cel-go cel/library.go optionalLib (latest version), checker.go checkOptSelect,
+          interpreter/attributes.go applyQualifiers, common/types/optional.go.
   [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
           Addr.String, Prefix.Contains/Overlaps).
   [COST]  cel-go interpreter/runtimecost.go; DRA limit resourceapi.CELSelectorExpressionMaxCost.
@@ -232,6 +234,23 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     # ext lists trackListSelfCompare charges distinct n*n*2 up front: 3000 elements exceed 1e6.
     ("lists.range(3000).distinct().size() > 0", Runtime("actual cost limit exceeded")),
     ("lists.range(500).distinct().size() == 500", True),
+    # -- optional types [OPT]: `.?`, `[?]`, optional.of/none/ofNonZeroValue, value, or, orValue --------
+    (f"{A}.?productName.hasValue() && !{A}.?nosuch.hasValue()", True),
+    (f'{A}[?"type"].orValue("x") == "gpu" && {A}.?nosuch.orValue("x") == "x"', True),
+    ('device.attributes.?x.orValue({"a": 1}).size() == 0', True),  # unknown domains read as empty
+    ("optional.none().value() == 1", Runtime("optional.none() dereference")),
+    ("optional.none().orValue(1 / 0) == 1", Runtime("division by zero")),
+    ("optional.of(1).orValue(1 / 0) == 1", True),  # or/orValue evaluate their argument lazily
+    ('optional.ofNonZeroValue("").hasValue() || optional.ofNonZeroValue([]).hasValue()', False),
+    ("[?optional.none(), ?optional.of(2), 3] == [2, 3]", True),
+    ('{?"a": optional.none(), "b": 2} == {"b": 2}', True),
+    ("[1, 2, 3][?5].hasValue() || optional.of([1])[3].hasValue()", False),
+    (
+        "optional.of(1) == 1",
+        Compile("found no matching overload for '_==_' applied to '(optional_type(int), int)'"),
+    ),
+    ("[?1]", Compile("expected type 'optional_type(int)' but found 'int'")),
+    ("optional.of(2).optMap(x, x * 2).value() == 4 && [1].first() == optional.of(1)", True),
     # -- IP and CIDR [KNET]: netip.ParseAddr / ParsePrefix, no zones, no IPv4-mapped IPv6 ----------
     ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6 && ip("::1").isLoopback()', True),
     ('string(ip("2001:DB8:0:0:1:0:0:1")) == "2001:db8::1:0:0:1"', True),

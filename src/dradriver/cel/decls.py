@@ -121,6 +121,13 @@ def _getter_overloads(name: str) -> list[Overload]:
     return out
 
 
+V = t.param("V")
+K = t.param("K")
+OPTIONAL_V = t.optional_of(V)
+# `x.?f` is checked like a field selection; this is the reference cel-go records for it.
+OPT_SELECT_OVERLOAD = ov("select_optional_field", [t.DYN, t.STRING], OPTIONAL_V)
+
+
 def declarations() -> dict[str, list[Overload]]:
     """Function name -> overloads, for every function of the DRA CEL environment we implement."""
     d: dict[str, list[Overload]] = {
@@ -167,7 +174,30 @@ def declarations() -> dict[str, list[Overload]]:
         "_<=_": _relational("less_equals"),
         "_>_": _relational("greater"),
         "_>=_": _relational("greater_equals"),
-        "_[_]": [ov("index_list", [LIST_A, t.INT], A), ov("index_map", [MAP_AB, A], B)],
+        "_[_]": [
+            ov("index_list", [LIST_A, t.INT], A),
+            ov("index_map", [MAP_AB, A], B),
+            ov("optional_list_index_int", [t.optional_of(t.list_of(V)), t.INT], OPTIONAL_V),
+            ov("optional_map_index_value", [t.optional_of(t.map_of(K, V)), K], OPTIONAL_V),
+        ],
+        # -- optional types (cel-go cel/library.go optionalLib, latest version) -------------------
+        "_[?_]": [
+            ov("list_optindex_optional_int", [t.list_of(V), t.INT], OPTIONAL_V),
+            ov("optional_list_optindex_optional_int", [t.optional_of(t.list_of(V)), t.INT], OPTIONAL_V),
+            ov("map_optindex_optional_value", [t.map_of(K, V), K], OPTIONAL_V),
+            ov("optional_map_optindex_optional_value", [t.optional_of(t.map_of(K, V)), K], OPTIONAL_V),
+        ],
+        "optional.of": [ov("optional_of", [V], OPTIONAL_V)],
+        "optional.ofNonZeroValue": [ov("optional_ofNonZeroValue", [V], OPTIONAL_V)],
+        "optional.none": [ov("optional_none", [], OPTIONAL_V)],
+        "value": [ov("optional_value", [OPTIONAL_V], V, member=True)],
+        "hasValue": [ov("optional_hasValue", [OPTIONAL_V], t.BOOL, member=True)],
+        "or": [ov("optional_or_optional", [OPTIONAL_V, OPTIONAL_V], OPTIONAL_V, member=True)],
+        "orValue": [ov("optional_orValue_value", [OPTIONAL_V, V], V, member=True)],
+        "first": [ov("list_first", [t.list_of(V)], OPTIONAL_V, member=True)],
+        "last": [ov("list_last", [t.list_of(V)], OPTIONAL_V, member=True)],
+        "optional.unwrap": [ov("optional_unwrap", [t.list_of(OPTIONAL_V)], t.list_of(V))],
+        "unwrapOpt": [ov("optional_unwrapOpt", [t.list_of(OPTIONAL_V)], t.list_of(V), member=True)],
         "@in": [ov("in_list", [A, LIST_A], t.BOOL), ov("in_map", [A, MAP_AB], t.BOOL)],
         "size": _size_overloads(),
         # -- conversions --------------------------------------------------------------------
@@ -368,7 +398,7 @@ def declarations() -> dict[str, list[Overload]]:
     return d
 
 
-SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr"
+SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr, optional"
 
 # Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
 # is a compile error from us (never a silent false), worded so that nobody mistakes it for an
@@ -384,15 +414,6 @@ UNSUPPORTED_FUNCTIONS = frozenset(
         "getPort",
         "getEscapedPath",
         "getQuery",
-        "optional.of",
-        "optional.ofNonZeroValue",
-        "optional.none",
-        "hasValue",
-        "value",
-        "or",
-        "orValue",
-        "optMap",
-        "optFlatMap",
         "format.named",
         "validate",
     }

@@ -20,9 +20,11 @@ from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
     INT64_MIN,
+    OPTIONAL_NONE,
     UINT64_MAX,
     ArgumentMismatchError,
     ComputedQuantity,
+    Optional,
     TypeValue,
     UInt,
     check_int,
@@ -901,6 +903,67 @@ def semver_patch(v: Any) -> int:
     return _go_int64(_semver(v, "patch").patch)
 
 
+# -- optional types (cel-go cel/library.go optionalLib) ----------------------------------------------
+
+
+def optional_of(value: Any) -> Optional:
+    return Optional(value)
+
+
+def _is_zero(value: Any) -> bool:
+    """traits.Zeroer: null, false, 0, empty strings, bytes, lists and maps."""
+    if value is None:
+        return True
+    if type(value) in (bool, int, UInt, float):
+        return not value
+    if isinstance(value, str | bytes | tuple | list | Mapping):
+        return not value
+    return False
+
+
+def optional_of_non_zero_value(value: Any) -> Optional:
+    return OPTIONAL_NONE if _is_zero(value) else Optional(value)
+
+
+def optional_none() -> Optional:
+    return OPTIONAL_NONE
+
+
+def _optional(value: Any) -> Optional:
+    if type(value) is not Optional:
+        raise ArgumentMismatchError("no such overload")
+    return value
+
+
+def optional_value(value: Any) -> Any:
+    optional = _optional(value)
+    if not optional.has_value:
+        raise EvalError("optional.none() dereference")
+    return optional.value
+
+
+def optional_has_value(value: Any) -> bool:
+    return _optional(value).has_value
+
+
+def list_first(items: Any) -> Optional:
+    return Optional(_list(items, "first")[0]) if _list(items, "first") else OPTIONAL_NONE
+
+
+def list_last(items: Any) -> Optional:
+    return Optional(_list(items, "last")[-1]) if _list(items, "last") else OPTIONAL_NONE
+
+
+def optional_unwrap(items: Any) -> tuple[Any, ...]:
+    out = []
+    for item in _list(items, "optional.unwrap"):
+        if type(item) is not Optional:
+            raise ArgumentMismatchError("no such overload")
+        if item.has_value:
+            out.append(item.value)
+    return tuple(out)
+
+
 # -- costs (runtimecost.go costCall, ext trackers, Kubernetes CallCost) -----------------------------
 #
 # Every cost is computed from the arguments alone, before the call: the budget is checked before
@@ -1067,6 +1130,15 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
     "prefixLength": (network.prefix_length, None),
     "masked": (network.masked, None),
+    "optional.of": (optional_of, None),
+    "optional.ofNonZeroValue": (optional_of_non_zero_value, None),
+    "optional.none": (optional_none, None),
+    "value": (optional_value, None),
+    "hasValue": (optional_has_value, None),
+    "first": (list_first, None),
+    "last": (list_last, None),
+    "optional.unwrap": (optional_unwrap, None),
+    "unwrapOpt": (optional_unwrap, None),
 }
 
 # How a call with arguments of the wrong runtime type fails, per cel-go binding style:

@@ -58,6 +58,22 @@ class OpaqueValue:
     cel_type_name = "opaque"
 
 
+class Optional:
+    """cel-go's types.Optional: `optional.of(v)` holds `value`; OPTIONAL_NONE holds nothing."""
+
+    __slots__ = ("has_value", "value")
+
+    def __init__(self, value: Any = None, *, has_value: bool = True) -> None:
+        self.value = value
+        self.has_value = has_value
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.has_value else "optional.none()"
+
+
+OPTIONAL_NONE = Optional(has_value=False)
+
+
 class DefaultingMap(dict[str, Any]):
     """`device.attributes` / `device.capacity`: an unknown domain reads as an empty map.
 
@@ -101,6 +117,7 @@ TYPE_NAMES: dict[type, str] = {
     ComputedQuantity: "kubernetes.Quantity",
     Semver: "kubernetes.Semver",
     TypeValue: "type",
+    Optional: "optional_type",
 }
 
 
@@ -186,9 +203,20 @@ def equal(a: object, b: object) -> bool:
         return a.compare(b) == 0
     if ta is TypeValue:
         return type(b) is TypeValue and a == b
+    if ta is Optional:
+        return _optional_equal(a, b)  # type: ignore[arg-type]
     if isinstance(a, OpaqueValue) and type(b) is not ta:
         raise EvalError("no such overload")
     return a == b
+
+
+def _optional_equal(a: Optional, b: object) -> bool:
+    # Optional.Equal: none equals none; otherwise both hold values and the values are equal.
+    if type(b) is not Optional:
+        return False
+    if not a.has_value or not b.has_value:
+        return a.has_value == b.has_value
+    return equal(a.value, b.value)
 
 
 def _element_equal_or_unknown(a: object, b: object) -> bool | None:
@@ -302,8 +330,11 @@ def check_uint(value: int) -> UInt:
 
 
 def size_of(value: object) -> int:
+    """cel-go actualSize: a Sizer's size, an optional's value's size, else 1."""
     if isinstance(value, str | bytes | tuple | list | Mapping):
         return len(value)
+    if type(value) is Optional and value.has_value:
+        return size_of(value.value)
     return 1
 
 
