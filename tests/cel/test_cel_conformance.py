@@ -24,6 +24,8 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
   [KSV]   apiserver pkg/cel/library/semverlib.go + pkg/cel/semver.go, and blang/semver v4.
   [OPT]   cel-go cel/library.go optionalLib (latest version), checker.go checkOptSelect,
           interpreter/attributes.go applyQualifiers, common/types/optional.go.
+  [KURL]  apiserver pkg/cel/library/urls.go + pkg/cel/url.go, and Go's net/url (parse,
+          parseHost, unescape, EscapedPath, ParseQuery, URL.String).
   [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
           Addr.String, Prefix.Contains/Overlaps).
   [COST]  cel-go interpreter/runtimecost.go; DRA limit resourceapi.CELSelectorExpressionMaxCost.
@@ -251,6 +253,16 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ),
     ("[?1]", Compile("expected type 'optional_type(int)' but found 'int'")),
     ("optional.of(2).optMap(x, x * 2).value() == 4 && [1].first() == optional.of(1)", True),
+    # -- URLs [KURL]: net/url ParseRequestURI to accept, Parse to read --------------------------------
+    ('url("https://example.com:8443/a/b?x=1").getHostname() == "example.com"', True),
+    ('url("https://example.com:8443/a/b?x=1").getPort() == "8443"', True),
+    ('url("http://[::1]:80/").getHost() == "[::1]:80"', True),
+    ('url("https://h/a?x=1&x=2&y").getQuery() == {"x": ["1", "2"], "y": [""]}', True),
+    ('url("https://h/a b").getEscapedPath() == "/a%20b"', True),
+    ('isURL("/relative") && !isURL("relative") && !isURL("")', True),
+    ('url("not a url").getScheme() == ""', Runtime('parse "not a url": invalid URI for request')),
+    ('url("https://[10.0.0.1]/").getHost() == ""', Runtime("invalid IP-literal")),
+    ('url("http://a/%7e") == url("http://a/~")', True),
     # -- IP and CIDR [KNET]: netip.ParseAddr / ParsePrefix, no zones, no IPv4-mapped IPv6 ----------
     ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6 && ip("::1").isLoopback()', True),
     ('string(ip("2001:DB8:0:0:1:0:0:1")) == "2001:db8::1:0:0:1"', True),

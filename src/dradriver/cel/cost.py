@@ -579,7 +579,9 @@ class Coster:
             ):
                 return CallEstimate(ONE)
             if kind is t.Kind.STRUCT and name == "kubernetes.URL":
-                return CallEstimate(Estimate(1, 1).factor(STRING_TRAVERSAL))
+                # Kubernetes takes both sides' size from the right-hand operand.
+                size = args[1].computed or Estimate(1, 1)
+                return CallEstimate(Estimate(1, size.max).factor(STRING_TRAVERSAL))
         return None
 
     def _replace(self, target: Node, args: list[Node]) -> CallEstimate:

@@ -392,13 +392,22 @@ def declarations() -> dict[str, list[Overload]]:
         "prefixLength": [ov("cidr_prefix_length", [t.CIDR], t.INT, member=True)],
         "masked": [ov("cidr_masked", [t.CIDR], t.CIDR, member=True)],
         "isCIDR": [ov("is_cidr", [t.STRING], t.BOOL)],
+        # -- kubernetes url library ---------------------------------------------------------------
+        "url": [ov("string_to_url", [t.STRING], t.URL)],
+        "getScheme": [ov("url_get_scheme", [t.URL], t.STRING, member=True)],
+        "getHost": [ov("url_get_host", [t.URL], t.STRING, member=True)],
+        "getHostname": [ov("url_get_hostname", [t.URL], t.STRING, member=True)],
+        "getPort": [ov("url_get_port", [t.URL], t.STRING, member=True)],
+        "getEscapedPath": [ov("url_get_escaped_path", [t.URL], t.STRING, member=True)],
+        "getQuery": [ov("url_get_query", [t.URL], t.map_of(t.STRING, STRING_LIST), member=True)],
+        "isURL": [ov("is_url_string", [t.STRING], t.BOOL)],
     }
     for getter in _TS_GETTERS:
         d[getter] = _getter_overloads(getter)
     return d
 
 
-SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr, optional"
+SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr, url, optional"
 
 # Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
 # is a compile error from us (never a silent false), worded so that nobody mistakes it for an
@@ -406,14 +415,6 @@ SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semv
 UNSUPPORTED_FUNCTIONS = frozenset(
     {
         "format",
-        "url",
-        "isURL",
-        "getScheme",
-        "getHost",
-        "getHostname",
-        "getPort",
-        "getEscapedPath",
-        "getQuery",
         "format.named",
         "validate",
     }

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dradriver.cel import network
+from dradriver.cel import network, urls
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
@@ -1130,6 +1130,14 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
     "prefixLength": (network.prefix_length, None),
     "masked": (network.masked, None),
+    "url": (urls.url, _first_string),
+    "isURL": (urls.is_url, None),
+    "getScheme": (urls.get_scheme, None),
+    "getHost": (urls.get_host, None),
+    "getHostname": (urls.get_hostname, None),
+    "getPort": (urls.get_port, None),
+    "getEscapedPath": (urls.get_escaped_path, None),
+    "getQuery": (urls.get_query, None),
     "optional.of": (optional_of, None),
     "optional.ofNonZeroValue": (optional_of_non_zero_value, None),
     "optional.none": (optional_none, None),

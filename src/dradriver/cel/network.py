@@ -201,6 +201,16 @@ def _parse_addr(text: str) -> tuple[IP, str]:
     raise _ParseAddrError(text, "unable to parse IP")
 
 
+def parse_ip_literal(hostname: str) -> None:
+    """net/url parseHost: only an IPv6 address (a zone allowed) may sit inside brackets."""
+    try:
+        ip, _ = _parse_addr(hostname)
+    except _ParseAddrError as err:
+        raise ValueError(f"invalid host: {err}") from None
+    if ip.bits == 32:
+        raise ValueError("invalid IP-literal")
+
+
 def _is_4in6(ip: IP) -> bool:
     return ip.bits == 128 and ip.value >> 32 == 0xFFFF
 

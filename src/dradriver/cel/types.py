@@ -101,6 +101,7 @@ TYPE = _simple(Kind.TYPE, "type")
 OPTIONAL_NAME = "optional_type"
 QUANTITY = Type(Kind.STRUCT, "kubernetes.Quantity")
 SEMVER = Type(Kind.STRUCT, "kubernetes.Semver")
+URL = Type(Kind.STRUCT, "kubernetes.URL")
 IP = Type(Kind.OPAQUE, "net.IP")
 CIDR = Type(Kind.OPAQUE, "net.CIDR")
 
