@@ -262,7 +262,8 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('isURL("/relative") && !isURL("relative") && !isURL("")', True),
     ('url("not a url").getScheme() == ""', Runtime('parse "not a url": invalid URI for request')),
     ('url("https://[10.0.0.1]/").getHost() == ""', Runtime("invalid IP-literal")),
-    ('url("http://a/%7e") == url("http://a/~")', True),
+    # EscapedPath keeps a valid raw form, so the two strings (and URLs) differ.
+    ('url("http://a/%7e") == url("http://a/~")', False),
     # -- IP and CIDR [KNET]: netip.ParseAddr / ParsePrefix, no zones, no IPv4-mapped IPv6 ----------
     ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6 && ip("::1").isLoopback()', True),
     ('string(ip("2001:DB8:0:0:1:0:0:1")) == "2001:db8::1:0:0:1"', True),
