@@ -24,6 +24,8 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
   [KSV]   apiserver pkg/cel/library/semverlib.go + pkg/cel/semver.go, and blang/semver v4.
   [OPT]   cel-go cel/library.go optionalLib (latest version), checker.go checkOptSelect,
           interpreter/attributes.go applyQualifiers, common/types/optional.go.
+  [TIME]  cel-go common/types/timestamp.go, duration.go, overflow.go, cel/validator.go
+          (ValidateDuration/TimestampLiterals), and Go's time.Parse(RFC3339) / ParseDuration.
   [KURL]  apiserver pkg/cel/library/urls.go + pkg/cel/url.go, and Go's net/url (parse,
           parseHost, unescape, EscapedPath, ParseQuery, URL.String).
   [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
@@ -253,6 +255,16 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ),
     ("[?1]", Compile("expected type 'optional_type(int)' but found 'int'")),
     ("optional.of(2).optMap(x, x * 2).value() == 4 && [1].first() == optional.of(1)", True),
+    # -- timestamps and durations [TIME]: RFC 3339, time.ParseDuration, checked arithmetic -----------
+    ('timestamp("2024-05-01T23:00:00-02:00").getHours() == 1', True),  # getters read UTC by default
+    ('timestamp("2024-05-01T23:00:00-02:00").getHours("-02:00") == 23', True),
+    ('string(timestamp("2024-05-01T23:00:00.500-02:00")) == "2024-05-01T23:00:00.5-02:00"', True),
+    ('string(duration("1h30m")) == "5400s" && int(duration("1s")) == 1000000000', True),
+    ('timestamp("2024-13-01T00:00:00Z") < timestamp(0)', Compile("invalid timestamp argument")),
+    ('duration("1d") > duration("1s")', Compile("invalid duration argument")),
+    ('timestamp("9999-12-31T23:59:59Z") + duration("1s") > timestamp(0)', Runtime("timestamp overflow")),
+    ('timestamp(0).getDayOfWeek("Bogus/Zone") >= 0', Runtime("unknown time zone Bogus/Zone")),
+    ("[duration('1s'), duration('2s')].sum() == duration('3s')", True),
     # -- URLs [KURL]: net/url ParseRequestURI to accept, Parse to read --------------------------------
     ('url("https://example.com:8443/a/b?x=1").getHostname() == "example.com"', True),
     ('url("https://example.com:8443/a/b?x=1").getPort() == "8443"', True),

@@ -96,7 +96,7 @@ def _size_overloads() -> list[Overload]:
     return out
 
 
-_TS_GETTERS = {
+TIMESTAMP_GETTERS = {
     "getFullYear": "year",
     "getMonth": "month",
     "getDayOfYear": "day_of_year",
@@ -113,11 +113,11 @@ _DURATION_GETTERS = ("getHours", "getMinutes", "getSeconds", "getMilliseconds")
 
 def _getter_overloads(name: str) -> list[Overload]:
     out = [
-        ov(f"timestamp_to_{_TS_GETTERS[name]}", [t.TIMESTAMP], t.INT, member=True),
-        ov(f"timestamp_to_{_TS_GETTERS[name]}_with_tz", [t.TIMESTAMP, t.STRING], t.INT, member=True),
+        ov(f"timestamp_to_{TIMESTAMP_GETTERS[name]}", [t.TIMESTAMP], t.INT, member=True),
+        ov(f"timestamp_to_{TIMESTAMP_GETTERS[name]}_with_tz", [t.TIMESTAMP, t.STRING], t.INT, member=True),
     ]
     if name in _DURATION_GETTERS:
-        out.append(ov(f"duration_to_{_TS_GETTERS[name]}", [t.DURATION], t.INT, member=True))
+        out.append(ov(f"duration_to_{TIMESTAMP_GETTERS[name]}", [t.DURATION], t.INT, member=True))
     return out
 
 
@@ -402,7 +402,7 @@ def declarations() -> dict[str, list[Overload]]:
         "getQuery": [ov("url_get_query", [t.URL], t.map_of(t.STRING, STRING_LIST), member=True)],
         "isURL": [ov("is_url_string", [t.STRING], t.BOOL)],
     }
-    for getter in _TS_GETTERS:
+    for getter in TIMESTAMP_GETTERS:
         d[getter] = _getter_overloads(getter)
     return d
 

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dradriver.cel import network, urls
+from dradriver.cel import network, times, urls
+from dradriver.cel.decls import TIMESTAMP_GETTERS
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
@@ -167,6 +168,13 @@ def add(a: Any, b: Any) -> Any:
         return tuple(a) + tuple(b)
     if ta is bytes and tb is bytes:
         return a + b
+    if ta is times.Duration:
+        if tb is times.Duration:
+            return times.add_durations(a, b)
+        if tb is times.Timestamp:
+            return times.add_duration(b, a)
+    if ta is times.Timestamp and tb is times.Duration:
+        return times.add_duration(a, b)
     raise no_such_overload("_+_", a, b)
 
 
@@ -178,6 +186,13 @@ def subtract(a: Any, b: Any) -> Any:
         return a - b
     if ta is UInt and tb is UInt:
         return check_uint(a - b)
+    if ta is times.Duration and tb is times.Duration:
+        return times.subtract_durations(a, b)
+    if ta is times.Timestamp:
+        if tb is times.Duration:
+            return times.add_duration(a, times.negate_duration(b))
+        if tb is times.Timestamp:
+            return times.subtract_timestamps(a, b)
     raise no_such_overload("_-_", a, b)
 
 
@@ -234,6 +249,8 @@ def negate(a: Any) -> Any:
         return check_int(-a)
     if type(a) is float:
         return -a
+    if type(a) is times.Duration:
+        return times.negate_duration(a)
     raise no_such_overload("-_", a)
 
 
@@ -352,6 +369,10 @@ def to_int(value: Any) -> int:
             if INT64_MIN <= number <= INT64_MAX:
                 return number
         raise EvalError("type conversion error from 'string' to 'int'")
+    if tv is times.Timestamp:
+        return cast(times.Timestamp, value).seconds
+    if tv is times.Duration:
+        return cast(times.Duration, value).nanos
     raise no_such_overload("int", value)
 
 
@@ -393,6 +414,10 @@ def to_string(value: Any) -> str:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
     if tv is network.IP or tv is network.CIDR:
         return str(value)
+    if tv is times.Timestamp:
+        return times.format_timestamp(value)
+    if tv is times.Duration:
+        return times.format_duration(value)
     raise no_such_overload("string", value)
 
 
@@ -614,7 +639,7 @@ def find_all(s: Any, pattern: Any, *count: Any) -> tuple[str, ...]:
 
 def _comparable_list(items: Sequence[Any], function: str) -> None:
     for item in items:
-        if type(item) not in (int, UInt, float, bool, str, bytes):
+        if type(item) not in (int, UInt, float, bool, str, bytes, times.Timestamp, times.Duration):
             raise no_such_overload(function, item)
 
 
@@ -637,7 +662,7 @@ def list_sum(items: Any, zero: Any = 0) -> Any:
     if not seq:
         return zero
     total = seq[0]
-    if type(total) not in (int, UInt, float):
+    if type(total) not in (int, UInt, float, times.Duration):
         raise no_such_overload("sum", items)
     for item in seq[1:]:
         total = add(total, item)
@@ -703,13 +728,14 @@ def _sort_keys(items: Sequence[Any], keys: Sequence[Any]) -> tuple[Any, ...]:
     if not items:
         return tuple(items)
     first_type = type(keys[0])
-    if first_type not in (int, UInt, float, bool, str, bytes):
+    if first_type not in (int, UInt, float, bool, str, bytes, times.Timestamp, times.Duration):
         raise EvalError("list elements must be comparable")
     if any(type(k) is not first_type for k in keys):
         raise EvalError("list elements must have the same type")
     if first_type is float and any(math.isnan(k) for k in keys):
         raise EvalError("NaN values cannot be ordered")
-    order = sorted(range(len(items)), key=lambda i: keys[i])
+    ordered = [times.sort_key(k) for k in keys] if first_type in (times.Timestamp, times.Duration) else keys
+    order = sorted(range(len(items)), key=lambda i: ordered[i])
     return tuple(items[i] for i in order)
 
 
@@ -903,6 +929,43 @@ def semver_patch(v: Any) -> int:
     return _go_int64(_semver(v, "patch").patch)
 
 
+# -- timestamps and durations (standard library) ------------------------------------------------------
+
+
+def to_timestamp(value: Any) -> times.Timestamp:
+    if type(value) is times.Timestamp:
+        return value
+    if type(value) is str:
+        return times.parse_timestamp(value)
+    if type(value) is int:
+        return times.timestamp_from_int(value)
+    raise no_such_overload("timestamp", value)
+
+
+def to_duration(value: Any) -> times.Duration:
+    if type(value) is times.Duration:
+        return value
+    if type(value) is str:
+        return times.parse_duration(value)
+    if type(value) is int:
+        # Declared (int64_to_duration), but Int.ConvertToType has no duration case.
+        raise EvalError(f"type conversion error from 'int' to '{times.DURATION_TYPE}'")
+    raise no_such_overload("duration", value)
+
+
+def _getter(part: str) -> Callable[..., int]:
+    def get(value: Any, *tz: Any) -> int:
+        if type(value) is times.Timestamp:
+            if tz and type(tz[0]) is not str:
+                raise no_such_overload(part, value, *tz)
+            return times.timestamp_part(value, part, *tz)
+        if type(value) is times.Duration and not tz and part in times.DURATION_PARTS:
+            return times.duration_part(value, part)
+        raise no_such_overload(part, value, *tz)
+
+    return get
+
+
 # -- optional types (cel-go cel/library.go optionalLib) ----------------------------------------------
 
 
@@ -918,6 +981,10 @@ def _is_zero(value: Any) -> bool:
         return not value
     if isinstance(value, str | bytes | tuple | list | Mapping):
         return not value
+    if type(value) is times.Duration:
+        return value.nanos == 0
+    if type(value) is times.Timestamp:
+        return value.key() == (times.MIN_UNIX, 0)  # Go's zero time, 0001-01-01T00:00:00Z
     return False
 
 
@@ -1130,6 +1197,9 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
     "prefixLength": (network.prefix_length, None),
     "masked": (network.masked, None),
+    "timestamp": (to_timestamp, None),
+    "duration": (to_duration, None),
+    **{name: (_getter(part), None) for name, part in TIMESTAMP_GETTERS.items()},
     "url": (urls.url, _first_string),
     "isURL": (urls.is_url, None),
     "getScheme": (urls.get_scheme, None),

@@ -31,6 +31,7 @@ from dradriver.cel.functions import (
     compile_regex,
     matches,
 )
+from dradriver.cel.times import Duration
 from dradriver.cel.values import (
     EMPTY_MAP,
     OPTIONAL_NONE,
@@ -80,15 +81,6 @@ class _Err:
 
 _UNINIT = object()
 DEVICE_SLOT = 0
-
-
-class UnsupportedFunctionError(Exception):
-    """A declared function dradriver does not evaluate (timestamps, durations)."""
-
-    def __init__(self, name: str, pos: tuple[int, int]) -> None:
-        super().__init__(name)
-        self.name = name
-        self.pos = pos
 
 
 def check_budget(act: Activation) -> None:
@@ -503,8 +495,6 @@ class Compiler:
             membership = self._set_membership(args)
             if membership is not None:
                 return membership
-        if name not in RUNTIME:
-            raise UnsupportedFunctionError(name, e.pos)
         impl, cost_fn = RUNTIME[name]
         if name in OVERLOAD_PRICED:
             ids = [overload.id for overload in self.check.overloads.get(e, [])]
@@ -1112,7 +1102,9 @@ def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
 
     zero: Any = 0
     if len(overloads) == 1:
-        zero = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}.get(overloads[0].id, 0)
+        zeros: dict[str, Any] = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}
+        zeros["list_duration_sum_duration"] = Duration(0)
+        zero = zeros.get(overloads[0].id, 0)
     return bound("sum", lambda items: list_sum(items, zero))
 
 

@@ -10,7 +10,15 @@ from typing import Any
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issues_text, validate_aggregates, walk
+from dradriver.cel.checker import (
+    DEVICE_TYPE,
+    Checker,
+    CheckError,
+    CheckResult,
+    issues_text,
+    validate_aggregates,
+    walk,
+)
 from dradriver.cel.cost import estimate_cost
 from dradriver.cel.decls import declarations
 from dradriver.cel.device import CELDevice, to_cel_device
@@ -21,7 +29,7 @@ from dradriver.cel.errors import (
     CostLimitError,
     EvalError,
 )
-from dradriver.cel.functions import compile_regex
+from dradriver.cel.functions import RUNTIME, compile_regex
 from dradriver.cel.parser import format_issue, parse
 from dradriver.cel.program import (
     COST_LIMIT,
@@ -31,7 +39,6 @@ from dradriver.cel.program import (
     Compiler,
     Eval,
     ProgramError,
-    UnsupportedFunctionError,
 )
 from dradriver.cel.values import type_name
 
@@ -162,7 +169,11 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         checker = Checker(_DECLARATIONS, {"device": DEVICE_TYPE})
         checked = checker.check(root)
         # cel-go runs the AST validators only on an expression that type-checked.
-        issues = checker.errors or _validate_regex_literals(root) + validate_aggregates(root, checked)
+        issues = checker.errors or (
+            _validate_conversion_literals(root, checked)
+            + _validate_regex_literals(root)
+            + validate_aggregates(root, checked)
+        )
     except RecursionError:
         raise CELCompileError(
             COMPILATION_FAILED + format_issue(expression, "expression nests too deeply", (1, 1)),
@@ -179,15 +190,6 @@ def _compile(expression: str, cost_limit: int) -> Selector:
     compiler = Compiler(checked, {"device": DEVICE_SLOT})
     try:
         program = compiler.compile(root)
-    except UnsupportedFunctionError as unsupported:
-        raise CELCompileError(
-            format_issue(
-                expression,
-                f"function '{unsupported.name}' (timestamps and durations) is not evaluated by dradriver",
-                unsupported.pos,
-            ),
-            expression=expression,
-        ) from None
     except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
     estimated = estimate_cost(root, checked)
@@ -211,6 +213,25 @@ def _type_string(ty: t.Type) -> str:
     if not ty.params:
         return ty.name
     return f"{ty.name}({', '.join(_type_string(p) for p in ty.params)})"
+
+
+def _validate_conversion_literals(root: ast.Expr, checked: CheckResult) -> list[CheckError]:
+    """cel-go ValidateDurationLiterals and ValidateTimestampLiterals: a literal argument of
+    `duration` / `timestamp` must convert (durations first, then timestamps)."""
+    errors = []
+    for function in ("duration", "timestamp"):
+        convert = RUNTIME[function][0]
+        for node in walk(root):
+            if isinstance(node, ast.Call) and node.function == function and node.target is None and node.args:
+                if node in checked.qualified_calls:
+                    continue
+                first = node.args[0]
+                if isinstance(first, ast.Literal):
+                    try:
+                        convert(first.value)
+                    except EvalError:
+                        errors.append(CheckError(f"invalid {function} argument", first.pos))
+    return errors
 
 
 def _validate_regex_literals(root: ast.Expr) -> list[CheckError]:

@@ -14,6 +14,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+from dradriver.cel import times
 from dradriver.cel.errors import EvalError
 from dradriver.cel.semver import Semver
 from dradriver.quantity import Quantity
@@ -118,6 +119,8 @@ TYPE_NAMES: dict[type, str] = {
     Semver: "kubernetes.Semver",
     TypeValue: "type",
     Optional: "optional_type",
+    times.Timestamp: times.TIMESTAMP_TYPE,
+    times.Duration: times.DURATION_TYPE,
 }
 
 
@@ -205,6 +208,8 @@ def equal(a: object, b: object) -> bool:
         return type(b) is TypeValue and a == b
     if ta is Optional:
         return _optional_equal(a, b)  # type: ignore[arg-type]
+    if ta is times.Timestamp or ta is times.Duration:
+        return type(b) is ta and a == b
     if isinstance(a, OpaqueValue) and type(b) is not ta:
         raise EvalError("no such overload")
     return a == b
@@ -305,6 +310,8 @@ def compare(a: object, b: object, function: str) -> int:
     if ta is tb and ta in (str, bytes, bool):
         left: Any = a
         return int((left > b) - (left < b))
+    if ta is tb and ta in (times.Timestamp, times.Duration):
+        return times.compare(a, b)  # type: ignore[arg-type]
     raise no_such_overload(function, a, b)
 
 
