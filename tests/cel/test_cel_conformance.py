@@ -26,6 +26,7 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
           interpreter/attributes.go applyQualifiers, common/types/optional.go.
   [TIME]  cel-go common/types/timestamp.go, duration.go, overflow.go, cel/validator.go
           (ValidateDuration/TimestampLiterals), and Go's time.Parse(RFC3339) / ParseDuration.
+  [FMT]   cel-go ext/formatting.go (the clauses, FormatString, stringFormatValidator).
   [KURL]  apiserver pkg/cel/library/urls.go + pkg/cel/url.go, and Go's net/url (parse,
           parseHost, unescape, EscapedPath, ParseQuery, URL.String).
   [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
@@ -265,6 +266,27 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     ('timestamp("9999-12-31T23:59:59Z") + duration("1s") > timestamp(0)', Runtime("timestamp overflow")),
     ('timestamp(0).getDayOfWeek("Bogus/Zone") >= 0', Runtime("unknown time zone Bogus/Zone")),
     ("[duration('1s'), duration('2s')].sum() == duration('3s')", True),
+    # -- string formatting [FMT]: ext strings v2 format, en_US --------------------------------------
+    ('"%d-%s|%.2f|%x|%b".format([1, "a", 1234.5, "hi", true]) == "1-a|1,234.50|6869|1"', True),
+    (
+        '"%s".format([[1, "a", b"b", 2.5, null, {"k": [true]}]]) == "[1, \\"a\\", b\\"b\\", 2.500000, null, {\\"k\\":[true]}]"',
+        True,
+    ),
+    (
+        '"%d".format(["a"]) == ""',
+        Compile("error during formatting: decimal clause can only be used on integers, was given string"),
+    ),
+    ('"%s %s".format(["a"]) == ""', Compile("index 1 out of range")),
+    (
+        '"%s".format(["a", "b"]) == ""',
+        Compile("too many arguments supplied to string.format (expected 1, got 2)"),
+    ),
+    (
+        '"%d".format(dyn(["a"])) == ""',
+        Runtime("decimal clause can only be used on integers, was given string"),
+    ),
+    # `!=` is `Equal(l, r) != true`: a comparison that fails (semver against a string) is unequal.
+    ('semver("1.2.3") != dyn("1.2.3")', True),
     # -- URLs [KURL]: net/url ParseRequestURI to accept, Parse to read --------------------------------
     ('url("https://example.com:8443/a/b?x=1").getHostname() == "example.com"', True),
     ('url("https://example.com:8443/a/b?x=1").getPort() == "8443"', True),

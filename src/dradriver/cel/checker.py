@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.decls import OPT_SELECT_OVERLOAD, SUPPORTED_LIBRARIES, UNSUPPORTED_FUNCTIONS, Overload
+from dradriver.cel.decls import OPT_SELECT_OVERLOAD, UNSUPPORTED_FUNCTIONS, UNSUPPORTED_LIBRARY, Overload
 from dradriver.cel.parser import format_issue
 from dradriver.cel.values import UInt
 
@@ -253,7 +253,7 @@ class Checker:
         if name in UNSUPPORTED_FUNCTIONS:
             self._error(
                 f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
-                f"evaluate it (supported: {SUPPORTED_LIBRARIES})",
+                f"evaluate it ({UNSUPPORTED_LIBRARY})",
                 e.pos,
             )
             return
@@ -467,7 +467,17 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]
 
 def _validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]:
     errors: list[CheckError] = []
+    # The string format validator exempts everything inside a `format` call.
+    exempt = {
+        inner
+        for node in walk(root)
+        if isinstance(node, ast.Call) and node.function == "format"
+        for inner in walk(node)
+        if inner is not node
+    }
     for node in walk(root):
+        if node in exempt:
+            continue
         if isinstance(node, ast.ListExpr):
             first: t.Type | None = None
             for i, element in enumerate(node.elements):

@@ -524,6 +524,8 @@ class Coster:
         if function == "url" and len(args) == 1:
             size = self.estimate_size(args[0])
             return CallEstimate(size.factor(STRING_TRAVERSAL), size)
+        if function == "format" and target is not None:
+            return CallEstimate(self.estimate_size(target).factor(STRING_TRAVERSAL))
         if function in ("lowerAscii", "upperAscii", "substring", "trim") and target is not None:
             size = self.estimate_size(target)
             return CallEstimate(size.factor(STRING_TRAVERSAL), size)

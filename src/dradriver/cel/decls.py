@@ -292,6 +292,7 @@ def declarations() -> dict[str, list[Overload]]:
             ov("list_join_string", [STRING_LIST, t.STRING], t.STRING, member=True),
         ],
         "strings.quote": [ov("strings_quote", [t.STRING], t.STRING)],
+        "format": [ov("string_format", [t.STRING, t.list_of(t.DYN)], t.STRING, member=True)],
         # -- ext sets -------------------------------------------------------------------------
         "sets.contains": [ov("list_sets_contains_list", [t.list_of(T), t.list_of(T)], t.BOOL)],
         "sets.equivalent": [ov("list_sets_equivalent_list", [t.list_of(T), t.list_of(T)], t.BOOL)],
@@ -407,14 +408,14 @@ def declarations() -> dict[str, list[Overload]]:
     return d
 
 
-SUPPORTED_LIBRARIES = "standard CEL, strings, lists, sets, regex, quantity, semver, ip, cidr, url, optional"
+# What the compile error below names as unsupported: the Kubernetes named-format library.
+UNSUPPORTED_LIBRARY = "Kubernetes' named-format library"
 
 # Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
 # is a compile error from us (never a silent false), worded so that nobody mistakes it for an
 # error Kubernetes would report.
 UNSUPPORTED_FUNCTIONS = frozenset(
     {
-        "format",
         "format.named",
         "validate",
     }

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dradriver.cel import network, times, urls
+from dradriver.cel import formatting, network, times, urls
 from dradriver.cel.decls import TIMESTAMP_GETTERS
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
@@ -1197,6 +1197,7 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
     "prefixLength": (network.prefix_length, None),
     "masked": (network.masked, None),
+    "format": (formatting.string_format, _first_string),
     "timestamp": (to_timestamp, None),
     "duration": (to_duration, None),
     **{name: (_getter(part), None) for name, part in TIMESTAMP_GETTERS.items()},

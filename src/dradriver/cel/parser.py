@@ -145,14 +145,16 @@ def _boolean_literal(token: Token) -> Token:
 _GRAMMAR_PATCHES = (
     (
         'list_lit       : "[" [exprlist] "]"',
-        'list_lit       : "[" "]" | "[" "," "]" | "[" list_elements "]"\n'
+        'list_lit       : LSQB "]" | LSQB "," "]" | LSQB list_elements "]"\n'
+        'LSQB           : "["\n'
         'list_elements  : element ("," element)* [","]\n'
         "?element       : expr | opt_expr\n"
         'opt_expr       : "?" expr',
     ),
     (
         'map_lit        : "{" [mapinits] "}"',
-        'map_lit        : "{" "}" | "{" "," "}" | "{" map_entries "}"\n'
+        'map_lit        : LBRACE "}" | LBRACE "," "}" | LBRACE map_entries "}"\n'
+        'LBRACE         : "{"\n'
         'map_entries    : element ":" expr ("," element ":" expr)* [","]',
     ),
     # The optional syntax (cel.OptionalTypes enables it in the Kubernetes environment).
@@ -747,18 +749,22 @@ class _Builder:
         finally:
             self.expr_depth -= 1
 
+    # The opening bracket is kept in the tree: cel-go places a list or map literal there.
+
     def _list_lit(self, tree: _Tree) -> ast.Expr:
-        elements, optional = self._elements(_children(tree.children[0]) if tree.children else [])
-        return ast.ListExpr(elements, optional, pos=_pos(tree))
+        bracket, *rest = tree.children
+        elements, optional = self._elements(_children(rest[0]) if rest else [])
+        return ast.ListExpr(elements, optional, pos=_pos(bracket))
 
     def _map_lit(self, tree: _Tree) -> ast.Expr:
-        if not tree.children:
-            return ast.MapExpr([], pos=_pos(tree))
-        children = _children(tree.children[0])
+        brace, *rest = tree.children
+        if not rest:
+            return ast.MapExpr([], pos=_pos(brace))
+        children = _children(rest[0])
         keys, optional_keys = self._elements(children[::2])
         values = [self.nested(c) for c in children[1::2]]
         entries = list(zip(keys, values, strict=True))
-        return ast.MapExpr(entries, optional_keys, pos=_pos(tree))
+        return ast.MapExpr(entries, optional_keys, pos=_pos(brace))
 
     def _elements(self, children: list[_Node]) -> tuple[list[ast.Expr], frozenset[int]]:
         """List elements or map keys, and which of them are marked optional (`?x`)."""

@@ -664,8 +664,13 @@ class Compiler:
         def equality(a: Activation) -> bool:
             lhs, rhs = left(a), right(a)
             a.cost += _eq_cost(lhs, rhs)
-            result = equal(lhs, rhs)
-            return (not result) if negate else result
+            if negate:
+                # evalNe: `Equal(l, r) != True`, so an Equal that fails makes `!=` true.
+                try:
+                    return not equal(lhs, rhs)
+                except EvalError:
+                    return True
+            return equal(lhs, rhs)
 
         return _charging_errors(equality, [left, right], _eq_cost_of)
 

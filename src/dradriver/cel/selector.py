@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.cel import ast
+from dradriver.cel import ast, formatting
 from dradriver.cel import types as t
 from dradriver.cel.checker import (
     DEVICE_TYPE,
@@ -173,6 +173,7 @@ def _compile(expression: str, cost_limit: int) -> Selector:
             _validate_conversion_literals(root, checked)
             + _validate_regex_literals(root)
             + validate_aggregates(root, checked)
+            + _validate_format_literals(root, checked)
         )
     except RecursionError:
         raise CELCompileError(
@@ -232,6 +233,96 @@ def _validate_conversion_literals(root: ast.Expr, checked: CheckResult) -> list[
                     except EvalError:
                         errors.append(CheckError(f"invalid {function} argument", first.pos))
     return errors
+
+
+# What each clause accepts, by checked type kind (stringFormatChecker.verifyTypeOneOf).
+_CLAUSE_KINDS = {
+    "d": {t.Kind.INT, t.Kind.UINT},
+    "f": {t.Kind.DOUBLE, t.Kind.STRING},
+    "e": {t.Kind.DOUBLE, t.Kind.STRING},
+    "b": {t.Kind.INT, t.Kind.UINT, t.Kind.BOOL},
+    "x": {t.Kind.INT, t.Kind.UINT, t.Kind.STRING, t.Kind.BYTES},
+    "X": {t.Kind.INT, t.Kind.UINT, t.Kind.STRING, t.Kind.BYTES},
+    "o": {t.Kind.INT, t.Kind.UINT},
+}
+_STRING_CLAUSE_KINDS = {t.Kind.LIST, t.Kind.MAP, t.Kind.INT, t.Kind.UINT, t.Kind.DOUBLE, t.Kind.BOOL}
+_STRING_CLAUSE_KINDS |= {
+    t.Kind.STRING,
+    t.Kind.TIMESTAMP,
+    t.Kind.BYTES,
+    t.Kind.DURATION,
+    t.Kind.TYPE,
+    t.Kind.NULL,
+}
+
+
+def _validate_format_literals(root: ast.Expr, checked: CheckResult) -> list[CheckError]:
+    """ext strings' stringFormatValidator: a literal format string applied to a list literal is
+    checked clause by clause against the arguments' types, and every argument must be used."""
+    errors = []
+    for node in walk(root):
+        if not (
+            isinstance(node, ast.Call)
+            and node.function == "format"
+            and isinstance(node.target, ast.Literal)
+            and type(node.target.value) is str
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.ListExpr)
+        ):
+            continue
+        ids = [overload.id for overload in checked.overloads.get(node, [])]
+        if ids and "string_format" not in ids:
+            continue
+        args = node.args[0].elements
+        used = 0
+
+        def verify(clause: formatting.Clause, args: list[ast.Expr] = args) -> str:
+            nonlocal used
+            used += 1
+            arg = args[clause.index]
+            bad = _unformattable(arg, checked) if clause.letter == "s" else None
+            if clause.letter != "s" and not _kind_ok(arg, checked, _CLAUSE_KINDS[clause.letter]):
+                bad = arg
+            if bad is not None:
+                kind = checked.types[bad].name
+                raise formatting.FormatError(formatting.clause_message(clause.letter, kind), id(bad))
+            return ""
+
+        try:
+            formatting.run(node.target.value, len(args), verify, checking=True)
+        except formatting.FormatError as err:
+            where = next((a.pos for a in walk(node.args[0]) if id(a) == err.index), node.pos)
+            errors.append(CheckError(err.message, where))
+            continue
+        if len(args) > used:
+            errors.append(
+                CheckError(
+                    f"too many arguments supplied to string.format (expected {used}, got {len(args)})",
+                    node.pos,
+                )
+            )
+    return errors
+
+
+def _kind_ok(arg: ast.Expr, checked: CheckResult, kinds: set[t.Kind]) -> bool:
+    ty = checked.types[arg]
+    return ty.kind is t.Kind.DYN or ty.kind in kinds
+
+
+def _unformattable(arg: ast.Expr, checked: CheckResult) -> ast.Expr | None:
+    """verifyString: the first (sub-)expression the string clause cannot print, or None."""
+    if not _kind_ok(arg, checked, _STRING_CLAUSE_KINDS):
+        return arg
+    parts: list[ast.Expr] = []
+    if isinstance(arg, ast.ListExpr):
+        parts = list(arg.elements)
+    elif isinstance(arg, ast.MapExpr):
+        parts = [part for entry in arg.entries for part in entry]
+    for part in parts:
+        bad = _unformattable(part, checked)
+        if bad is not None:
+            return bad
+    return None
 
 
 def _validate_regex_literals(root: ast.Expr) -> list[CheckError]:

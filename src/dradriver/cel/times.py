@@ -243,9 +243,9 @@ def _fraction(nanos: int) -> str:
 def format_timestamp(t: Timestamp) -> str:
     """t.Format(time.RFC3339Nano), in the offset the timestamp was written with."""
     days, rest = divmod(t.seconds + t.offset, 86400)
-    local = dt.date(1970, 1, 1) + dt.timedelta(days=days)
+    year, month, day = _civil_from_days(days)
     hour, minute, second = rest // 3600, rest // 60 % 60, rest % 60
-    text = f"{local.year:04d}-{local.month:02d}-{local.day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
+    text = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
     text += _fraction(t.nanos)
     if t.offset == 0:
         return text + "Z"
@@ -291,33 +291,48 @@ def _go_atoi(text: str) -> int:
     return int(text)
 
 
-def _in_zone(t: Timestamp, tz: str | None) -> dt.datetime:
-    instant = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=t.seconds)
+def _offset(t: Timestamp, tz: str | None) -> int:
+    """Seconds east of UTC of the zone at this instant (none given: UTC)."""
     if tz is None:
-        return instant
+        return 0
     colon = tz.find(":")
-    if colon < 0:
-        return instant.astimezone(_zone(tz))
-    hours, minutes = _go_atoi(tz[:colon]), _go_atoi(tz[colon + 1 :])
-    offset = hours * 60 - minutes if tz[0] == "-" else hours * 60 + minutes
-    return instant.astimezone(dt.timezone(dt.timedelta(minutes=offset)))
+    if colon >= 0:
+        hours, minutes = _go_atoi(tz[:colon]), _go_atoi(tz[colon + 1 :])
+        return (hours * 60 - minutes if tz[0] == "-" else hours * 60 + minutes) * 60
+    zone = _zone(tz)
+    # Python's datetime stops at years 1 and 9999; the zone's rules do not change that far out.
+    clamped = min(max(t.seconds, MIN_UNIX + 2 * 86400), MAX_UNIX - 2 * 86400)
+    instant = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=clamped)
+    offset = instant.astimezone(zone).utcoffset()
+    return int(offset.total_seconds()) if offset is not None else 0
+
+
+def _civil_from_days(days: int) -> tuple[int, int, int]:
+    """The proleptic Gregorian date `days` after 1970-01-01 (the inverse of _days_from_civil)."""
+    days += 719468
+    era = days // 146097
+    day_of_era = days - era * 146097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36524 - day_of_era // 146096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    mp = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
 
 
 def timestamp_part(t: Timestamp, part: str, tz: str | None = None) -> int:
-    try:
-        local = _in_zone(t, tz)
-    except OverflowError:
-        raise EvalError("timestamp overflow") from None
+    days, rest = divmod(t.seconds + _offset(t, tz), 86400)
+    year, month, day = _civil_from_days(days)
     values = {
-        "year": lambda: local.year,
-        "month": lambda: local.month - 1,
-        "day_of_year": lambda: local.timetuple().tm_yday - 1,
-        "day_of_month": lambda: local.day - 1,
-        "date": lambda: local.day,
-        "day_of_week": lambda: (local.weekday() + 1) % 7,
-        "hours": lambda: local.hour,
-        "minutes": lambda: local.minute,
-        "seconds": lambda: local.second,
+        "year": lambda: year,
+        "month": lambda: month - 1,
+        "day_of_year": lambda: days - _days_from_civil(year, 1, 1),
+        "day_of_month": lambda: day - 1,
+        "date": lambda: day,
+        "day_of_week": lambda: (days + 4) % 7,  # 1970-01-01 was a Thursday
+        "hours": lambda: rest // 3600,
+        "minutes": lambda: rest // 60 % 60,
+        "seconds": lambda: rest % 60,
         "milliseconds": lambda: t.nanos // 1_000_000,
     }
     return values[part]()
