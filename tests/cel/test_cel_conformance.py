@@ -269,7 +269,8 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     # -- string formatting [FMT]: ext strings v2 format, en_US --------------------------------------
     ('"%d-%s|%.2f|%x|%b".format([1, "a", 1234.5, "hi", true]) == "1-a|1,234.50|6869|1"', True),
     (
-        '"%s".format([[1, "a", b"b", 2.5, null, {"k": [true]}]]) == "[1, \\"a\\", b\\"b\\", 2.500000, null, {\\"k\\":[true]}]"',
+        '"%s".format([[1, "a", b"b", 2.5, null, {"k": [true]}]])'
+        ' == "[1, \\"a\\", b\\"b\\", 2.500000, null, {\\"k\\":[true]}]"',
         True,
     ),
     (
