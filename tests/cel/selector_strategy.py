@@ -454,6 +454,11 @@ class Gen:
                 lambda d: f"{self.int_list(d)} == {self.int_list(d)}",
                 lambda d: f"{{{self.str_(0)}: {self.int_(d)}}}[{self.str_(0)}] > 0",
                 lambda d: f"{self.str_(0)} in {{{self.str_(0)}: 1, 'b': 2}}",
+                # DRA's `includes`: in the scheduler's environment always, in new selectors only
+                # with DRAListTypeAttributes (the validate verdict differs from the match).
+                lambda d: (
+                    f"{self.pick([self.attr('string'), self.attr('int'), self.list_(d)])}.includes({self.scalar(d)})"
+                ),
             ],
             depth,
         )

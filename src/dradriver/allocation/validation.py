@@ -141,7 +141,7 @@ class _Checker:
                 self.add(expr_path, f"Too long: may not be more than {CEL_EXPRESSION_MAX} bytes")
                 continue
             try:
-                compiled = compile_selector(expression)
+                compiled = compile_selector(expression, new=True)
             except CELCompileError as err:
                 hints = tuple(f"{h.message}; try: {h.corrected}" for h in hints_for(expression, self.driver))
                 if err.message.startswith("program instantiation failed"):

@@ -393,6 +393,8 @@ def declarations() -> dict[str, list[Overload]]:
         "prefixLength": [ov("cidr_prefix_length", [t.CIDR], t.INT, member=True)],
         "masked": [ov("cidr_masked", [t.CIDR], t.CIDR, member=True)],
         "isCIDR": [ov("is_cidr", [t.STRING], t.BOOL)],
+        # -- DRA (dynamic-resource-allocation cel/compile.go, 1.36) --------------------------------
+        "includes": [ov("dra_includes_dyn_dyn", [t.DYN, t.DYN], t.BOOL, member=True)],
         # -- kubernetes url library ---------------------------------------------------------------
         "url": [ov("string_to_url", [t.STRING], t.URL)],
         "getScheme": [ov("url_get_scheme", [t.URL], t.STRING, member=True)],
@@ -407,6 +409,10 @@ def declarations() -> dict[str, list[Overload]]:
         d[getter] = _getter_overloads(getter)
     return d
 
+
+# Declared for new selectors only with DRAListTypeAttributes (off in 1.36); the scheduler's
+# environment for stored selectors always has them.
+GATED_FUNCTIONS = frozenset({"includes"})
 
 # What the compile error below names as unsupported: the Kubernetes named-format library.
 UNSUPPORTED_LIBRARY = "Kubernetes' named-format library"

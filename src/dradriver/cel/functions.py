@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from dradriver.cel import formatting, network, times, urls
+from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
 from dradriver.cel.decls import TIMESTAMP_GETTERS
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
@@ -966,6 +967,29 @@ def _getter(part: str) -> Callable[..., int]:
     return get
 
 
+# -- DRA ------------------------------------------------------------------------------------------------
+
+
+def _equal_or_false(a: Any, b: Any) -> bool:
+    try:
+        return equal(a, b)
+    except EvalError:
+        return False
+
+
+def includes(target: Any, value: Any) -> bool:
+    """includesFunc: list membership (at most 48 values), or equality for a single value."""
+    if is_list(target):
+        for i, item in enumerate(target):
+            if i >= ATTRIBUTE_VALUES_PER_DEVICE:
+                limit = ATTRIBUTE_VALUES_PER_DEVICE
+                raise EvalError(f"'includes' function cannot be applied to lists longer than {limit} values")
+            if _equal_or_false(item, value):
+                return True
+        return False
+    return _equal_or_false(target, value)
+
+
 # -- optional types (cel-go cel/library.go optionalLib) ----------------------------------------------
 
 
@@ -1198,6 +1222,7 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "prefixLength": (network.prefix_length, None),
     "masked": (network.masked, None),
     "format": (formatting.string_format, _first_string),
+    "includes": (includes, None),
     "timestamp": (to_timestamp, None),
     "duration": (to_duration, None),
     **{name: (_getter(part), None) for name, part in TIMESTAMP_GETTERS.items()},

@@ -20,7 +20,7 @@ from dradriver.cel.checker import (
     walk,
 )
 from dradriver.cel.cost import estimate_cost
-from dradriver.cel.decls import declarations
+from dradriver.cel.decls import GATED_FUNCTIONS, Overload, declarations
 from dradriver.cel.device import CELDevice, to_cel_device
 from dradriver.cel.errors import (
     COMPILATION_FAILED,
@@ -47,6 +47,7 @@ MAX_EXPRESSION_LENGTH = 10 * 1024
 _CACHE_SIZE = 1024
 
 _DECLARATIONS = declarations()
+_NEW_DECLARATIONS = {name: ovs for name, ovs in _DECLARATIONS.items() if name not in GATED_FUNCTIONS}
 
 
 @dataclass(frozen=True)
@@ -123,24 +124,28 @@ class Selector:
         return f"Selector({self.expression!r})"
 
 
-_cache: OrderedDict[tuple[str, int], Selector | CELCompileError] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, bool], Selector | CELCompileError] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def compile_selector(expression: str, *, cost_limit: int = COST_LIMIT) -> Selector:
+def compile_selector(expression: str, *, cost_limit: int = COST_LIMIT, new: bool = False) -> Selector:
     """Compile a DRA selector with Kubernetes' semantics; CELCompileError if Kubernetes rejects it.
+
+    By default with the scheduler's environment (cel-go StoredExpressions: everything the
+    release declares, `includes` too); `new=True` is the API server's for a new selector, where
+    `includes` exists only with DRAListTypeAttributes, which is off in 1.36.
 
     Results (and compile errors) are cached per expression, so calling this for every device
     costs a dictionary lookup after the first time.
     """
-    key = (expression, cost_limit)
+    key = (expression, cost_limit, new)
     with _cache_lock:
         cached = _cache.get(key)
         if cached is not None:
             _cache.move_to_end(key)
     if cached is None:
         try:
-            cached = _compile(expression, cost_limit)
+            cached = _compile(expression, cost_limit, _NEW_DECLARATIONS if new else _DECLARATIONS)
         except CELCompileError as err:
             cached = err
         with _cache_lock:
@@ -157,7 +162,7 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _compile(expression: str, cost_limit: int) -> Selector:
+def _compile(expression: str, cost_limit: int, declared: dict[str, list[Overload]]) -> Selector:
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
         raise CELCompileError(
@@ -166,7 +171,7 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         )
     root = parse(expression)
     try:
-        checker = Checker(_DECLARATIONS, {"device": DEVICE_TYPE})
+        checker = Checker(declared, {"device": DEVICE_TYPE})
         checked = checker.check(root)
         # cel-go runs the AST validators only on an expression that type-checked.
         issues = checker.errors or (
