@@ -348,6 +348,12 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                 )
                 text = rest
                 continue
+            if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
+                # ANTLR's single-token insertion: the one closer it expects, inserted, lets it go on.
+                closer = _CLOSERS[next(iter(accepted))]
+                if _parses(parser, text[:start] + closer + text[start:]):
+                    errors.append((f"Syntax error: missing '{closer}' at '{token}'", position))
+                    return errors
             errors.append(
                 (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
             )
