@@ -33,6 +33,7 @@ from dradriver.cel.values import (
     check_uint,
     compare,
     equal,
+    expect,
     go_format_float,
     is_list,
     no_such_overload,
@@ -1020,21 +1021,15 @@ def optional_none() -> Optional:
     return OPTIONAL_NONE
 
 
-def _optional(value: Any) -> Optional:
-    if type(value) is not Optional:
-        raise ArgumentMismatchError("no such overload")
-    return value
-
-
 def optional_value(value: Any) -> Any:
-    optional = _optional(value)
+    optional = expect(value, Optional)
     if not optional.has_value:
         raise EvalError("optional.none() dereference")
     return optional.value
 
 
 def optional_has_value(value: Any) -> bool:
-    return _optional(value).has_value
+    return expect(value, Optional).has_value
 
 
 def list_first(items: Any) -> Optional:

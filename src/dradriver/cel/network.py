@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.cel.errors import EvalError
-from dradriver.cel.values import ArgumentMismatchError, OpaqueValue, go_quote
+from dradriver.cel.values import OpaqueValue, expect, go_quote
 
 STRING_TRAVERSAL_COST_FACTOR = 0.1
 
@@ -269,56 +269,37 @@ def parse_cidr(text: str) -> CIDR:
 # -- the library functions ----------------------------------------------------------------------
 
 
-def _ip_arg(value: Any) -> IP:
-    if type(value) is not IP:
-        raise ArgumentMismatchError("no such overload")
-    return value
-
-
-def _cidr_arg(value: Any) -> CIDR:
-    if type(value) is not CIDR:
-        raise ArgumentMismatchError("no such overload")
-    return value
-
-
-def _string_arg(value: Any) -> str:
-    if type(value) is not str:
-        raise ArgumentMismatchError("no such overload")
-    return value
-
-
 def ip(value: Any) -> IP:
     """`ip(string)` and the member `cidr.ip()`."""
     if type(value) is CIDR:
         return value.addr
-    return parse_ip(_string_arg(value))
+    return parse_ip(expect(value, str))
 
 
 def is_ip(value: Any) -> bool:
+    text = expect(value, str)
     try:
-        parse_ip(_string_arg(value))
-    except ArgumentMismatchError:
-        raise
+        parse_ip(text)
     except EvalError:
         return False
     return True
 
 
 def ip_is_canonical(value: Any) -> bool:
-    text = _string_arg(value)
+    text = expect(value, str)
     return str(parse_ip(text)) == text
 
 
 def family(value: Any) -> int:
-    return 4 if _ip_arg(value).bits == 32 else 6
+    return 4 if expect(value, IP).bits == 32 else 6
 
 
 def is_unspecified(value: Any) -> bool:
-    return _ip_arg(value).value == 0
+    return expect(value, IP).value == 0
 
 
 def is_loopback(value: Any) -> bool:
-    addr = _ip_arg(value)
+    addr = expect(value, IP)
     return addr.value >> 24 == 127 if addr.bits == 32 else addr.value == 1
 
 
@@ -331,18 +312,18 @@ def _is_link_local_unicast(addr: IP) -> bool:
 
 
 def is_link_local_multicast(value: Any) -> bool:
-    addr = _ip_arg(value)
+    addr = expect(value, IP)
     if addr.bits == 32:
         return addr.value >> 8 == 0xE00000
     return (addr.value >> 112) & 0xFF0F == 0xFF02
 
 
 def is_link_local_unicast(value: Any) -> bool:
-    return _is_link_local_unicast(_ip_arg(value))
+    return _is_link_local_unicast(expect(value, IP))
 
 
 def is_global_unicast(value: Any) -> bool:
-    addr = _ip_arg(value)
+    addr = expect(value, IP)
     if addr.bits == 32 and addr.value in (0, 0xFFFFFFFF):
         return False
     return not (
@@ -354,14 +335,13 @@ def is_global_unicast(value: Any) -> bool:
 
 
 def cidr(value: Any) -> CIDR:
-    return parse_cidr(_string_arg(value))
+    return parse_cidr(expect(value, str))
 
 
 def is_cidr(value: Any) -> bool:
+    text = expect(value, str)
     try:
-        parse_cidr(_string_arg(value))
-    except ArgumentMismatchError:
-        raise
+        parse_cidr(text)
     except EvalError:
         return False
     return True
@@ -375,22 +355,22 @@ def contains_ip(network: Any, other: Any) -> bool:
             other = parse_ip(other)
         except EvalError:
             raise EvalError("no such overload") from None
-    return _cidr_arg(network).contains(_ip_arg(other))
+    return expect(network, CIDR).contains(expect(other, IP))
 
 
 def contains_cidr(network: Any, other: Any) -> bool:
     if type(other) is str:
         other = parse_cidr(other)
-    outer, inner = _cidr_arg(network), _cidr_arg(other)
+    outer, inner = expect(network, CIDR), expect(other, CIDR)
     return outer.overlaps(inner) and outer.prefix <= inner.prefix
 
 
 def prefix_length(value: Any) -> int:
-    return _cidr_arg(value).prefix
+    return expect(value, CIDR).prefix
 
 
 def masked(value: Any) -> CIDR:
-    network = _cidr_arg(value)
+    network = expect(value, CIDR)
     return CIDR(network.addr.masked(network.prefix), network.prefix)
 
 

@@ -1077,14 +1077,22 @@ def _bind_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) ->
     if not (isinstance(target, ast.Ident) and target.name == "cel"):
         return None
     var = _ident_name(args[0], "cel.bind() variable names must be simple identifiers")
+    return _bound(var, args[1], args[2], args, pos)
+
+
+def _bound(
+    var: str, value: ast.Expr, result: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]
+) -> ast.Comprehension:
+    """The fold cel.bind expands to (and optMap, optFlatMap, sortBy): `result` with `var` bound,
+    lazily, to `value`."""
     return ast.Comprehension(
         ast.ListExpr([], pos=pos),
         "#unused",
         var,
-        args[1],
+        value,
         ast.Literal(False, pos=pos),
         ast.Ident(var, pos=pos),
-        args[2],
+        result,
         macro="bind",
         macro_args=args,
         pos=pos,
@@ -1101,18 +1109,7 @@ def _opt_map(flat: bool) -> Callable[[ast.Expr, list[ast.Expr], tuple[int, int]]
             raise CELSyntaxError(f"{name}() variable name must be a simple identifier", args[0].pos)
         var = args[0].name
         value = ast.Call("value", [], target=copy.deepcopy(target), pos=pos)
-        bound: ast.Expr = ast.Comprehension(
-            ast.ListExpr([], pos=pos),
-            "#unused",
-            var,
-            value,
-            ast.Literal(False, pos=pos),
-            ast.Ident(var, pos=pos),
-            args[1],
-            macro="bind",
-            macro_args=args,
-            pos=pos,
-        )
+        bound: ast.Expr = _bound(var, value, args[1], args, pos)
         if not flat:
             bound = ast.Call("of", [bound], target=ast.Ident("optional", pos=pos), pos=pos)
         none = ast.Call("none", [], target=ast.Ident("optional", pos=pos), pos=pos)
@@ -1186,22 +1183,11 @@ def _sort_by(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> as
             "sortBy can only be applied to a list, identifier, comprehension, call or select expression",
             target.pos,
         )
-    var = _ident_name(args[0], "sortBy(var, ...) variable name must be a simple identifier")
+    var = _ident_name(args[0], "argument is not an identifier")
     input_var = "@__sortBy_input__"
     keys = _map_macro(ast.Ident(input_var, pos=pos), [ast.Ident(var, pos=pos), args[1]], pos)
     call = ast.Call("@sortByAssociatedKeys", [keys], target=ast.Ident(input_var, pos=pos), pos=pos)
-    return ast.Comprehension(
-        ast.ListExpr([], pos=pos),
-        "#unused",
-        input_var,
-        target,
-        ast.Literal(False, pos=pos),
-        ast.Ident(input_var, pos=pos),
-        call,
-        macro="bind",
-        macro_args=args,
-        pos=pos,
-    )
+    return _bound(input_var, target, call, args, pos)
 
 
 _RECEIVER_MACROS: dict[

@@ -13,7 +13,7 @@ from typing import Any
 
 from dradriver.cel.errors import EvalError
 from dradriver.cel.network import parse_ip_literal
-from dradriver.cel.values import ArgumentMismatchError, OpaqueValue, go_quote
+from dradriver.cel.values import OpaqueValue, expect, go_quote
 
 # net/url's encoding modes.
 _PATH, _USER, _QUERY, _FRAGMENT, _HOST, _ZONE = range(6)
@@ -342,47 +342,37 @@ def parse_url(raw: str) -> URL:
 # -- the library functions ----------------------------------------------------------------------
 
 
-def _url_arg(value: Any) -> URL:
-    if type(value) is not URL:
-        raise ArgumentMismatchError("no such overload")
-    return value
-
-
 def url(value: Any) -> URL:
-    if type(value) is not str:
-        raise ArgumentMismatchError("no such overload")
-    return parse_url(value)
+    return parse_url(expect(value, str))
 
 
 def is_url(value: Any) -> bool:
-    if type(value) is not str:
-        raise ArgumentMismatchError("no such overload")
     try:
-        _parse(value, via_request=True)
+        _parse(expect(value, str), via_request=True)
     except URLError:
         return False
     return True
 
 
 def get_scheme(value: Any) -> str:
-    return _url_arg(value).scheme
+    return expect(value, URL).scheme
 
 
 def get_host(value: Any) -> str:
-    return _url_arg(value).host
+    return expect(value, URL).host
 
 
 def get_hostname(value: Any) -> str:
-    return _url_arg(value).hostname()
+    return expect(value, URL).hostname()
 
 
 def get_port(value: Any) -> str:
-    return _url_arg(value).port()
+    return expect(value, URL).port()
 
 
 def get_escaped_path(value: Any) -> str:
-    return _url_arg(value).escaped_path()
+    return expect(value, URL).escaped_path()
 
 
 def get_query(value: Any) -> dict[str, tuple[str, ...]]:
-    return _url_arg(value).query()
+    return expect(value, URL).query()

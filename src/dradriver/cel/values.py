@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from dradriver.cel import times
 from dradriver.cel.errors import EvalError
@@ -143,6 +143,16 @@ def type_value_of(value: object) -> TypeValue:
 class ArgumentMismatchError(EvalError):
     """An argument of the wrong runtime type. How cel-go words it depends on how the function is
     bound (functions.RUNTIME applies the rule), so the message here is only a placeholder."""
+
+
+_T = TypeVar("_T")
+
+
+def expect(value: object, kind: type[_T]) -> _T:
+    """A library function's argument of exactly this runtime type, else "no such overload"."""
+    if type(value) is not kind:
+        raise ArgumentMismatchError("no such overload")
+    return value
 
 
 def no_such_overload(function: str, *args: object) -> EvalError:
