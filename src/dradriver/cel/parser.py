@@ -469,13 +469,12 @@ def literal_value(token: Token) -> Any:
 def _balanced(
     function: str, operands: list[ast.Expr], positions: list[tuple[int, int]], lo: int, hi: int
 ) -> ast.Expr:
-    """cel-go's balancingLogicManager.balancedTree: operator i sits between operands i and i+1."""
-    if lo == hi:
-        return operands[lo]
+    """cel-go's logicManager.balancedTree over the operators lo..hi: operator i sits between
+    operands i and i+1 (three terms nest to the left: `(a && b) && c`)."""
     mid = (lo + hi + 1) // 2
-    left = _balanced(function, operands, positions, lo, mid - 1)
-    right = _balanced(function, operands, positions, mid, hi)
-    return ast.Call(function, [left, right], pos=positions[mid - 1])
+    left = operands[mid] if mid == lo else _balanced(function, operands, positions, lo, mid - 1)
+    right = operands[mid + 1] if mid == hi else _balanced(function, operands, positions, mid + 1, hi)
+    return ast.Call(function, [left, right], pos=positions[mid])
 
 
 def _first_token(node: _Node) -> Token | None:
@@ -584,7 +583,7 @@ class _Builder:
         terms.reverse()
         operands = [self.visit(term) for term in terms]
         positions = [self._token_after(term, op) for term in terms[:-1]]
-        return _balanced(function, operands, positions, 0, len(operands) - 1)
+        return _balanced(function, operands, positions, 0, len(operands) - 2)
 
     def _binary(self, tree: _Tree) -> ast.Expr:
         op_tree, right = tree.children
