@@ -35,6 +35,11 @@ DEVICE_FIELDS: dict[str, t.Type] = {
     "allowMultipleAllocations": t.BOOL,
 }
 STRUCT_FIELDS: dict[str, dict[str, t.Type]] = {DEVICE_TYPE_NAME: DEVICE_FIELDS}
+# With DRAListTypeAttributes the attribute values are dyn (deviceTypeV136ListTypeAttributes),
+# so that lists can be ranged over; without it they are the `any` type.
+LIST_ATTRIBUTES_STRUCT_FIELDS = {
+    DEVICE_TYPE_NAME: {**DEVICE_FIELDS, "attributes": t.map_of(t.STRING, t.map_of(t.STRING, t.DYN))}
+}
 
 # Type identifiers of the standard environment (stdlib Types()) and the Kubernetes libraries.
 TYPE_IDENTS: dict[str, t.Type] = {
@@ -86,8 +91,14 @@ class Checker:
     """cel-go's checker: every problem is recorded and checking goes on with the error type, so
     that one expression reports all its errors, as the API server does."""
 
-    def __init__(self, functions: dict[str, list[Overload]], variables: dict[str, t.Type]) -> None:
+    def __init__(
+        self,
+        functions: dict[str, list[Overload]],
+        variables: dict[str, t.Type],
+        struct_fields: dict[str, dict[str, t.Type]] = STRUCT_FIELDS,
+    ) -> None:
         self.functions = functions
+        self.struct_fields = struct_fields
         self.scope = _Scope()
         self.scope.idents.update(variables)
         self.mapping = t.Mapping()
@@ -197,7 +208,7 @@ class Checker:
         if operand_type.kind is t.Kind.MAP:
             return operand_type.params[1]
         if operand_type.kind is t.Kind.STRUCT:
-            fields = STRUCT_FIELDS.get(operand_type.name)
+            fields = self.struct_fields.get(operand_type.name)
             if fields is None:
                 self._error(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
                 return t.ERROR

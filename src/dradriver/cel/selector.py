@@ -12,6 +12,8 @@ from dradriver.cel import ast, formatting
 from dradriver.cel import types as t
 from dradriver.cel.checker import (
     DEVICE_TYPE,
+    LIST_ATTRIBUTES_STRUCT_FIELDS,
+    STRUCT_FIELDS,
     Checker,
     CheckError,
     CheckResult,
@@ -124,28 +126,34 @@ class Selector:
         return f"Selector({self.expression!r})"
 
 
-_cache: OrderedDict[tuple[str, int, bool], Selector | CELCompileError] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, bool, bool], Selector | CELCompileError] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def compile_selector(expression: str, *, cost_limit: int = COST_LIMIT, new: bool = False) -> Selector:
+def compile_selector(
+    expression: str, *, cost_limit: int = COST_LIMIT, new: bool = False, list_type_attributes: bool = False
+) -> Selector:
     """Compile a DRA selector with Kubernetes' semantics; CELCompileError if Kubernetes rejects it.
 
     By default with the scheduler's environment (cel-go StoredExpressions: everything the
     release declares, `includes` too); `new=True` is the API server's for a new selector, where
     `includes` exists only with DRAListTypeAttributes, which is off in 1.36.
+    `list_type_attributes` turns that gate on: attribute values are `dyn` (lists can be ranged
+    over, and a bare attribute is an acceptable result) and the estimate allows list values;
+    evaluate such selectors on devices converted with the gate too (`to_cel_device`).
 
     Results (and compile errors) are cached per expression, so calling this for every device
     costs a dictionary lookup after the first time.
     """
-    key = (expression, cost_limit, new)
+    key = (expression, cost_limit, new, list_type_attributes)
     with _cache_lock:
         cached = _cache.get(key)
         if cached is not None:
             _cache.move_to_end(key)
     if cached is None:
         try:
-            cached = _compile(expression, cost_limit, _NEW_DECLARATIONS if new else _DECLARATIONS)
+            declared = _NEW_DECLARATIONS if new and not list_type_attributes else _DECLARATIONS
+            cached = _compile(expression, cost_limit, declared, list_type_attributes)
         except CELCompileError as err:
             cached = err
         with _cache_lock:
@@ -162,7 +170,9 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _compile(expression: str, cost_limit: int, declared: dict[str, list[Overload]]) -> Selector:
+def _compile(
+    expression: str, cost_limit: int, declared: dict[str, list[Overload]], list_type_attributes: bool
+) -> Selector:
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
         raise CELCompileError(
@@ -171,7 +181,8 @@ def _compile(expression: str, cost_limit: int, declared: dict[str, list[Overload
         )
     root = parse(expression)
     try:
-        checker = Checker(declared, {"device": DEVICE_TYPE})
+        fields = LIST_ATTRIBUTES_STRUCT_FIELDS if list_type_attributes else STRUCT_FIELDS
+        checker = Checker(declared, {"device": DEVICE_TYPE}, fields)
         checked = checker.check(root)
         # cel-go runs the AST validators only on an expression that type-checked.
         issues = checker.errors or (
@@ -188,7 +199,8 @@ def _compile(expression: str, cost_limit: int, declared: dict[str, list[Overload
     if issues:
         raise CELCompileError(COMPILATION_FAILED + issues_text(expression, issues), expression=expression)
     result_type = checked.types[root]
-    if result_type.kind not in (t.Kind.BOOL, t.Kind.ANY):
+    # CompileCELExpression: bool, or exactly the attribute type (any; dyn with the gate).
+    if result_type.kind not in (t.Kind.BOOL, t.Kind.DYN if list_type_attributes else t.Kind.ANY):
         raise CELCompileError(
             f"must evaluate to bool or the unknown type, not {_type_string(result_type)}",
             expression=expression,
@@ -198,7 +210,7 @@ def _compile(expression: str, cost_limit: int, declared: dict[str, list[Overload
         program = compiler.compile(root)
     except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
-    estimated = estimate_cost(root, checked)
+    estimated = estimate_cost(root, checked, list_attributes=list_type_attributes)
     return Selector(expression, program, compiler.slot_count, result_type, cost_limit, estimated)
 
 
@@ -209,6 +221,8 @@ def _to_bool_error(value: object) -> str:
         return "unsupported native conversion from string to 'bool'"
     if name in ("int", "uint"):
         return f"unsupported type conversion from '{name}' to bool"
+    if name == "list":
+        return "type conversion error from list to 'bool'"
     return f"type conversion error from '{name}' to 'bool'"
 
 

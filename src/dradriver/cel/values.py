@@ -325,13 +325,34 @@ def compare(a: object, b: object, function: str) -> int:
     raise no_such_overload(function, a, b)
 
 
+# The Go types (%T) of cel-go's and Kubernetes' values, which a failed iteration names.
+_GO_TYPES = {
+    "string": "types.String",
+    "int": "types.Int",
+    "uint": "types.Uint",
+    "double": "types.Double",
+    "bool": "types.Bool",
+    "bytes": "types.Bytes",
+    "null_type": "types.Null",
+    "type": "*types.Type",
+    "optional_type": "*types.Optional",
+    times.TIMESTAMP_TYPE: "types.Timestamp",
+    times.DURATION_TYPE: "types.Duration",
+    "kubernetes.Quantity": "cel.Quantity",
+    "kubernetes.Semver": "cel.Semver",
+    "net.IP": "cel.IP",
+    "net.CIDR": "cel.CIDR",
+    "kubernetes.URL": "cel.URL",
+}
+
+
 def iterate(value: object) -> Iterator[Any]:
     """Iteration order of a comprehension range: list elements or map keys."""
     if is_list(value):
         return iter(value)  # type: ignore[call-overload,no-any-return]
     if isinstance(value, Mapping):
         return iter(value)
-    raise EvalError(f"got '{type_name(value)}', expected iterable type")
+    raise EvalError(f"got '{_GO_TYPES.get(type_name(value), type_name(value))}', expected iterable type")
 
 
 def check_int(value: int) -> int:
