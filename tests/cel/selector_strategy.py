@@ -253,12 +253,23 @@ class Gen:
             lambda d: f"strings.quote({self.str_(d - 1)})",
             lambda d: f"{_q(self.pick(['%s', '%d-%s', 'x%v', '%.2f']))}.format([{self.scalar(d - 1)}])",
             lambda d: (
+                f"{_q(self.pick(['%s', '%d', '%.3f', '%e', '%b', '%x', '%X', '%o', '<%s|%s>', '%%', '%']))}"
+                f".format({self.format_args(d - 1)})"
+            ),
+            lambda d: f"{self.str_(d - 1)}.format([{self.any_(d - 1)}])",
+            lambda d: f"string({self.pick([self.timestamp(d - 1), self.duration(d - 1), self.cidr(d - 1)])})",
+            lambda d: f"{self.url(d - 1)}.getQuery()[{_q(self.pick(['x', 'y']))}][0]",
+            lambda d: (
                 f"{self.url(d - 1)}.{self.pick(['getScheme', 'getHost', 'getHostname', 'getPort', 'getEscapedPath'])}()"
             ),
             lambda d: f"string({self.ip(d - 1)})",
             lambda d: f"{self.str_list(d - 1)}[{self.int_(d - 1)}]",
         ]
         return self.choice(leaves + compound, depth)
+
+    def format_args(self, depth: int) -> str:
+        items = ", ".join(self.any_(depth) for _ in range(self.draw(st.integers(0, 3))))
+        return f"dyn([{items}])" if self.draw(st.booleans()) else f"[{items}]"
 
     def scalar(self, depth: int) -> str:
         return self.choice([self.int_, self.str_, self.bool_, self.double, self.uint], depth)
@@ -443,6 +454,11 @@ class Gen:
                 lambda d: f"{self.int_list(d)} == {self.int_list(d)}",
                 lambda d: f"{{{self.str_(0)}: {self.int_(d)}}}[{self.str_(0)}] > 0",
                 lambda d: f"{self.str_(0)} in {{{self.str_(0)}: 1, 'b': 2}}",
+                # DRA's `includes`: in the scheduler's environment always, in new selectors only
+                # with DRAListTypeAttributes (the validate verdict differs from the match).
+                lambda d: (
+                    f"{self.pick([self.attr('string'), self.attr('int'), self.list_(d)])}.includes({self.scalar(d)})"
+                ),
             ],
             depth,
         )
@@ -474,6 +490,11 @@ class Gen:
                     f"{self.timestamp(d)}.getDayOfWeek({_q(self.pick(['UTC', 'America/New_York', 'Bogus/Zone', '+02:00']))}) >= 0"
                 ),
                 lambda d: f"string({self.duration(d)}) != ''",
+                lambda d: (
+                    f"{self.timestamp(d)}.{self.pick(['getFullYear', 'getMonth', 'getDayOfYear', 'getDate', 'getMinutes', 'getMilliseconds'])}({_q(self.pick(['UTC', 'Asia/Kolkata', '-05:30', 'x:y']))}) >= 0"
+                ),
+                lambda d: f"{self.duration(d)}.{self.pick(['getHours', 'getMinutes', 'getSeconds'])}() != 0",
+                lambda d: f"[{self.duration(d)}, {self.duration(d)}].sum() > duration('0s')",
             ],
             depth,
         )
@@ -491,6 +512,11 @@ class Gen:
                 lambda d: f"[?optional.none(), {self.int_(d)}].size() == 1",
                 lambda d: f"{{?'a': optional.of({self.int_(d)})}}.size() == 1",
                 lambda d: "device.attributes.?x.orValue({}).size() == 0",
+                lambda d: f"device.attributes[{domain}].?{name}.optMap(v, v + 'x').orValue('') != ''",
+                lambda d: f"{self.int_list(d)}.{self.pick(['first', 'last'])}().orValue(0) >= 0",
+                lambda d: f"optional.unwrap([optional.of({self.int_(d)}), optional.none()]).size() == 1",
+                lambda d: f"{{'a': {self.int_(d)}}}.?b.or(optional.of(1)).value() > 0",
+                lambda d: f"[1, 2][?{self.int_(d)}].hasValue()",
             ],
             depth,
         )

@@ -127,6 +127,32 @@ def test_cel_eval_runtime_errors_are_per_device_and_exit_zero(
     assert payload["hints"][0]["corrected"] == f'{A}.driverVersion == semver("550.54.15")'
 
 
+def test_cel_eval_list_attributes_follow_the_feature_gate(cache_home: Path, tmp_path: Path) -> None:
+    listed = resource_slice(1)
+    listed["spec"]["devices"][0]["attributes"]["ids"] = {"ints": [1, 2]}
+    path = tmp_path / "listed.json"
+    path.write_text(json.dumps(listed))
+    base = ("cel", "eval", "--slices", str(path), "-o", "json")
+    # DRAListTypeAttributes off (the 1.36 default): the scheduler cannot read the device at all,
+    # and attribute values are not lists to range over.
+    off = dradriver(cache_home, *base, "-e", f"{A}.ids.includes(2)")
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["devices"][0]["error"] == "attribute ids: unsupported attribute value"
+    ranged = dradriver(cache_home, *base, "-e", f"{A}.ids.exists(i, i == 1)")
+    assert ranged.returncode == 2
+    assert "expression of type 'any' cannot be range of a comprehension" in ranged.stdout
+    both = (*base, "-e", f"{A}.ids.includes(2) && {A}.ids.exists(i, i == 1)")
+    on = dradriver(cache_home, *both, "--feature-gates", "DRAListTypeAttributes=true")
+    assert on.returncode == 0, on.stderr
+    assert json.loads(on.stdout)["summary"] == {"true": 1, "false": 0, "error": 0}
+    unknown = dradriver(cache_home, *both, "--feature-gates", "DRAListTypes=true")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "dradriver cel eval: error: argument --feature-gates: unknown feature gate 'DRAListTypes' "
+        "(dradriver follows: DRAListTypeAttributes) (see 'dradriver cel eval --help')"
+    ]
+
+
 def test_cel_eval_table_output(cache_home: Path, files: dict[str, Path]) -> None:
     result = dradriver(cache_home, "cel", "eval", "-e", f"{A}.nope == 1", "--slices", str(files["slices"]))
     assert result.returncode == 0

@@ -22,6 +22,15 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
   [KQ]    apiserver pkg/cel/library/quantity.go + pkg/cel/quantity.go, and apimachinery
           pkg/api/resource/quantity.go + amount.go (ParseQuantity, AsInt64, Cmp).
   [KSV]   apiserver pkg/cel/library/semverlib.go + pkg/cel/semver.go, and blang/semver v4.
+  [OPT]   cel-go cel/library.go optionalLib (latest version), checker.go checkOptSelect,
+          interpreter/attributes.go applyQualifiers, common/types/optional.go.
+  [TIME]  cel-go common/types/timestamp.go, duration.go, overflow.go, cel/validator.go
+          (ValidateDuration/TimestampLiterals), and Go's time.Parse(RFC3339) / ParseDuration.
+  [FMT]   cel-go ext/formatting.go (the clauses, FormatString, stringFormatValidator).
+  [KURL]  apiserver pkg/cel/library/urls.go + pkg/cel/url.go, and Go's net/url (parse,
+          parseHost, unescape, EscapedPath, ParseQuery, URL.String).
+  [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
+          Addr.String, Prefix.Contains/Overlaps).
   [COST]  cel-go interpreter/runtimecost.go; DRA limit resourceapi.CELSelectorExpressionMaxCost.
 """
 
@@ -230,6 +239,92 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
     # ext lists trackListSelfCompare charges distinct n*n*2 up front: 3000 elements exceed 1e6.
     ("lists.range(3000).distinct().size() > 0", Runtime("actual cost limit exceeded")),
     ("lists.range(500).distinct().size() == 500", True),
+    # -- optional types [OPT]: `.?`, `[?]`, optional.of/none/ofNonZeroValue, value, or, orValue --------
+    (f"{A}.?productName.hasValue() && !{A}.?nosuch.hasValue()", True),
+    (f'{A}[?"type"].orValue("x") == "gpu" && {A}.?nosuch.orValue("x") == "x"', True),
+    ('device.attributes.?x.orValue({"a": 1}).size() == 0', True),  # unknown domains read as empty
+    ("optional.none().value() == 1", Runtime("optional.none() dereference")),
+    ("optional.none().orValue(1 / 0) == 1", Runtime("division by zero")),
+    ("optional.of(1).orValue(1 / 0) == 1", True),  # or/orValue evaluate their argument lazily
+    ('optional.ofNonZeroValue("").hasValue() || optional.ofNonZeroValue([]).hasValue()', False),
+    ("[?optional.none(), ?optional.of(2), 3] == [2, 3]", True),
+    ('{?"a": optional.none(), "b": 2} == {"b": 2}', True),
+    ("[1, 2, 3][?5].hasValue() || optional.of([1])[3].hasValue()", False),
+    (
+        "optional.of(1) == 1",
+        Compile("found no matching overload for '_==_' applied to '(optional_type(int), int)'"),
+    ),
+    ("[?1]", Compile("expected type 'optional_type(int)' but found 'int'")),
+    ("optional.of(2).optMap(x, x * 2).value() == 4 && [1].first() == optional.of(1)", True),
+    # -- timestamps and durations [TIME]: RFC 3339, time.ParseDuration, checked arithmetic -----------
+    ('timestamp("2024-05-01T23:00:00-02:00").getHours() == 1', True),  # getters read UTC by default
+    ('timestamp("2024-05-01T23:00:00-02:00").getHours("-02:00") == 23', True),
+    ('string(timestamp("2024-05-01T23:00:00.500-02:00")) == "2024-05-01T23:00:00.5-02:00"', True),
+    ('string(duration("1h30m")) == "5400s" && int(duration("1s")) == 1000000000', True),
+    ('timestamp("2024-13-01T00:00:00Z") < timestamp(0)', Compile("invalid timestamp argument")),
+    ('duration("1d") > duration("1s")', Compile("invalid duration argument")),
+    ('timestamp("9999-12-31T23:59:59Z") + duration("1s") > timestamp(0)', Runtime("timestamp overflow")),
+    ('timestamp(0).getDayOfWeek("Bogus/Zone") >= 0', Runtime("unknown time zone Bogus/Zone")),
+    ("[duration('1s'), duration('2s')].sum() == duration('3s')", True),
+    # -- string formatting [FMT]: ext strings v2 format, en_US --------------------------------------
+    ('"%d-%s|%.2f|%x|%b".format([1, "a", 1234.5, "hi", true]) == "1-a|1,234.50|6869|1"', True),
+    (
+        '"%s".format([[1, "a", b"b", 2.5, null, {"k": [true]}]])'
+        ' == "[1, \\"a\\", b\\"b\\", 2.500000, null, {\\"k\\":[true]}]"',
+        True,
+    ),
+    (
+        '"%d".format(["a"]) == ""',
+        Compile("error during formatting: decimal clause can only be used on integers, was given string"),
+    ),
+    ('"%s %s".format(["a"]) == ""', Compile("index 1 out of range")),
+    (
+        '"%s".format(["a", "b"]) == ""',
+        Compile("too many arguments supplied to string.format (expected 1, got 2)"),
+    ),
+    (
+        '"%d".format(dyn(["a"])) == ""',
+        Runtime("decimal clause can only be used on integers, was given string"),
+    ),
+    # `!=` is `Equal(l, r) != true`: a comparison that fails (semver against a string) is unequal.
+    ('semver("1.2.3") != dyn("1.2.3")', True),
+    # -- URLs [KURL]: net/url ParseRequestURI to accept, Parse to read --------------------------------
+    ('url("https://example.com:8443/a/b?x=1").getHostname() == "example.com"', True),
+    ('url("https://example.com:8443/a/b?x=1").getPort() == "8443"', True),
+    ('url("http://[::1]:80/").getHost() == "[::1]:80"', True),
+    ('url("https://h/a?x=1&x=2&y").getQuery() == {"x": ["1", "2"], "y": [""]}', True),
+    ('url("https://h/a b").getEscapedPath() == "/a%20b"', True),
+    ('isURL("/relative") && !isURL("relative") && !isURL("")', True),
+    ('url("not a url").getScheme() == ""', Runtime('parse "not a url": invalid URI for request')),
+    ('url("https://[10.0.0.1]/").getHost() == ""', Runtime("invalid IP-literal")),
+    # EscapedPath keeps a valid raw form, so the two strings (and URLs) differ.
+    ('url("http://a/%7e") == url("http://a/~")', False),
+    # -- IP and CIDR [KNET]: netip.ParseAddr / ParsePrefix, no zones, no IPv4-mapped IPv6 ----------
+    ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6 && ip("::1").isLoopback()', True),
+    ('string(ip("2001:DB8:0:0:1:0:0:1")) == "2001:db8::1:0:0:1"', True),
+    ('ip.isCanonical("2001:db8::0:1")', False),
+    (
+        'ip("01.2.3.4") == ip("1.2.3.4")',
+        Runtime('ParseAddr("01.2.3.4"): IPv4 field has octet with leading zero'),
+    ),
+    ('ip("fe80::1%eth0").isLinkLocalUnicast()', Runtime("with zone value is not allowed")),
+    ('isIP("::ffff:1.2.3.4")', False),
+    (
+        'ip("1.2.3.4") == "1.2.3.4"',
+        Compile("found no matching overload for '_==_' applied to '(net.IP, string)'"),
+    ),
+    ('cidr("10.0.0.1/8").masked() == cidr("10.0.0.0/8") && cidr("10.0.0.1/8") != cidr("10.0.0.0/8")', True),
+    (
+        'cidr("10.0.0.0/8").containsCIDR("10.1.0.0/16") && !cidr("10.1.0.0/16").containsCIDR("10.0.0.0/8")',
+        True,
+    ),
+    ('cidr("10.0.0.0/8").containsIP("::1")', False),
+    # cidrContainsIPString hands the failed parse on as a wrong-typed argument.
+    ('cidr("10.0.0.0/8").containsIP("x")', Runtime("no such overload")),
+    (
+        'cidr("10.0.0.1/33").prefixLength() == 33',
+        Runtime('netip.ParsePrefix("10.0.0.1/33"): prefix length out of range'),
+    ),
 ]
 
 

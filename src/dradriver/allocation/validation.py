@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.allocation.model import API_VERSIONS, RESOURCE_GROUP
+from dradriver.cel.values import go_quote
 from dradriver.names import (
     dns_label_error,
     dns_subdomain_error,
@@ -62,29 +63,6 @@ def _json(value: Any) -> str:
     if isinstance(value, str):
         return go_quote(value)
     return json.dumps(value)
-
-
-_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
-
-
-def go_quote(text: str) -> str:
-    """strconv.Quote: printable characters as they are, the rest escaped."""
-    out = ['"']
-    for ch in text:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) <= 0xFFFF:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    out.append('"')
-    return "".join(out)
 
 
 class _Checker:
@@ -163,7 +141,7 @@ class _Checker:
                 self.add(expr_path, f"Too long: may not be more than {CEL_EXPRESSION_MAX} bytes")
                 continue
             try:
-                compiled = compile_selector(expression)
+                compiled = compile_selector(expression, new=True)
             except CELCompileError as err:
                 hints = tuple(f"{h.message}; try: {h.corrected}" for h in hints_for(expression, self.driver))
                 if err.message.startswith("program instantiation failed"):

@@ -40,11 +40,15 @@ class Call(Expr):
 @dataclass(eq=False)
 class ListExpr(Expr):
     elements: list[Expr]
+    # `[?x]`: the indexes of elements that are optionals, added only when they hold a value.
+    optional_indices: frozenset[int] = frozenset()
 
 
 @dataclass(eq=False)
 class MapExpr(Expr):
     entries: list[tuple[Expr, Expr]]
+    # `{?k: v}`: the indexes of entries whose value is an optional, set only when it holds one.
+    optional_entries: frozenset[int] = frozenset()
 
 
 @dataclass(eq=False)
@@ -92,4 +96,6 @@ DIVIDE = "_/_"
 MODULO = "_%_"
 NEGATE = "-_"
 INDEX = "_[_]"
+OPT_SELECT = "_?._"
+OPT_INDEX = "_[?_]"
 IN = "@in"

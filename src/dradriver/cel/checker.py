@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.decls import UNSUPPORTED_FUNCTIONS, Overload
+from dradriver.cel.decls import OPT_SELECT_OVERLOAD, UNSUPPORTED_FUNCTIONS, UNSUPPORTED_LIBRARY, Overload
 from dradriver.cel.parser import format_issue
 from dradriver.cel.values import UInt
 
@@ -35,6 +35,11 @@ DEVICE_FIELDS: dict[str, t.Type] = {
     "allowMultipleAllocations": t.BOOL,
 }
 STRUCT_FIELDS: dict[str, dict[str, t.Type]] = {DEVICE_TYPE_NAME: DEVICE_FIELDS}
+# With DRAListTypeAttributes the attribute values are dyn (deviceTypeV136ListTypeAttributes),
+# so that lists can be ranged over; without it they are the `any` type.
+LIST_ATTRIBUTES_STRUCT_FIELDS = {
+    DEVICE_TYPE_NAME: {**DEVICE_FIELDS, "attributes": t.map_of(t.STRING, t.map_of(t.STRING, t.DYN))}
+}
 
 # Type identifiers of the standard environment (stdlib Types()) and the Kubernetes libraries.
 TYPE_IDENTS: dict[str, t.Type] = {
@@ -52,6 +57,9 @@ TYPE_IDENTS: dict[str, t.Type] = {
     "uint": t.UINT,
     "kubernetes.Quantity": t.QUANTITY,
     "kubernetes.Semver": t.SEMVER,
+    "net.IP": t.IP,
+    "net.CIDR": t.CIDR,
+    "optional_type": t.optional_of(t.param("A")),
 }
 
 
@@ -83,8 +91,14 @@ class Checker:
     """cel-go's checker: every problem is recorded and checking goes on with the error type, so
     that one expression reports all its errors, as the API server does."""
 
-    def __init__(self, functions: dict[str, list[Overload]], variables: dict[str, t.Type]) -> None:
+    def __init__(
+        self,
+        functions: dict[str, list[Overload]],
+        variables: dict[str, t.Type],
+        struct_fields: dict[str, dict[str, t.Type]] = STRUCT_FIELDS,
+    ) -> None:
         self.functions = functions
+        self.struct_fields = struct_fields
         self.scope = _Scope()
         self.scope.idents.update(variables)
         self.mapping = t.Mapping()
@@ -181,13 +195,20 @@ class Checker:
             result = t.BOOL
         self._set(e, t.substitute(self.mapping, result, False))
 
-    def _check_select_field(self, e: ast.Expr, operand: ast.Expr, field_name: str) -> t.Type:
+    def _check_select_field(
+        self, e: ast.Expr, operand: ast.Expr, field_name: str, optional: bool = False
+    ) -> t.Type:
         self._check(operand)
-        operand_type = t.substitute(self.mapping, self._get(operand), False)
+        operand_type, was_optional = t.unwrap_optional(t.substitute(self.mapping, self._get(operand), False))
+        result = self._field_type(e, operand_type, field_name)
+        # An optional operand, or `.?`, makes the selection optional.
+        return t.optional_of(result) if was_optional or optional else result
+
+    def _field_type(self, e: ast.Expr, operand_type: t.Type, field_name: str) -> t.Type:
         if operand_type.kind is t.Kind.MAP:
             return operand_type.params[1]
         if operand_type.kind is t.Kind.STRUCT:
-            fields = STRUCT_FIELDS.get(operand_type.name)
+            fields = self.struct_fields.get(operand_type.name)
             if fields is None:
                 self._error(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
                 return t.ERROR
@@ -203,6 +224,13 @@ class Checker:
         return t.DYN
 
     def _check_call(self, e: ast.Call) -> None:
+        if e.function == ast.OPT_SELECT and e.target is None:
+            operand, field = e.args
+            assert isinstance(field, ast.Literal)
+            result = self._check_select_field(e, operand, str(field.value), optional=True)
+            self._set(e, t.substitute(self.mapping, result, False))
+            self.result.overloads[e] = [OPT_SELECT_OVERLOAD]
+            return
         for arg in e.args:
             self._check(arg)
         name = e.function
@@ -236,7 +264,7 @@ class Checker:
         if name in UNSUPPORTED_FUNCTIONS:
             self._error(
                 f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
-                "evaluate it (supported: standard CEL, strings, lists, sets, regex, quantity, semver)",
+                f"evaluate it ({UNSUPPORTED_LIBRARY})",
                 e.pos,
             )
             return
@@ -302,22 +330,36 @@ class Checker:
 
     def _check_list(self, e: ast.ListExpr) -> None:
         elem: t.Type | None = None
-        for element in e.elements:
+        for i, element in enumerate(e.elements):
             self._check(element)
-            elem = self._join(element, elem, self._get(element))
+            element_type = self._get(element)
+            if i in e.optional_indices:
+                element_type = self._optional_value(element, element_type)
+            elem = self._join(element, elem, element_type)
         self._set(e, t.list_of(elem if elem is not None else self._new_type_var()))
 
     def _check_map(self, e: ast.MapExpr) -> None:
         key_type: t.Type | None = None
         value_type: t.Type | None = None
-        for key, value in e.entries:
+        for i, (key, value) in enumerate(e.entries):
             self._check(key)
             key_type = self._join(key, key_type, self._get(key))
             self._check(value)
-            value_type = self._join(value, value_type, self._get(value))
+            entry_type = self._get(value)
+            if i in e.optional_entries:
+                entry_type = self._optional_value(value, entry_type)
+            value_type = self._join(value, value_type, entry_type)
         if key_type is None or value_type is None:
             key_type, value_type = self._new_type_var(), self._new_type_var()
         self._set(e, t.map_of(key_type, value_type))
+
+    def _optional_value(self, node: ast.Expr, ty: t.Type) -> t.Type:
+        """`[?x]`, `{?k: x}`: x must be an optional; its value type is the element's."""
+        value, was_optional = t.unwrap_optional(ty)
+        if not was_optional and not t.is_dyn(value):
+            expected = t.format_type(t.optional_of(value))
+            self._error(f"expected type '{expected}' but found '{t.format_type(value)}'", node.pos)
+        return value
 
     def _check_comprehension(self, e: ast.Comprehension) -> None:
         self._check(e.iter_range)
@@ -409,14 +451,50 @@ def is_equivalent(a: t.Type, b: t.Type) -> bool:
     )
 
 
+class PanicError(CheckError):
+    """An expression on which the Kubernetes CEL library itself panics."""
+
+
+def _first_param(ty: t.Type, pos: tuple[int, int]) -> t.Type:
+    """`Parameters()[0]` of an optional element's type. A dyn element has none, and cel-go
+    v0.26.0's homogeneousAggregateLiteralValidator indexes it anyway: the API server's request
+    fails with a recovered panic and the scheduler crashes, so no such selector can be used."""
+    if not ty.params:
+        raise PanicError(
+            "an optional element of type dyn makes the Kubernetes CEL library panic "
+            "(cel-go v0.26.0 homogeneous aggregate validator); give it an optional type",
+            pos,
+        )
+    return ty.params[0]
+
+
 def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]:
     """ValidateHomogeneousAggregateLiterals, run on the final (substituted) types."""
+    try:
+        return _validate_aggregates(root, result)
+    except PanicError as panic:
+        return [panic]
+
+
+def _validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]:
     errors: list[CheckError] = []
+    # The string format validator exempts everything inside a `format` call.
+    exempt = {
+        inner
+        for node in walk(root)
+        if isinstance(node, ast.Call) and node.function == "format"
+        for inner in walk(node)
+        if inner is not node
+    }
     for node in walk(root):
+        if node in exempt:
+            continue
         if isinstance(node, ast.ListExpr):
             first: t.Type | None = None
-            for element in node.elements:
+            for i, element in enumerate(node.elements):
                 ty = result.types[element]
+                if i in node.optional_indices:
+                    ty = _first_param(ty, element.pos)
                 if first is None:
                     first = ty
                 elif not is_equivalent(first, ty):
@@ -430,8 +508,10 @@ def validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError]
         elif isinstance(node, ast.MapExpr):
             key_type: t.Type | None = None
             value_type: t.Type | None = None
-            for key, value in node.entries:
+            for i, (key, value) in enumerate(node.entries):
                 kt, vt = result.types[key], result.types[value]
+                if i in node.optional_entries:
+                    vt = _first_param(vt, value.pos)
                 if key_type is None or value_type is None:
                     key_type, value_type = kt, vt
                     continue

@@ -524,6 +524,8 @@ class Coster:
         if function == "url" and len(args) == 1:
             size = self.estimate_size(args[0])
             return CallEstimate(size.factor(STRING_TRAVERSAL), size)
+        if function == "format" and target is not None:
+            return CallEstimate(self.estimate_size(target).factor(STRING_TRAVERSAL))
         if function in ("lowerAscii", "upperAscii", "substring", "trim") and target is not None:
             size = self.estimate_size(target)
             return CallEstimate(size.factor(STRING_TRAVERSAL), size)
@@ -574,12 +576,14 @@ class Coster:
             return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
         if function == "_==_" and len(args) == 2 and args[0].type == args[1].type:
             kind, name = args[0].type.kind, args[0].type.name
-            if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.IPNet")) or (
+            if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.CIDR")) or (
                 kind is t.Kind.STRUCT and name in ("kubernetes.Quantity", "kubernetes.Semver")
             ):
                 return CallEstimate(ONE)
             if kind is t.Kind.STRUCT and name == "kubernetes.URL":
-                return CallEstimate(Estimate(1, 1).factor(STRING_TRAVERSAL))
+                # Kubernetes takes both sides' size from the right-hand operand.
+                size = args[1].computed or Estimate(1, 1)
+                return CallEstimate(Estimate(1, size.max).factor(STRING_TRAVERSAL))
         return None
 
     def _replace(self, target: Node, args: list[Node]) -> CallEstimate:

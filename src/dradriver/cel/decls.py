@@ -96,7 +96,7 @@ def _size_overloads() -> list[Overload]:
     return out
 
 
-_TS_GETTERS = {
+TIMESTAMP_GETTERS = {
     "getFullYear": "year",
     "getMonth": "month",
     "getDayOfYear": "day_of_year",
@@ -113,12 +113,19 @@ _DURATION_GETTERS = ("getHours", "getMinutes", "getSeconds", "getMilliseconds")
 
 def _getter_overloads(name: str) -> list[Overload]:
     out = [
-        ov(f"timestamp_to_{_TS_GETTERS[name]}", [t.TIMESTAMP], t.INT, member=True),
-        ov(f"timestamp_to_{_TS_GETTERS[name]}_with_tz", [t.TIMESTAMP, t.STRING], t.INT, member=True),
+        ov(f"timestamp_to_{TIMESTAMP_GETTERS[name]}", [t.TIMESTAMP], t.INT, member=True),
+        ov(f"timestamp_to_{TIMESTAMP_GETTERS[name]}_with_tz", [t.TIMESTAMP, t.STRING], t.INT, member=True),
     ]
     if name in _DURATION_GETTERS:
-        out.append(ov(f"duration_to_{_TS_GETTERS[name]}", [t.DURATION], t.INT, member=True))
+        out.append(ov(f"duration_to_{TIMESTAMP_GETTERS[name]}", [t.DURATION], t.INT, member=True))
     return out
+
+
+V = t.param("V")
+K = t.param("K")
+OPTIONAL_V = t.optional_of(V)
+# `x.?f` is checked like a field selection; this is the reference cel-go records for it.
+OPT_SELECT_OVERLOAD = ov("select_optional_field", [t.DYN, t.STRING], OPTIONAL_V)
 
 
 def declarations() -> dict[str, list[Overload]]:
@@ -167,7 +174,30 @@ def declarations() -> dict[str, list[Overload]]:
         "_<=_": _relational("less_equals"),
         "_>_": _relational("greater"),
         "_>=_": _relational("greater_equals"),
-        "_[_]": [ov("index_list", [LIST_A, t.INT], A), ov("index_map", [MAP_AB, A], B)],
+        "_[_]": [
+            ov("index_list", [LIST_A, t.INT], A),
+            ov("index_map", [MAP_AB, A], B),
+            ov("optional_list_index_int", [t.optional_of(t.list_of(V)), t.INT], OPTIONAL_V),
+            ov("optional_map_index_value", [t.optional_of(t.map_of(K, V)), K], OPTIONAL_V),
+        ],
+        # -- optional types (cel-go cel/library.go optionalLib, latest version) -------------------
+        "_[?_]": [
+            ov("list_optindex_optional_int", [t.list_of(V), t.INT], OPTIONAL_V),
+            ov("optional_list_optindex_optional_int", [t.optional_of(t.list_of(V)), t.INT], OPTIONAL_V),
+            ov("map_optindex_optional_value", [t.map_of(K, V), K], OPTIONAL_V),
+            ov("optional_map_optindex_optional_value", [t.optional_of(t.map_of(K, V)), K], OPTIONAL_V),
+        ],
+        "optional.of": [ov("optional_of", [V], OPTIONAL_V)],
+        "optional.ofNonZeroValue": [ov("optional_ofNonZeroValue", [V], OPTIONAL_V)],
+        "optional.none": [ov("optional_none", [], OPTIONAL_V)],
+        "value": [ov("optional_value", [OPTIONAL_V], V, member=True)],
+        "hasValue": [ov("optional_hasValue", [OPTIONAL_V], t.BOOL, member=True)],
+        "or": [ov("optional_or_optional", [OPTIONAL_V, OPTIONAL_V], OPTIONAL_V, member=True)],
+        "orValue": [ov("optional_orValue_value", [OPTIONAL_V, V], V, member=True)],
+        "first": [ov("list_first", [t.list_of(V)], OPTIONAL_V, member=True)],
+        "last": [ov("list_last", [t.list_of(V)], OPTIONAL_V, member=True)],
+        "optional.unwrap": [ov("optional_unwrap", [t.list_of(OPTIONAL_V)], t.list_of(V))],
+        "unwrapOpt": [ov("optional_unwrapOpt", [t.list_of(OPTIONAL_V)], t.list_of(V), member=True)],
         "@in": [ov("in_list", [A, LIST_A], t.BOOL), ov("in_map", [A, MAP_AB], t.BOOL)],
         "size": _size_overloads(),
         # -- conversions --------------------------------------------------------------------
@@ -203,6 +233,8 @@ def declarations() -> dict[str, list[Overload]]:
             ov("int64_to_string", [t.INT], t.STRING),
             ov("timestamp_to_string", [t.TIMESTAMP], t.STRING),
             ov("uint64_to_string", [t.UINT], t.STRING),
+            ov("ip_to_string", [t.IP], t.STRING),
+            ov("cidr_to_string", [t.CIDR], t.STRING),
         ],
         "timestamp": [
             ov("timestamp_to_timestamp", [t.TIMESTAMP], t.TIMESTAMP),
@@ -260,6 +292,7 @@ def declarations() -> dict[str, list[Overload]]:
             ov("list_join_string", [STRING_LIST, t.STRING], t.STRING, member=True),
         ],
         "strings.quote": [ov("strings_quote", [t.STRING], t.STRING)],
+        "format": [ov("string_format", [t.STRING, t.list_of(t.DYN)], t.STRING, member=True)],
         # -- ext sets -------------------------------------------------------------------------
         "sets.contains": [ov("list_sets_contains_list", [t.list_of(T), t.list_of(T)], t.BOOL)],
         "sets.equivalent": [ov("list_sets_equivalent_list", [t.list_of(T), t.list_of(T)], t.BOOL)],
@@ -335,50 +368,60 @@ def declarations() -> dict[str, list[Overload]]:
         "major": [ov("semver_major", [t.SEMVER], t.INT, member=True)],
         "minor": [ov("semver_minor", [t.SEMVER], t.INT, member=True)],
         "patch": [ov("semver_patch", [t.SEMVER], t.INT, member=True)],
+        # -- kubernetes ip and cidr libraries -----------------------------------------------------
+        "ip": [
+            ov("string_to_ip", [t.STRING], t.IP),
+            ov("cidr_ip", [t.CIDR], t.IP, member=True),
+        ],
+        "family": [ov("ip_family", [t.IP], t.INT, member=True)],
+        "ip.isCanonical": [ov("ip_is_canonical", [t.STRING], t.BOOL)],
+        "isUnspecified": [ov("ip_is_unspecified", [t.IP], t.BOOL, member=True)],
+        "isLoopback": [ov("ip_is_loopback", [t.IP], t.BOOL, member=True)],
+        "isLinkLocalMulticast": [ov("ip_is_link_local_multicast", [t.IP], t.BOOL, member=True)],
+        "isLinkLocalUnicast": [ov("ip_is_link_local_unicast", [t.IP], t.BOOL, member=True)],
+        "isGlobalUnicast": [ov("ip_is_global_unicast", [t.IP], t.BOOL, member=True)],
+        "isIP": [ov("is_ip", [t.STRING], t.BOOL)],
+        "cidr": [ov("string_to_cidr", [t.STRING], t.CIDR)],
+        "containsIP": [
+            ov("cidr_contains_ip_string", [t.CIDR, t.STRING], t.BOOL, member=True),
+            ov("cidr_contains_ip_ip", [t.CIDR, t.IP], t.BOOL, member=True),
+        ],
+        "containsCIDR": [
+            ov("cidr_contains_cidr_string", [t.CIDR, t.STRING], t.BOOL, member=True),
+            ov("cidr_contains_cidr", [t.CIDR, t.CIDR], t.BOOL, member=True),
+        ],
+        "prefixLength": [ov("cidr_prefix_length", [t.CIDR], t.INT, member=True)],
+        "masked": [ov("cidr_masked", [t.CIDR], t.CIDR, member=True)],
+        "isCIDR": [ov("is_cidr", [t.STRING], t.BOOL)],
+        # -- DRA (dynamic-resource-allocation cel/compile.go, 1.36) --------------------------------
+        "includes": [ov("dra_includes_dyn_dyn", [t.DYN, t.DYN], t.BOOL, member=True)],
+        # -- kubernetes url library ---------------------------------------------------------------
+        "url": [ov("string_to_url", [t.STRING], t.URL)],
+        "getScheme": [ov("url_get_scheme", [t.URL], t.STRING, member=True)],
+        "getHost": [ov("url_get_host", [t.URL], t.STRING, member=True)],
+        "getHostname": [ov("url_get_hostname", [t.URL], t.STRING, member=True)],
+        "getPort": [ov("url_get_port", [t.URL], t.STRING, member=True)],
+        "getEscapedPath": [ov("url_get_escaped_path", [t.URL], t.STRING, member=True)],
+        "getQuery": [ov("url_get_query", [t.URL], t.map_of(t.STRING, STRING_LIST), member=True)],
+        "isURL": [ov("is_url_string", [t.STRING], t.BOOL)],
     }
-    for getter in _TS_GETTERS:
+    for getter in TIMESTAMP_GETTERS:
         d[getter] = _getter_overloads(getter)
     return d
 
+
+# Declared for new selectors only with DRAListTypeAttributes (off in 1.36); the scheduler's
+# environment for stored selectors always has them.
+GATED_FUNCTIONS = frozenset({"includes"})
+
+# What the compile error below names as unsupported: the Kubernetes named-format library.
+UNSUPPORTED_LIBRARY = "Kubernetes' named-format library"
 
 # Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
 # is a compile error from us (never a silent false), worded so that nobody mistakes it for an
 # error Kubernetes would report.
 UNSUPPORTED_FUNCTIONS = frozenset(
     {
-        "format",
-        "url",
-        "isURL",
-        "getScheme",
-        "getHost",
-        "getHostname",
-        "getPort",
-        "getEscapedPath",
-        "getQuery",
-        "ip",
-        "isIP",
-        "ip.isCanonical",
-        "cidr",
-        "isCIDR",
-        "family",
-        "isUnspecified",
-        "isLoopback",
-        "isLinkLocalMulticast",
-        "isLinkLocalUnicast",
-        "isGlobalUnicast",
-        "containsIP",
-        "containsCIDR",
-        "masked",
-        "prefixLength",
-        "optional.of",
-        "optional.ofNonZeroValue",
-        "optional.none",
-        "hasValue",
-        "value",
-        "or",
-        "orValue",
-        "optMap",
-        "optFlatMap",
         "format.named",
         "validate",
     }

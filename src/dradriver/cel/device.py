@@ -44,9 +44,35 @@ def split_qualified_name(name: str, default_domain: str) -> tuple[str, str]:
     return domain, ident
 
 
-def _attribute_value(name: str, attribute: Any) -> Any:
+_LIST_FIELDS = {"ints": int, "bools": bool, "strings": str, "versions": str}
+
+
+def _list_value(name: str, attribute: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """getAttributeValue's list cases (checked before the single values)."""
+    for field, kind in _LIST_FIELDS.items():
+        values = attribute.get(field)
+        if values is None:
+            continue
+        if not isinstance(values, list) or any(type(v) is not kind for v in values):
+            raise ValueError(f"attribute {name}: {field} must be a list of {kind.__name__} values")
+        if field == "versions":
+            try:
+                return tuple(Semver.parse(v) for v in values)
+            except SemverError as err:
+                raise ValueError(f"attribute {name}: parse semantic version: {err}") from None
+        if field == "ints" and not all(INT64_MIN <= v <= INT64_MAX for v in values):
+            raise ValueError(f"attribute {name}: ints must be 64-bit integers")
+        return tuple(values)
+    return None
+
+
+def _attribute_value(name: str, attribute: Any, list_type_attributes: bool) -> Any:
     if not isinstance(attribute, Mapping):
         raise ValueError(f"attribute {name}: unsupported attribute value")
+    if list_type_attributes:
+        listed = _list_value(name, attribute)
+        if listed is not None:
+            return listed
     # Go checks the value fields in this order; the first one set wins.
     if "int" in attribute and attribute["int"] is not None:
         value = attribute["int"]
@@ -84,8 +110,13 @@ def _capacity_value(name: str, capacity: Any) -> Quantity:
         raise ValueError(f"capacity {name}: {err}") from None
 
 
-def to_cel_device(device: Mapping[str, Any], driver: str) -> CELDevice:
-    """Convert a Device (v1 JSON form; a v1beta1 `basic:` wrapper is unwrapped) once."""
+def to_cel_device(device: Mapping[str, Any], driver: str, *, list_type_attributes: bool = False) -> CELDevice:
+    """Convert a Device (v1 JSON form; a v1beta1 `basic:` wrapper is unwrapped) once.
+
+    `list_type_attributes` is the DRAListTypeAttributes gate (alpha, off in 1.36): with it,
+    `ints`/`bools`/`strings`/`versions` attributes are CEL lists; without it they make every
+    selector fail on the device, as in the scheduler.
+    """
     name = str(device.get("name", ""))
     basic = device.get("basic")
     body: Mapping[str, Any] = basic if isinstance(basic, Mapping) else device
@@ -94,7 +125,9 @@ def to_cel_device(device: Mapping[str, Any], driver: str) -> CELDevice:
     try:
         for qualified, attribute in (body.get("attributes") or {}).items():
             domain, ident = split_qualified_name(str(qualified), driver)
-            attributes.setdefault(domain, {})[ident] = _attribute_value(str(qualified), attribute)
+            attributes.setdefault(domain, {})[ident] = _attribute_value(
+                str(qualified), attribute, list_type_attributes
+            )
         for qualified, cap in (body.get("capacity") or {}).items():
             domain, ident = split_qualified_name(str(qualified), driver)
             capacity.setdefault(domain, {})[ident] = _capacity_value(str(qualified), cap)

@@ -14,20 +14,26 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from dradriver.cel import formatting, network, times, urls
+from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
+from dradriver.cel.decls import TIMESTAMP_GETTERS
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
     INT64_MIN,
+    OPTIONAL_NONE,
     UINT64_MAX,
     ArgumentMismatchError,
     ComputedQuantity,
+    Optional,
     TypeValue,
     UInt,
     check_int,
     check_uint,
     compare,
     equal,
+    expect,
     go_format_float,
     is_list,
     no_such_overload,
@@ -164,6 +170,13 @@ def add(a: Any, b: Any) -> Any:
         return tuple(a) + tuple(b)
     if ta is bytes and tb is bytes:
         return a + b
+    if ta is times.Duration:
+        if tb is times.Duration:
+            return times.add_durations(a, b)
+        if tb is times.Timestamp:
+            return times.add_duration(b, a)
+    if ta is times.Timestamp and tb is times.Duration:
+        return times.add_duration(a, b)
     raise no_such_overload("_+_", a, b)
 
 
@@ -175,6 +188,13 @@ def subtract(a: Any, b: Any) -> Any:
         return a - b
     if ta is UInt and tb is UInt:
         return check_uint(a - b)
+    if ta is times.Duration and tb is times.Duration:
+        return times.subtract_durations(a, b)
+    if ta is times.Timestamp:
+        if tb is times.Duration:
+            return times.add_duration(a, times.negate_duration(b))
+        if tb is times.Timestamp:
+            return times.subtract_timestamps(a, b)
     raise no_such_overload("_-_", a, b)
 
 
@@ -231,6 +251,8 @@ def negate(a: Any) -> Any:
         return check_int(-a)
     if type(a) is float:
         return -a
+    if type(a) is times.Duration:
+        return times.negate_duration(a)
     raise no_such_overload("-_", a)
 
 
@@ -349,6 +371,10 @@ def to_int(value: Any) -> int:
             if INT64_MIN <= number <= INT64_MAX:
                 return number
         raise EvalError("type conversion error from 'string' to 'int'")
+    if tv is times.Timestamp:
+        return cast(times.Timestamp, value).seconds
+    if tv is times.Duration:
+        return cast(times.Duration, value).nanos
     raise no_such_overload("int", value)
 
 
@@ -388,6 +414,12 @@ def to_string(value: Any) -> str:
             return cast(bytes, value).decode("utf-8")
         except UnicodeDecodeError:
             raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    if tv is network.IP or tv is network.CIDR:
+        return str(value)
+    if tv is times.Timestamp:
+        return times.format_timestamp(value)
+    if tv is times.Duration:
+        return times.format_duration(value)
     raise no_such_overload("string", value)
 
 
@@ -609,7 +641,7 @@ def find_all(s: Any, pattern: Any, *count: Any) -> tuple[str, ...]:
 
 def _comparable_list(items: Sequence[Any], function: str) -> None:
     for item in items:
-        if type(item) not in (int, UInt, float, bool, str, bytes):
+        if type(item) not in (int, UInt, float, bool, str, bytes, times.Timestamp, times.Duration):
             raise no_such_overload(function, item)
 
 
@@ -632,7 +664,7 @@ def list_sum(items: Any, zero: Any = 0) -> Any:
     if not seq:
         return zero
     total = seq[0]
-    if type(total) not in (int, UInt, float):
+    if type(total) not in (int, UInt, float, times.Duration):
         raise no_such_overload("sum", items)
     for item in seq[1:]:
         total = add(total, item)
@@ -698,13 +730,14 @@ def _sort_keys(items: Sequence[Any], keys: Sequence[Any]) -> tuple[Any, ...]:
     if not items:
         return tuple(items)
     first_type = type(keys[0])
-    if first_type not in (int, UInt, float, bool, str, bytes):
+    if first_type not in (int, UInt, float, bool, str, bytes, times.Timestamp, times.Duration):
         raise EvalError("list elements must be comparable")
     if any(type(k) is not first_type for k in keys):
         raise EvalError("list elements must have the same type")
     if first_type is float and any(math.isnan(k) for k in keys):
         raise EvalError("NaN values cannot be ordered")
-    order = sorted(range(len(items)), key=lambda i: keys[i])
+    ordered = [times.sort_key(k) for k in keys] if first_type in (times.Timestamp, times.Duration) else keys
+    order = sorted(range(len(items)), key=lambda i: ordered[i])
     return tuple(items[i] for i in order)
 
 
@@ -898,6 +931,125 @@ def semver_patch(v: Any) -> int:
     return _go_int64(_semver(v, "patch").patch)
 
 
+# -- timestamps and durations (standard library) ------------------------------------------------------
+
+
+def to_timestamp(value: Any) -> times.Timestamp:
+    if type(value) is times.Timestamp:
+        return value
+    if type(value) is str:
+        return times.parse_timestamp(value)
+    if type(value) is int:
+        return times.timestamp_from_int(value)
+    raise no_such_overload("timestamp", value)
+
+
+def to_duration(value: Any) -> times.Duration:
+    if type(value) is times.Duration:
+        return value
+    if type(value) is str:
+        return times.parse_duration(value)
+    if type(value) is int:
+        # Declared (int64_to_duration), but Int.ConvertToType has no duration case.
+        raise EvalError(f"type conversion error from 'int' to '{times.DURATION_TYPE}'")
+    raise no_such_overload("duration", value)
+
+
+def _getter(part: str) -> Callable[..., int]:
+    def get(value: Any, *tz: Any) -> int:
+        if type(value) is times.Timestamp:
+            if tz and type(tz[0]) is not str:
+                raise no_such_overload(part, value, *tz)
+            return times.timestamp_part(value, part, *tz)
+        if type(value) is times.Duration and not tz and part in times.DURATION_PARTS:
+            return times.duration_part(value, part)
+        raise no_such_overload(part, value, *tz)
+
+    return get
+
+
+# -- DRA ------------------------------------------------------------------------------------------------
+
+
+def _equal_or_false(a: Any, b: Any) -> bool:
+    try:
+        return equal(a, b)
+    except EvalError:
+        return False
+
+
+def includes(target: Any, value: Any) -> bool:
+    """includesFunc: list membership (at most 48 values), or equality for a single value."""
+    if is_list(target):
+        for i, item in enumerate(target):
+            if i >= ATTRIBUTE_VALUES_PER_DEVICE:
+                limit = ATTRIBUTE_VALUES_PER_DEVICE
+                raise EvalError(f"'includes' function cannot be applied to lists longer than {limit} values")
+            if _equal_or_false(item, value):
+                return True
+        return False
+    return _equal_or_false(target, value)
+
+
+# -- optional types (cel-go cel/library.go optionalLib) ----------------------------------------------
+
+
+def optional_of(value: Any) -> Optional:
+    return Optional(value)
+
+
+def _is_zero(value: Any) -> bool:
+    """traits.Zeroer: null, false, 0, empty strings, bytes, lists and maps."""
+    if value is None:
+        return True
+    if type(value) in (bool, int, UInt, float):
+        return not value
+    if isinstance(value, str | bytes | tuple | list | Mapping):
+        return not value
+    if type(value) is times.Duration:
+        return value.nanos == 0
+    if type(value) is times.Timestamp:
+        return value.key() == (times.MIN_UNIX, 0)  # Go's zero time, 0001-01-01T00:00:00Z
+    return False
+
+
+def optional_of_non_zero_value(value: Any) -> Optional:
+    return OPTIONAL_NONE if _is_zero(value) else Optional(value)
+
+
+def optional_none() -> Optional:
+    return OPTIONAL_NONE
+
+
+def optional_value(value: Any) -> Any:
+    optional = expect(value, Optional)
+    if not optional.has_value:
+        raise EvalError("optional.none() dereference")
+    return optional.value
+
+
+def optional_has_value(value: Any) -> bool:
+    return expect(value, Optional).has_value
+
+
+def list_first(items: Any) -> Optional:
+    return Optional(_list(items, "first")[0]) if _list(items, "first") else OPTIONAL_NONE
+
+
+def list_last(items: Any) -> Optional:
+    return Optional(_list(items, "last")[-1]) if _list(items, "last") else OPTIONAL_NONE
+
+
+def optional_unwrap(items: Any) -> tuple[Any, ...]:
+    out = []
+    for item in _list(items, "optional.unwrap"):
+        if type(item) is not Optional:
+            raise ArgumentMismatchError("no such overload")
+        if item.has_value:
+            out.append(item.value)
+    return tuple(out)
+
+
 # -- costs (runtimecost.go costCall, ext trackers, Kubernetes CallCost) -----------------------------
 #
 # Every cost is computed from the arguments alone, before the call: the budget is checked before
@@ -1049,6 +1201,43 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "major": (semver_major, None),
     "minor": (semver_minor, None),
     "patch": (semver_patch, None),
+    "ip": (network.ip, network.ip_cost),
+    "isIP": (network.is_ip, _first_string),
+    "ip.isCanonical": (network.ip_is_canonical, _first_string_twice),
+    "family": (network.family, None),
+    "isUnspecified": (network.is_unspecified, None),
+    "isLoopback": (network.is_loopback, None),
+    "isLinkLocalMulticast": (network.is_link_local_multicast, None),
+    "isLinkLocalUnicast": (network.is_link_local_unicast, None),
+    "isGlobalUnicast": (network.is_global_unicast, None),
+    "cidr": (network.cidr, _first_string),
+    "isCIDR": (network.is_cidr, _first_string),
+    "containsIP": (network.contains_ip, lambda args: network.contains_cost(args, of_cidr=False)),
+    "containsCIDR": (network.contains_cidr, lambda args: network.contains_cost(args, of_cidr=True)),
+    "prefixLength": (network.prefix_length, None),
+    "masked": (network.masked, None),
+    "format": (formatting.string_format, _first_string),
+    "includes": (includes, None),
+    "timestamp": (to_timestamp, None),
+    "duration": (to_duration, None),
+    **{name: (_getter(part), None) for name, part in TIMESTAMP_GETTERS.items()},
+    "url": (urls.url, _first_string),
+    "isURL": (urls.is_url, None),
+    "getScheme": (urls.get_scheme, None),
+    "getHost": (urls.get_host, None),
+    "getHostname": (urls.get_hostname, None),
+    "getPort": (urls.get_port, None),
+    "getEscapedPath": (urls.get_escaped_path, None),
+    "getQuery": (urls.get_query, None),
+    "optional.of": (optional_of, None),
+    "optional.ofNonZeroValue": (optional_of_non_zero_value, None),
+    "optional.none": (optional_none, None),
+    "value": (optional_value, None),
+    "hasValue": (optional_has_value, None),
+    "first": (list_first, None),
+    "last": (list_last, None),
+    "optional.unwrap": (optional_unwrap, None),
+    "unwrapOpt": (optional_unwrap, None),
 }
 
 # How a call with arguments of the wrong runtime type fails, per cel-go binding style:

@@ -9,6 +9,8 @@ reserved identifiers are rejected, and nesting deeper than cel-go's 250 levels i
 
 from __future__ import annotations
 
+import copy
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -122,7 +124,7 @@ def _lark_parser() -> Any:
                 lexer_callbacks={"IDENT": _boolean_literal},
                 maybe_placeholders=False,
                 priority="invert",
-                cache=_cache_file(),
+                cache=_cache_file(grammar),
             )
         return _parser
 
@@ -143,22 +145,36 @@ def _boolean_literal(token: Token) -> Token:
 _GRAMMAR_PATCHES = (
     (
         'list_lit       : "[" [exprlist] "]"',
-        'list_lit       : "[" "]" | "[" "," "]" | "[" list_elements "]"\n'
-        'list_elements  : expr ("," expr)* [","]',
+        'list_lit       : LSQB "]" | LSQB "," "]" | LSQB list_elements "]"\n'
+        'LSQB           : "["\n'
+        'list_elements  : element ("," element)* [","]\n'
+        "?element       : expr | opt_expr\n"
+        'opt_expr       : "?" expr',
     ),
     (
         'map_lit        : "{" [mapinits] "}"',
-        'map_lit        : "{" "}" | "{" "," "}" | "{" map_entries "}"\n'
-        'map_entries    : expr ":" expr ("," expr ":" expr)* [","]',
+        'map_lit        : LBRACE "}" | LBRACE "," "}" | LBRACE map_entries "}"\n'
+        'LBRACE         : "{"\n'
+        'map_entries    : element ":" expr ("," element ":" expr)* [","]',
+    ),
+    # The optional syntax (cel.OptionalTypes enables it in the Kubernetes environment).
+    (
+        "member         : member_dot | member_dot_arg | member_index | member_object | primary",
+        "member         : member_dot | member_opt_dot | member_dot_arg | member_index | member_opt_index\n"
+        "               | member_object | primary\n"
+        'member_opt_dot : member "." "?" IDENT\n'
+        'member_opt_index : member "[" "?" expr "]"',
     ),
 )
 
 
-def _cache_file() -> str | bool:
+def _cache_file(grammar: str) -> str | bool:
     """Where Lark keeps its LALR tables between processes (saves ~0.3 s per CLI start).
 
-    A per-user directory, never the shared temp directory: Lark's cache is a pickle.
+    A per-user directory, never the shared temp directory: Lark's cache is a pickle. Named by
+    the grammar's digest, so that checkouts with different grammars do not rewrite one file.
     """
+    import hashlib
     import os
     from pathlib import Path
 
@@ -172,7 +188,8 @@ def _cache_file() -> str | bool:
         return False
     import lark
 
-    return str(directory / f"cel-grammar-lark-{lark.__version__}.cache")
+    digest = hashlib.sha256(grammar.encode()).hexdigest()[:12]
+    return str(directory / f"cel-grammar-lark-{lark.__version__}-{digest}.cache")
 
 
 # ANTLR's names for CEL.g4's tokens, in the grammar's token order (how it lists expected sets).
@@ -223,6 +240,8 @@ _MAX_SYNTAX_ERRORS = 10
 
 
 def _expected(accepted: set[str]) -> str:
+    if accepted == {"IDENT"}:
+        return "{IDENTIFIER, ESC_IDENTIFIER}"  # CEL.g4 escapeIdent: IDENTIFIER | ESC_IDENTIFIER
     if accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
         accepted = accepted - _CONTINUATIONS
     if "MLSTRING_LIT" in accepted:
@@ -289,9 +308,25 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
             if "$END" in accepted or not accepted:
                 accepted = {"$END"}  # after a whole expression, ANTLR's start rule wants EOF
             token = err.token
+            start = token.start_pos or 0 if token.type != "$END" else len(text)
+            # After `.?` ANTLR expects a (possibly escaped) identifier, and the visitor adds an
+            # error of its own when it meets none.
+            optional_field = accepted == {"IDENT"} and re.search(r"\.\s*\?\s*$", text[:start]) is not None
+            dot = text.rfind(".", 0, start)
+            if (
+                token.type not in ("$END", "IDENT")
+                and "IDENT" in accepted <= {"IDENT", "QMARK"}
+                and dot >= 0
+                and not text[dot + 1 : start].strip()
+            ):
+                # A dot followed by no identifier: ANTLR's prediction fails on the pair.
+                position = (token.line or 1, token.column or 1)
+                shown = text[dot : start + len(str(token))]
+                errors.append((f"Syntax error: no viable alternative at input '{shown}'", position))
+                return errors
             if token.type == "$END":
                 position = _end_position(text)
-                if accepted == {"IDENT"} and text.rstrip().endswith("."):
+                if accepted in ({"IDENT"}, {"IDENT", "QMARK"}) and text.rstrip().endswith("."):
                     errors.append(("Syntax error: no viable alternative at input '.'", position))
                     return errors
                 if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
@@ -302,9 +337,10 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                 errors.append(
                     (f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position)
                 )
+                if optional_field:
+                    errors.append(("unsupported ident kind", position))
                 return errors
             position = (token.line or 1, token.column or 1)
-            start = token.start_pos or 0
             rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
             if _next_accepted(parser, text, token, accepted):
                 errors.append(
@@ -312,9 +348,17 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                 )
                 text = rest
                 continue
+            if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
+                # ANTLR's single-token insertion: the one closer it expects, inserted, lets it go on.
+                closer = _CLOSERS[next(iter(accepted))]
+                if _parses(parser, text[:start] + closer + text[start:]):
+                    errors.append((f"Syntax error: missing '{closer}' at '{token}'", position))
+                    return errors
             errors.append(
                 (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
             )
+            if optional_field:
+                errors.append(("unsupported ident kind", position))
             return errors
         except UnexpectedInput as err:
             errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
@@ -425,13 +469,12 @@ def literal_value(token: Token) -> Any:
 def _balanced(
     function: str, operands: list[ast.Expr], positions: list[tuple[int, int]], lo: int, hi: int
 ) -> ast.Expr:
-    """cel-go's balancingLogicManager.balancedTree: operator i sits between operands i and i+1."""
-    if lo == hi:
-        return operands[lo]
+    """cel-go's logicManager.balancedTree over the operators lo..hi: operator i sits between
+    operands i and i+1 (three terms nest to the left: `(a && b) && c`)."""
     mid = (lo + hi + 1) // 2
-    left = _balanced(function, operands, positions, lo, mid - 1)
-    right = _balanced(function, operands, positions, mid, hi)
-    return ast.Call(function, [left, right], pos=positions[mid - 1])
+    left = operands[mid] if mid == lo else _balanced(function, operands, positions, lo, mid - 1)
+    right = operands[mid + 1] if mid == hi else _balanced(function, operands, positions, mid + 1, hi)
+    return ast.Call(function, [left, right], pos=positions[mid])
 
 
 def _first_token(node: _Node) -> Token | None:
@@ -540,7 +583,7 @@ class _Builder:
         terms.reverse()
         operands = [self.visit(term) for term in terms]
         positions = [self._token_after(term, op) for term in terms[:-1]]
-        return _balanced(function, operands, positions, 0, len(operands) - 1)
+        return _balanced(function, operands, positions, 0, len(operands) - 2)
 
     def _binary(self, tree: _Tree) -> ast.Expr:
         op_tree, right = tree.children
@@ -633,6 +676,18 @@ class _Builder:
         args = self._exprlist(rest[0]) if rest else []
         return _expand_receiver(str(name), target, args, self._token_after(name, "("))
 
+    def _member_opt_dot(self, tree: _Tree) -> ast.Expr:
+        operand, name = tree.children
+        assert isinstance(name, Token)
+        _check_field_name(name)
+        field = ast.Literal(str(name), pos=_pos(name))
+        return ast.Call(ast.OPT_SELECT, [self.visit(operand), field], pos=self._token_after(operand, "."))
+
+    def _member_opt_index(self, tree: _Tree) -> ast.Expr:
+        operand, index = tree.children
+        pos = self._token_after(operand, "[")
+        return ast.Call(ast.OPT_INDEX, [self.visit(operand), self.nested(index)], pos=pos)
+
     def _member_index(self, tree: _Tree) -> ast.Expr:
         operand, index = tree.children
         pos = self._token_after(operand, "[")
@@ -699,18 +754,34 @@ class _Builder:
         finally:
             self.expr_depth -= 1
 
+    # The opening bracket is kept in the tree: cel-go places a list or map literal there.
+
     def _list_lit(self, tree: _Tree) -> ast.Expr:
-        elements = self._exprlist(tree.children[0]) if tree.children else []
-        return ast.ListExpr(elements, pos=_pos(tree))
+        bracket, *rest = tree.children
+        elements, optional = self._elements(_children(rest[0]) if rest else [])
+        return ast.ListExpr(elements, optional, pos=_pos(bracket))
 
     def _map_lit(self, tree: _Tree) -> ast.Expr:
-        entries: list[tuple[ast.Expr, ast.Expr]] = []
-        if tree.children:
-            inits = tree.children[0]
-            assert isinstance(inits, Tree)
-            items = [self.nested(c) for c in inits.children]
-            entries = list(zip(items[::2], items[1::2], strict=True))
-        return ast.MapExpr(entries, pos=_pos(tree))
+        brace, *rest = tree.children
+        if not rest:
+            return ast.MapExpr([], pos=_pos(brace))
+        children = _children(rest[0])
+        keys, optional_keys = self._elements(children[::2])
+        values = [self.nested(c) for c in children[1::2]]
+        entries = list(zip(keys, values, strict=True))
+        return ast.MapExpr(entries, optional_keys, pos=_pos(brace))
+
+    def _elements(self, children: list[_Node]) -> tuple[list[ast.Expr], frozenset[int]]:
+        """List elements or map keys, and which of them are marked optional (`?x`)."""
+        elements: list[ast.Expr] = []
+        optional: set[int] = set()
+        for i, child in enumerate(children):
+            node = child
+            if isinstance(child, Tree) and child.data == "opt_expr":
+                optional.add(i)
+                node = child.children[0]
+            elements.append(self.nested(node))
+        return elements, frozenset(optional)
 
     def _exprlist(self, tree: _Node) -> list[ast.Expr]:
         assert isinstance(tree, Tree)
@@ -724,6 +795,11 @@ class _Builder:
             unsigned = ast.Literal(_decode_literal(Token("UINT_LIT", token[1:])), pos=_pos(token))
             return ast.Call(ast.NEGATE, [unsigned], pos=_pos(token))
         return ast.Literal(_decode_literal(token), pos=_pos(token))
+
+
+def _children(node: _Node) -> list[_Node]:
+    assert isinstance(node, Tree)
+    return list(node.children)
 
 
 def _check_field_name(name: Token) -> None:
@@ -1000,18 +1076,46 @@ def _bind_macro(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) ->
     if not (isinstance(target, ast.Ident) and target.name == "cel"):
         return None
     var = _ident_name(args[0], "cel.bind() variable names must be simple identifiers")
+    return _bound(var, args[1], args[2], args, pos)
+
+
+def _bound(
+    var: str, value: ast.Expr, result: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]
+) -> ast.Comprehension:
+    """The fold cel.bind expands to (and optMap, optFlatMap, sortBy): `result` with `var` bound,
+    lazily, to `value`."""
     return ast.Comprehension(
         ast.ListExpr([], pos=pos),
         "#unused",
         var,
-        args[1],
+        value,
         ast.Literal(False, pos=pos),
         ast.Ident(var, pos=pos),
-        args[2],
+        result,
         macro="bind",
         macro_args=args,
         pos=pos,
     )
+
+
+def _opt_map(flat: bool) -> Callable[[ast.Expr, list[ast.Expr], tuple[int, int]], ast.Expr]:
+    """optMap / optFlatMap (cel-go cel/library.go): `t.hasValue() ? <bind v = t.value() in f> :
+    optional.none()`, the bound result wrapped in optional.of for optMap."""
+    name = "optFlatMap" if flat else "optMap"
+
+    def expand(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> ast.Expr:
+        if not isinstance(args[0], ast.Ident):
+            raise CELSyntaxError(f"{name}() variable name must be a simple identifier", args[0].pos)
+        var = args[0].name
+        value = ast.Call("value", [], target=copy.deepcopy(target), pos=pos)
+        bound: ast.Expr = _bound(var, value, args[1], args, pos)
+        if not flat:
+            bound = ast.Call("of", [bound], target=ast.Ident("optional", pos=pos), pos=pos)
+        none = ast.Call("none", [], target=ast.Ident("optional", pos=pos), pos=pos)
+        has_value = ast.Call("hasValue", [], target=target, pos=pos)
+        return ast.Call(ast.CONDITIONAL, [has_value, bound, none], pos=pos)
+
+    return expand
 
 
 def _two_var_vars(args: list[ast.Expr]) -> tuple[str, str]:
@@ -1078,22 +1182,11 @@ def _sort_by(target: ast.Expr, args: list[ast.Expr], pos: tuple[int, int]) -> as
             "sortBy can only be applied to a list, identifier, comprehension, call or select expression",
             target.pos,
         )
-    var = _ident_name(args[0], "sortBy(var, ...) variable name must be a simple identifier")
+    var = _ident_name(args[0], "argument is not an identifier")
     input_var = "@__sortBy_input__"
     keys = _map_macro(ast.Ident(input_var, pos=pos), [ast.Ident(var, pos=pos), args[1]], pos)
     call = ast.Call("@sortByAssociatedKeys", [keys], target=ast.Ident(input_var, pos=pos), pos=pos)
-    return ast.Comprehension(
-        ast.ListExpr([], pos=pos),
-        "#unused",
-        input_var,
-        target,
-        ast.Literal(False, pos=pos),
-        ast.Ident(input_var, pos=pos),
-        call,
-        macro="bind",
-        macro_args=args,
-        pos=pos,
-    )
+    return _bound(input_var, target, call, args, pos)
 
 
 _RECEIVER_MACROS: dict[
@@ -1117,4 +1210,6 @@ _RECEIVER_MACROS: dict[
     ("transformMapEntry", 3): _transform_map(entries=True),
     ("transformMapEntry", 4): _transform_map(entries=True),
     ("sortBy", 2): _sort_by,
+    ("optMap", 2): _opt_map(flat=False),
+    ("optFlatMap", 2): _opt_map(flat=True),
 }

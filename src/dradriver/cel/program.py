@@ -15,7 +15,7 @@ cel-go's runtime cost tracker stops evaluation once it exceeds the budget.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
@@ -31,9 +31,13 @@ from dradriver.cel.functions import (
     compile_regex,
     matches,
 )
+from dradriver.cel.times import Duration
 from dradriver.cel.values import (
     EMPTY_MAP,
+    OPTIONAL_NONE,
     DefaultingMap,
+    OpaqueValue,
+    Optional,
     TypeValue,
     UInt,
     equal,
@@ -77,15 +81,6 @@ class _Err:
 
 _UNINIT = object()
 DEVICE_SLOT = 0
-
-
-class UnsupportedFunctionError(Exception):
-    """A declared function dradriver does not evaluate (timestamps, durations)."""
-
-    def __init__(self, name: str, pos: tuple[int, int]) -> None:
-        super().__init__(name)
-        self.name = name
-        self.pos = pos
 
 
 def check_budget(act: Activation) -> None:
@@ -138,6 +133,53 @@ def index_value(obj: Any, key: Any) -> Any:
             return obj[i]
         raise EvalError(f"index out of bounds: {format_value(key)}")
     raise EvalError(f"no such key: {format_value(key)}")
+
+
+# A qualifier: (is a field name, the key, is optional).
+Step = tuple[bool, Any, bool]
+_INDEXES = (ast.INDEX, ast.OPT_SELECT, ast.OPT_INDEX)
+
+
+def _present(obj: Any, key: Any) -> tuple[bool, Any]:
+    """refQualify with a presence test: a missing map key or list index is absent, not an error,
+    and so is any key of a value that has no keys at all."""
+    if type(obj) is DefaultingMap:
+        return True, obj.get(key, EMPTY_MAP) if type(key) is str else index_value(obj, key)
+    if isinstance(obj, Mapping):
+        if type(key) is str:
+            return (True, obj[key]) if key in obj else (False, None)
+        return map_find(obj, key)
+    if is_list(obj):
+        try:
+            return True, index_value(obj, key)
+        except EvalError as err:
+            if err.message.startswith("index out of bounds"):
+                return False, None
+            raise
+    return False, None
+
+
+def qualify(a: Activation, obj: Any, steps: list[Step]) -> Any:
+    """attributes.go applyQualifiers: an optional operand is unwrapped and makes every qualifier
+    optional; from the first optional qualifier on, a missing key ends the walk with
+    optional.none(), and only the qualifiers that found something are charged."""
+    optional = False
+    if type(obj) is Optional:
+        if not obj.has_value:
+            return OPTIONAL_NONE
+        obj, optional = obj.value, True
+    for is_field, key, step_optional in steps:
+        optional = optional or step_optional
+        if optional:
+            found, value = _present(obj, key)
+            if not found:
+                return OPTIONAL_NONE
+            a.cost += 1
+            obj = value
+        else:
+            a.cost += 1
+            obj = select_field(obj, key) if is_field else index_value(obj, key)
+    return Optional(obj) if optional else obj
 
 
 def _runtime_type(value: Any) -> str:
@@ -198,12 +240,12 @@ class Compiler:
             value = e.value
         elif isinstance(e, ast.Ident | ast.Select) and e in self.check.type_idents:
             value = TypeValue(_type_value_name(self.check.type_idents[e]))
-        elif isinstance(e, ast.ListExpr):
-            items = [self.constant(el) for el in e.elements]
+        elif isinstance(e, ast.ListExpr) and not e.optional_indices:
+            items = [self._nested_constant(el) for el in e.elements]
             if all(item is not _NOT_CONSTANT for item in items):
                 value = tuple(items)
-        elif isinstance(e, ast.MapExpr):
-            pairs = [(self.constant(k), self.constant(v)) for k, v in e.entries]
+        elif isinstance(e, ast.MapExpr) and not e.optional_entries:
+            pairs = [(self.constant(k), self._nested_constant(v)) for k, v in e.entries]
             if all(k is not _NOT_CONSTANT and v is not _NOT_CONSTANT for k, v in pairs):
                 value = _ConstantMap(pairs)
         elif isinstance(e, ast.Call) and e.target is None and len(e.args) == 1:
@@ -215,6 +257,14 @@ class Compiler:
                 except EvalError as err:
                     raise ProgramError(err.message) from None
         self._constants[e] = value
+        return value
+
+    def _nested_constant(self, e: ast.Expr) -> Any:
+        """A constant inside a list or map literal: a map literal there is its built value (one
+        with invalid keys stays an opaque error value, as cel-go keeps it inside the aggregate)."""
+        value = self.constant(e)
+        if isinstance(value, _ConstantMap) and value.error is None:
+            return value.value
         return value
 
     def compile(self, e: ast.Expr) -> Eval:
@@ -269,21 +319,22 @@ class Compiler:
 
         return read_accumulator
 
-    def _attribute_path(self, e: ast.Expr) -> tuple[Eval, list[tuple[bool, Any]]] | None:
+    def _attribute_path(self, e: ast.Expr) -> tuple[Eval, list[Step]] | None:
         """Ident followed by constant field/index qualifiers, as one fused evaluation."""
-        steps: list[tuple[bool, Any]] = []
+        steps: list[Step] = []
         node = e
         while True:
             if isinstance(node, ast.Select) and not node.test_only and node not in self.check.type_idents:
-                steps.append((True, node.field))
+                steps.append((True, node.field, False))
                 node = node.operand
             elif (
                 isinstance(node, ast.Call)
-                and node.function == ast.INDEX
+                and node.function in _INDEXES
                 and node.target is None
                 and isinstance(node.args[1], ast.Literal)
             ):
-                steps.append((False, node.args[1].value))
+                optional = node.function != ast.INDEX
+                steps.append((node.function == ast.OPT_SELECT, node.args[1].value, optional))
                 node = node.args[0]
             else:
                 break
@@ -297,9 +348,15 @@ class Compiler:
         if path is None:
             return None
         root, steps = path
+        if any(optional for _, _, optional in steps) or self._optional_operand(e):
+
+            def optional_path(a: Activation) -> Any:
+                return qualify(a, root(a), steps)
+
+            return optional_path
         cost = len(steps)
-        if all(is_field or type(key) is str for is_field, key in steps):
-            names = [key for _, key in steps]
+        if all(is_field or type(key) is str for is_field, key, _ in steps):
+            names = [key for _, key, _ in steps]
             if len(names) == 1:
                 (only,) = names
 
@@ -322,11 +379,40 @@ class Compiler:
         def mixed(a: Activation) -> Any:
             obj = root(a)
             a.cost += cost
-            for is_field, key in steps:
+            for is_field, key, _ in steps:
                 obj = select_field(obj, key) if is_field else index_value(obj, key)
             return obj
 
         return mixed
+
+    def _optional_operand(self, e: ast.Expr) -> bool:
+        """Whether some operand along this attribute path is an optional (checked type)."""
+        node = e
+        while isinstance(node, ast.Select) or (isinstance(node, ast.Call) and node.function in _INDEXES):
+            node = node.operand if isinstance(node, ast.Select) else node.args[0]
+            if t.unwrap_optional(self.check.types[node])[1]:
+                return True
+        return False
+
+    def _qualifier(self, e: ast.Expr, operand_node: ast.Expr, key_node: ast.Expr | None, step: Step) -> Eval:
+        """One qualifier applied the way applyQualifiers does: an optional operand or an optional
+        qualifier makes the result optional, and a missing key then gives optional.none()."""
+        fused = self._fused_path(e)
+        if fused is not None:
+            return fused
+        operand = self.compile(operand_node)
+        key = self.resolved(key_node) if key_node is not None else None
+        # A qualified call's (or literal's) result starts a relative attribute: one more unit.
+        base = 0 if self.attribute_shaped(operand_node) else 1
+        is_field, constant, optional = step
+
+        def qualified(a: Activation) -> Any:
+            obj = operand(a)
+            name = constant if key is None else key(a)
+            a.cost += base
+            return qualify(a, obj, [(is_field, name, optional)])
+
+        return qualified
 
     def _select(self, e: ast.Select) -> Eval:
         type_ident = self.check.type_idents.get(e)
@@ -341,6 +427,8 @@ class Compiler:
                 return has_field(operand(a), name)
 
             return presence
+        if t.unwrap_optional(self.check.types[e.operand])[1]:
+            return self._qualifier(e, e.operand, None, (True, e.field, False))
         fused = self._fused_path(e)
         if fused is not None:
             return fused
@@ -362,7 +450,7 @@ class Compiler:
         one per qualifier; other nodes start a new (relative) attribute when qualified."""
         if isinstance(e, ast.Ident | ast.Select):
             return e not in self.check.type_idents and not (isinstance(e, ast.Select) and e.test_only)
-        return isinstance(e, ast.Call) and e.target is None and e.function in (ast.INDEX, ast.CONDITIONAL)
+        return isinstance(e, ast.Call) and e.target is None and e.function in (*_INDEXES, ast.CONDITIONAL)
 
     def resolved(self, e: ast.Expr) -> Eval:
         """An attribute that cel-go resolves directly (a conditional's branch, an index that is an
@@ -370,7 +458,7 @@ class Compiler:
         evaluate = self.compile(e)
         root = e
         while isinstance(root, ast.Select) or (
-            isinstance(root, ast.Call) and root.function == ast.INDEX and root.target is None
+            isinstance(root, ast.Call) and root.function in _INDEXES and root.target is None
         ):
             root = root.operand if isinstance(root, ast.Select) else root.args[0]
         if not self.attribute_shaped(e) or (isinstance(root, ast.Call) and root.function == ast.CONDITIONAL):
@@ -395,7 +483,11 @@ class Compiler:
             ast.EQUALS: self._equals,
             ast.NOT_EQUALS: self._not_equals,
             ast.INDEX: self._index,
+            ast.OPT_SELECT: self._opt_select,
+            ast.OPT_INDEX: self._opt_index,
             ast.NOT_STRICTLY_FALSE: self._not_strictly_false,
+            "or": self._optional_or,
+            "orValue": self._optional_or,
         }.get(name)
         if special is not None:
             return special(e, args)
@@ -403,8 +495,6 @@ class Compiler:
             membership = self._set_membership(args)
             if membership is not None:
                 return membership
-        if name not in RUNTIME:
-            raise UnsupportedFunctionError(name, e.pos)
         impl, cost_fn = RUNTIME[name]
         if name in OVERLOAD_PRICED:
             ids = [overload.id for overload in self.check.overloads.get(e, [])]
@@ -574,12 +664,41 @@ class Compiler:
         def equality(a: Activation) -> bool:
             lhs, rhs = left(a), right(a)
             a.cost += _eq_cost(lhs, rhs)
-            result = equal(lhs, rhs)
-            return (not result) if negate else result
+            if negate:
+                # evalNe: `Equal(l, r) != True`, so an Equal that fails makes `!=` true.
+                try:
+                    return not equal(lhs, rhs)
+                except EvalError:
+                    return True
+            return equal(lhs, rhs)
 
         return _charging_errors(equality, [left, right], _eq_cost_of)
 
+    def _opt_select(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._qualifier(e, args[0], None, (True, cast(ast.Literal, args[1]).value, True))
+
+    def _opt_index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        return self._qualifier(e, args[0], args[1], (False, None, True))
+
+    def _optional_or(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        """`or` / `orValue` (decorateOptionalOr): the right side only when the left holds no
+        value; the call itself is not an InterpretableCall any more and costs nothing."""
+        lhs, rhs = (self.compile(arg) for arg in args)
+        unwrap = e.function == "orValue"
+
+        def optional_or(a: Activation) -> Any:
+            value = lhs(a)
+            if type(value) is not Optional:
+                return value
+            if value.has_value:
+                return value.value if unwrap else value
+            return rhs(a)
+
+        return optional_or
+
     def _index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        if t.unwrap_optional(self.check.types[args[0]])[1]:
+            return self._qualifier(e, args[0], args[1], (False, None, False))
         fused = self._fused_path(e)
         if fused is not None:
             return fused
@@ -597,6 +716,26 @@ class Compiler:
 
     def _list(self, e: ast.ListExpr) -> Eval:
         elements = [self.compile(el) for el in e.elements]
+        if e.optional_indices:
+            optional = [i in e.optional_indices for i in range(len(elements))]
+
+            def make_optional_list(a: Activation) -> tuple[Any, ...]:
+                out: list[Any] = []
+                for element, is_optional in zip(elements, optional, strict=True):
+                    value = element(a)
+                    if is_optional:
+                        if type(value) is not Optional:
+                            raise EvalError(
+                                f"cannot initialize optional list element from non-optional value {value}"
+                            )
+                        if not value.has_value:
+                            continue
+                        value = value.value
+                    out.append(value)
+                a.cost += LIST_CREATE_COST
+                return tuple(out)
+
+            return make_optional_list
 
         def make_list(a: Activation) -> tuple[Any, ...]:
             out = tuple(el(a) for el in elements)
@@ -608,13 +747,24 @@ class Compiler:
     def _map(self, e: ast.MapExpr) -> Eval:
         entries = [(self.compile(k), self.compile(v)) for k, v in e.entries]
 
+        optional = [i in e.optional_entries for i in range(len(entries))]
+
         def make_map(a: Activation) -> dict[Any, Any]:
             out: dict[Any, Any] = {}
-            for key_fn, value_fn in entries:
+            for (key_fn, value_fn), is_optional in zip(entries, optional, strict=True):
                 key = key_fn(a)
                 value = value_fn(a)
                 if type(key) not in (str, int, UInt, bool):
                     raise EvalError(f"unsupported key type: {_runtime_type(key)}")
+                if is_optional:
+                    if type(value) is not Optional:
+                        raise EvalError(
+                            f"cannot initialize optional entry '{format_value(key)}' "
+                            f"from non-optional value {format_value(value)}"
+                        )
+                    if not value.has_value:
+                        continue
+                    value = value.value
                 out[key] = value
             a.cost += MAP_CREATE_COST
             return out
@@ -826,7 +976,7 @@ def _eq_cost(lhs: Any, rhs: Any) -> int:
     from dradriver.cel.semver import Semver
     from dradriver.quantity import Quantity
 
-    if isinstance(lhs, Quantity | Semver):
+    if isinstance(lhs, Quantity | Semver | OpaqueValue):
         return 1
     import math
 
@@ -957,7 +1107,9 @@ def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
 
     zero: Any = 0
     if len(overloads) == 1:
-        zero = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}.get(overloads[0].id, 0)
+        zeros: dict[str, Any] = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}
+        zeros["list_duration_sum_duration"] = Duration(0)
+        zero = zeros.get(overloads[0].id, 0)
     return bound("sum", lambda items: list_sum(items, zero))
 
 

@@ -8,11 +8,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.cel import ast
+from dradriver.cel import ast, formatting
 from dradriver.cel import types as t
-from dradriver.cel.checker import DEVICE_TYPE, Checker, CheckError, issues_text, validate_aggregates, walk
+from dradriver.cel.checker import (
+    DEVICE_TYPE,
+    LIST_ATTRIBUTES_STRUCT_FIELDS,
+    STRUCT_FIELDS,
+    Checker,
+    CheckError,
+    CheckResult,
+    issues_text,
+    validate_aggregates,
+    walk,
+)
 from dradriver.cel.cost import estimate_cost
-from dradriver.cel.decls import declarations
+from dradriver.cel.decls import GATED_FUNCTIONS, Overload, declarations
 from dradriver.cel.device import CELDevice, to_cel_device
 from dradriver.cel.errors import (
     COMPILATION_FAILED,
@@ -21,7 +31,7 @@ from dradriver.cel.errors import (
     CostLimitError,
     EvalError,
 )
-from dradriver.cel.functions import compile_regex
+from dradriver.cel.functions import RUNTIME, compile_regex
 from dradriver.cel.parser import format_issue, parse
 from dradriver.cel.program import (
     COST_LIMIT,
@@ -31,7 +41,6 @@ from dradriver.cel.program import (
     Compiler,
     Eval,
     ProgramError,
-    UnsupportedFunctionError,
 )
 from dradriver.cel.values import type_name
 
@@ -40,6 +49,7 @@ MAX_EXPRESSION_LENGTH = 10 * 1024
 _CACHE_SIZE = 1024
 
 _DECLARATIONS = declarations()
+_NEW_DECLARATIONS = {name: ovs for name, ovs in _DECLARATIONS.items() if name not in GATED_FUNCTIONS}
 
 
 @dataclass(frozen=True)
@@ -116,24 +126,34 @@ class Selector:
         return f"Selector({self.expression!r})"
 
 
-_cache: OrderedDict[tuple[str, int], Selector | CELCompileError] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, bool, bool], Selector | CELCompileError] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def compile_selector(expression: str, *, cost_limit: int = COST_LIMIT) -> Selector:
+def compile_selector(
+    expression: str, *, cost_limit: int = COST_LIMIT, new: bool = False, list_type_attributes: bool = False
+) -> Selector:
     """Compile a DRA selector with Kubernetes' semantics; CELCompileError if Kubernetes rejects it.
+
+    By default with the scheduler's environment (cel-go StoredExpressions: everything the
+    release declares, `includes` too); `new=True` is the API server's for a new selector, where
+    `includes` exists only with DRAListTypeAttributes, which is off in 1.36.
+    `list_type_attributes` turns that gate on: attribute values are `dyn` (lists can be ranged
+    over, and a bare attribute is an acceptable result) and the estimate allows list values;
+    evaluate such selectors on devices converted with the gate too (`to_cel_device`).
 
     Results (and compile errors) are cached per expression, so calling this for every device
     costs a dictionary lookup after the first time.
     """
-    key = (expression, cost_limit)
+    key = (expression, cost_limit, new, list_type_attributes)
     with _cache_lock:
         cached = _cache.get(key)
         if cached is not None:
             _cache.move_to_end(key)
     if cached is None:
         try:
-            cached = _compile(expression, cost_limit)
+            declared = _NEW_DECLARATIONS if new and not list_type_attributes else _DECLARATIONS
+            cached = _compile(expression, cost_limit, declared, list_type_attributes)
         except CELCompileError as err:
             cached = err
         with _cache_lock:
@@ -150,7 +170,9 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _compile(expression: str, cost_limit: int) -> Selector:
+def _compile(
+    expression: str, cost_limit: int, declared: dict[str, list[Overload]], list_type_attributes: bool
+) -> Selector:
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
         raise CELCompileError(
@@ -159,10 +181,16 @@ def _compile(expression: str, cost_limit: int) -> Selector:
         )
     root = parse(expression)
     try:
-        checker = Checker(_DECLARATIONS, {"device": DEVICE_TYPE})
+        fields = LIST_ATTRIBUTES_STRUCT_FIELDS if list_type_attributes else STRUCT_FIELDS
+        checker = Checker(declared, {"device": DEVICE_TYPE}, fields)
         checked = checker.check(root)
         # cel-go runs the AST validators only on an expression that type-checked.
-        issues = checker.errors or _validate_regex_literals(root) + validate_aggregates(root, checked)
+        issues = checker.errors or (
+            _validate_conversion_literals(root, checked)
+            + _validate_regex_literals(root)
+            + validate_aggregates(root, checked)
+            + _validate_format_literals(root, checked)
+        )
     except RecursionError:
         raise CELCompileError(
             COMPILATION_FAILED + format_issue(expression, "expression nests too deeply", (1, 1)),
@@ -171,7 +199,8 @@ def _compile(expression: str, cost_limit: int) -> Selector:
     if issues:
         raise CELCompileError(COMPILATION_FAILED + issues_text(expression, issues), expression=expression)
     result_type = checked.types[root]
-    if result_type.kind not in (t.Kind.BOOL, t.Kind.ANY):
+    # CompileCELExpression: bool, or exactly the attribute type (any; dyn with the gate).
+    if result_type.kind not in (t.Kind.BOOL, t.Kind.DYN if list_type_attributes else t.Kind.ANY):
         raise CELCompileError(
             f"must evaluate to bool or the unknown type, not {_type_string(result_type)}",
             expression=expression,
@@ -179,18 +208,9 @@ def _compile(expression: str, cost_limit: int) -> Selector:
     compiler = Compiler(checked, {"device": DEVICE_SLOT})
     try:
         program = compiler.compile(root)
-    except UnsupportedFunctionError as unsupported:
-        raise CELCompileError(
-            format_issue(
-                expression,
-                f"function '{unsupported.name}' (timestamps and durations) is not evaluated by dradriver",
-                unsupported.pos,
-            ),
-            expression=expression,
-        ) from None
     except (EvalError, ProgramError) as err:
         raise CELCompileError(f"program instantiation failed: {err.message}", expression=expression) from None
-    estimated = estimate_cost(root, checked)
+    estimated = estimate_cost(root, checked, list_attributes=list_type_attributes)
     return Selector(expression, program, compiler.slot_count, result_type, cost_limit, estimated)
 
 
@@ -201,6 +221,8 @@ def _to_bool_error(value: object) -> str:
         return "unsupported native conversion from string to 'bool'"
     if name in ("int", "uint"):
         return f"unsupported type conversion from '{name}' to bool"
+    if name == "list":
+        return "type conversion error from list to 'bool'"
     return f"type conversion error from '{name}' to 'bool'"
 
 
@@ -211,6 +233,115 @@ def _type_string(ty: t.Type) -> str:
     if not ty.params:
         return ty.name
     return f"{ty.name}({', '.join(_type_string(p) for p in ty.params)})"
+
+
+def _validate_conversion_literals(root: ast.Expr, checked: CheckResult) -> list[CheckError]:
+    """cel-go ValidateDurationLiterals and ValidateTimestampLiterals: a literal argument of
+    `duration` / `timestamp` must convert (durations first, then timestamps)."""
+    errors = []
+    for function in ("duration", "timestamp"):
+        convert = RUNTIME[function][0]
+        for node in walk(root):
+            if isinstance(node, ast.Call) and node.function == function and node.target is None and node.args:
+                if node in checked.qualified_calls:
+                    continue
+                first = node.args[0]
+                if isinstance(first, ast.Literal):
+                    try:
+                        convert(first.value)
+                    except EvalError:
+                        errors.append(CheckError(f"invalid {function} argument", first.pos))
+    return errors
+
+
+# What each clause accepts, by checked type kind (stringFormatChecker.verifyTypeOneOf).
+_CLAUSE_KINDS = {
+    "d": {t.Kind.INT, t.Kind.UINT},
+    "f": {t.Kind.DOUBLE, t.Kind.STRING},
+    "e": {t.Kind.DOUBLE, t.Kind.STRING},
+    "b": {t.Kind.INT, t.Kind.UINT, t.Kind.BOOL},
+    "x": {t.Kind.INT, t.Kind.UINT, t.Kind.STRING, t.Kind.BYTES},
+    "X": {t.Kind.INT, t.Kind.UINT, t.Kind.STRING, t.Kind.BYTES},
+    "o": {t.Kind.INT, t.Kind.UINT},
+}
+_STRING_CLAUSE_KINDS = {t.Kind.LIST, t.Kind.MAP, t.Kind.INT, t.Kind.UINT, t.Kind.DOUBLE, t.Kind.BOOL}
+_STRING_CLAUSE_KINDS |= {
+    t.Kind.STRING,
+    t.Kind.TIMESTAMP,
+    t.Kind.BYTES,
+    t.Kind.DURATION,
+    t.Kind.TYPE,
+    t.Kind.NULL,
+}
+
+
+def _validate_format_literals(root: ast.Expr, checked: CheckResult) -> list[CheckError]:
+    """ext strings' stringFormatValidator: a literal format string applied to a list literal is
+    checked clause by clause against the arguments' types, and every argument must be used."""
+    errors = []
+    for node in walk(root):
+        if not (
+            isinstance(node, ast.Call)
+            and node.function == "format"
+            and isinstance(node.target, ast.Literal)
+            and type(node.target.value) is str
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.ListExpr)
+        ):
+            continue
+        ids = [overload.id for overload in checked.overloads.get(node, [])]
+        if ids and "string_format" not in ids:
+            continue
+        args = node.args[0].elements
+        used = 0
+
+        def verify(clause: formatting.Clause, args: list[ast.Expr] = args) -> str:
+            nonlocal used
+            used += 1
+            arg = args[clause.index]
+            bad = _unformattable(arg, checked) if clause.letter == "s" else None
+            if clause.letter != "s" and not _kind_ok(arg, checked, _CLAUSE_KINDS[clause.letter]):
+                bad = arg
+            if bad is not None:
+                kind = checked.types[bad].name
+                raise formatting.FormatError(formatting.clause_message(clause.letter, kind), id(bad))
+            return ""
+
+        try:
+            formatting.run(node.target.value, len(args), verify, checking=True)
+        except formatting.FormatError as err:
+            where = next((a.pos for a in walk(node.args[0]) if id(a) == err.index), node.pos)
+            errors.append(CheckError(err.message, where))
+            continue
+        if len(args) > used:
+            errors.append(
+                CheckError(
+                    f"too many arguments supplied to string.format (expected {used}, got {len(args)})",
+                    node.pos,
+                )
+            )
+    return errors
+
+
+def _kind_ok(arg: ast.Expr, checked: CheckResult, kinds: set[t.Kind]) -> bool:
+    ty = checked.types[arg]
+    return ty.kind is t.Kind.DYN or ty.kind in kinds
+
+
+def _unformattable(arg: ast.Expr, checked: CheckResult) -> ast.Expr | None:
+    """verifyString: the first (sub-)expression the string clause cannot print, or None."""
+    if not _kind_ok(arg, checked, _STRING_CLAUSE_KINDS):
+        return arg
+    parts: list[ast.Expr] = []
+    if isinstance(arg, ast.ListExpr):
+        parts = list(arg.elements)
+    elif isinstance(arg, ast.MapExpr):
+        parts = [part for entry in arg.entries for part in entry]
+    for part in parts:
+        bad = _unformattable(part, checked)
+        if bad is not None:
+            return bad
+    return None
 
 
 def _validate_regex_literals(root: ast.Expr) -> list[CheckError]:

@@ -98,8 +98,12 @@ TIMESTAMP = _simple(Kind.TIMESTAMP, "google.protobuf.Timestamp")
 UINT = _simple(Kind.UINT, "uint")
 TYPE = _simple(Kind.TYPE, "type")
 
+OPTIONAL_NAME = "optional_type"
 QUANTITY = Type(Kind.STRUCT, "kubernetes.Quantity")
 SEMVER = Type(Kind.STRUCT, "kubernetes.Semver")
+URL = Type(Kind.STRUCT, "kubernetes.URL")
+IP = Type(Kind.OPAQUE, "net.IP")
+CIDR = Type(Kind.OPAQUE, "net.CIDR")
 
 
 def list_of(elem: Type) -> Type:
@@ -108,6 +112,18 @@ def list_of(elem: Type) -> Type:
 
 def map_of(key: Type, value: Type) -> Type:
     return Type(Kind.MAP, "map", (key, value))
+
+
+def optional_of(value: Type) -> Type:
+    """cel-go's optional_type(T), an opaque type with one parameter."""
+    return Type(Kind.OPAQUE, OPTIONAL_NAME, (value,))
+
+
+def unwrap_optional(ty: Type) -> tuple[Type, bool]:
+    """checker maybeUnwrapOptional: the value type of an optional type, and whether it was one."""
+    if ty.kind is Kind.OPAQUE and ty.name == OPTIONAL_NAME and ty.params:
+        return ty.params[0], True
+    return ty, False
 
 
 def type_of(param: Type) -> Type:

@@ -12,8 +12,9 @@ import math
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
+from dradriver.cel import times
 from dradriver.cel.errors import EvalError
 from dradriver.cel.semver import Semver
 from dradriver.quantity import Quantity
@@ -48,6 +49,30 @@ class TypeValue:
 
     def __repr__(self) -> str:
         return self.name
+
+
+class OpaqueValue:
+    """A value of a Kubernetes library's opaque type (`net.IP`, `net.CIDR`, `kubernetes.URL`):
+    equal only to a value of the same type; any other right operand is "no such overload"."""
+
+    __slots__ = ()
+    cel_type_name = "opaque"
+
+
+class Optional:
+    """cel-go's types.Optional: `optional.of(v)` holds `value`; OPTIONAL_NONE holds nothing."""
+
+    __slots__ = ("has_value", "value")
+
+    def __init__(self, value: Any = None, *, has_value: bool = True) -> None:
+        self.value = value
+        self.has_value = has_value
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.has_value else "optional.none()"
+
+
+OPTIONAL_NONE = Optional(has_value=False)
 
 
 class DefaultingMap(dict[str, Any]):
@@ -93,6 +118,9 @@ TYPE_NAMES: dict[type, str] = {
     ComputedQuantity: "kubernetes.Quantity",
     Semver: "kubernetes.Semver",
     TypeValue: "type",
+    Optional: "optional_type",
+    times.Timestamp: times.TIMESTAMP_TYPE,
+    times.Duration: times.DURATION_TYPE,
 }
 
 
@@ -103,6 +131,8 @@ def type_name(value: object) -> str:
         return name
     if isinstance(value, Mapping):
         return "map"
+    if isinstance(value, OpaqueValue):
+        return value.cel_type_name
     return type(value).__name__
 
 
@@ -113,6 +143,16 @@ def type_value_of(value: object) -> TypeValue:
 class ArgumentMismatchError(EvalError):
     """An argument of the wrong runtime type. How cel-go words it depends on how the function is
     bound (functions.RUNTIME applies the rule), so the message here is only a placeholder."""
+
+
+_T = TypeVar("_T")
+
+
+def expect(value: object, kind: type[_T]) -> _T:
+    """A library function's argument of exactly this runtime type, else "no such overload"."""
+    if type(value) is not kind:
+        raise ArgumentMismatchError("no such overload")
+    return value
 
 
 def no_such_overload(function: str, *args: object) -> EvalError:
@@ -176,7 +216,22 @@ def equal(a: object, b: object) -> bool:
         return a.compare(b) == 0
     if ta is TypeValue:
         return type(b) is TypeValue and a == b
+    if ta is Optional:
+        return _optional_equal(a, b)  # type: ignore[arg-type]
+    if ta is times.Timestamp or ta is times.Duration:
+        return type(b) is ta and a == b
+    if isinstance(a, OpaqueValue) and type(b) is not ta:
+        raise EvalError("no such overload")
     return a == b
+
+
+def _optional_equal(a: Optional, b: object) -> bool:
+    # Optional.Equal: none equals none; otherwise both hold values and the values are equal.
+    if type(b) is not Optional:
+        return False
+    if not a.has_value or not b.has_value:
+        return a.has_value == b.has_value
+    return equal(a.value, b.value)
 
 
 def _element_equal_or_unknown(a: object, b: object) -> bool | None:
@@ -265,7 +320,30 @@ def compare(a: object, b: object, function: str) -> int:
     if ta is tb and ta in (str, bytes, bool):
         left: Any = a
         return int((left > b) - (left < b))
+    if ta is tb and ta in (times.Timestamp, times.Duration):
+        return times.compare(a, b)  # type: ignore[arg-type]
     raise no_such_overload(function, a, b)
+
+
+# The Go types (%T) of cel-go's and Kubernetes' values, which a failed iteration names.
+_GO_TYPES = {
+    "string": "types.String",
+    "int": "types.Int",
+    "uint": "types.Uint",
+    "double": "types.Double",
+    "bool": "types.Bool",
+    "bytes": "types.Bytes",
+    "null_type": "types.Null",
+    "type": "*types.Type",
+    "optional_type": "*types.Optional",
+    times.TIMESTAMP_TYPE: "types.Timestamp",
+    times.DURATION_TYPE: "types.Duration",
+    "kubernetes.Quantity": "cel.Quantity",
+    "kubernetes.Semver": "cel.Semver",
+    "net.IP": "cel.IP",
+    "net.CIDR": "cel.CIDR",
+    "kubernetes.URL": "cel.URL",
+}
 
 
 def iterate(value: object) -> Iterator[Any]:
@@ -274,7 +352,7 @@ def iterate(value: object) -> Iterator[Any]:
         return iter(value)  # type: ignore[call-overload,no-any-return]
     if isinstance(value, Mapping):
         return iter(value)
-    raise EvalError(f"got '{type_name(value)}', expected iterable type")
+    raise EvalError(f"got '{_GO_TYPES.get(type_name(value), type_name(value))}', expected iterable type")
 
 
 def check_int(value: int) -> int:
@@ -290,8 +368,11 @@ def check_uint(value: int) -> UInt:
 
 
 def size_of(value: object) -> int:
+    """cel-go actualSize: a Sizer's size, an optional's value's size, else 1."""
     if isinstance(value, str | bytes | tuple | list | Mapping):
         return len(value)
+    if type(value) is Optional and value.has_value:
+        return size_of(value.value)
     return 1
 
 
@@ -328,3 +409,26 @@ def go_format_float(value: float) -> str:
     if point >= len(digits):
         return f"{sign}{digits}{'0' * (point - len(digits))}"
     return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(text: str) -> str:
+    """strconv.Quote: printable characters as they are, the rest escaped."""
+    out = ['"']
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)

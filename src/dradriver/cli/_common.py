@@ -250,6 +250,40 @@ def add_output_flag(parser: argparse.ArgumentParser, default: str = "table") -> 
     )
 
 
+# Kubernetes feature gates whose semantics the local CEL evaluation follows (defaults: 1.36).
+FEATURE_GATES = {"DRAListTypeAttributes": False}
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """`--feature-gates A=true,B=false`, as Kubernetes components parse it (known gates only)."""
+    gates = dict(FEATURE_GATES)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if name not in FEATURE_GATES:
+            known = ", ".join(sorted(FEATURE_GATES))
+            raise argparse.ArgumentTypeError(f"unknown feature gate {name!r} (dradriver follows: {known})")
+        if not sep or value.strip().lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"invalid value of {name}: {value!r}, want true or false")
+        gates[name] = value.strip().lower() == "true"
+    return gates
+
+
+def add_feature_gates_flag(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--feature-gates",
+        type=feature_gates,
+        default=None,
+        metavar="GATE=BOOL,...",
+        help="Kubernetes feature gates of the cluster to follow: DRAListTypeAttributes (default false)",
+    )
+
+
+def gates_of(args: argparse.Namespace) -> dict[str, bool]:
+    gates: dict[str, bool] | None = args.feature_gates
+    return gates if gates is not None else dict(FEATURE_GATES)
+
+
 def add_driver_name_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(parser, "--driver-name", type=driver_name, default=DEFAULT_DRIVER_NAME, help="DRA driver name")
 

@@ -38,6 +38,7 @@ def register(subparsers: Any) -> None:
     evaluate.set_defaults(run=run, prog=evaluate.prog, defer_logging=False)
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
+    _common.add_feature_gates_flag(evaluate)
     add_inventory_flags(evaluate)
     _common.add_output_flag(evaluate)
 
@@ -52,9 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, hints_for, to_cel_device
 
     driver = args.driver_name
+    lists = _common.gates_of(args)["DRAListTypeAttributes"]
     hints = hints_for(args.expression, driver)
     try:
-        selector = compile_selector(args.expression)
+        selector = compile_selector(args.expression, list_type_attributes=lists)
     except CELCompileError as err:
         return _compile_failure(args, err.message, hints)
     documents = inventory_from_args(args).resource_slices()
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 "error": None,
             }
             try:
-                row["result"] = selector.matches(to_cel_device(device.body, device.driver), device.driver)
+                cel_device = to_cel_device(device.body, device.driver, list_type_attributes=lists)
+                row["result"] = selector.matches(cel_device, device.driver)
             except CELRuntimeError as err:
                 row["error"] = err.message
             rows.append(row)
