@@ -550,7 +550,9 @@ class Compiler:
 
     def _set_membership(self, args: list[ast.Expr]) -> Eval | None:
         """maybeOptimizeSetMembership: `x in [constants]` is false for an empty list (x is never
-        evaluated) and a hash lookup, free of cost, for a list of primitives."""
+        evaluated) and a hash lookup, free of cost, for a list of primitives. The element is
+        planned first all the same, so a constant conversion that fails still fails the plan."""
+        self.constant(args[0])
         items = self.constant(args[1])
         if items is _NOT_CONSTANT or not is_list(items):
             return None
