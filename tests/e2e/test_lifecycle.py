@@ -8,8 +8,10 @@ force-deleted pod must go to the next pod at once, not after the kubelet's next 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,8 +34,38 @@ def claim_uids(deployment: Deployment) -> set[str]:
 
 
 def delete(cluster: RealCluster, documents: list[dict[str, Any]]) -> None:
-    cluster.kubectl("delete", "-f", "-", "--wait=true", "--timeout=90s", stdin=yaml.safe_dump_all(documents))
+    cluster.kubectl(
+        "delete",
+        "-f",
+        "-",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=90s",
+        stdin=yaml.safe_dump_all(documents),
+    )
     wait(lambda: not pods_of(cluster, documents), 60, "the pods to go")
+
+
+@contextlib.contextmanager
+def applied(cluster: RealCluster, deployment: Deployment, documents: list[dict[str, Any]]) -> Iterator[None]:
+    """The documents applied for the block, and deleted and unprepared after it, also when it
+    fails: a test that leaves its pods behind would hold GPUs the next tests need."""
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    try:
+        yield
+    finally:
+        delete(cluster, documents)
+        wait_unprepared(deployment)
+
+
+def exec_served(deployment: Deployment) -> bool:
+    """Whether the kubelet serves exec into the plugin pod (a restarted one does not know its
+    pods for a moment: "pod does not exist")."""
+    try:
+        deployment.exec("true")
+    except AssertionError:
+        return False
+    return True
 
 
 def metrics(cluster: RealCluster, deployment: Deployment) -> str:
@@ -59,27 +91,24 @@ def test_plugin_restart_and_rollout_keep_a_prepared_claim(
     real_cluster: RealCluster, fake_deployment: Deployment
 ) -> None:
     documents = load(EXAMPLES / "single-gpu.yaml")
-    real_cluster.kubectl("apply", "-f", str(EXAMPLES / "single-gpu.yaml"))
-    (pod,) = running(real_cluster, documents, "single-gpu Running")
-    prepared = claim_uids(fake_deployment)
-    assert len(prepared) == 1
+    with applied(real_cluster, fake_deployment, documents):
+        (pod,) = running(real_cluster, documents, "single-gpu Running")
+        prepared = claim_uids(fake_deployment)
+        assert len(prepared) == 1
 
-    old = fake_deployment.pod()
-    real_cluster.kubectl("-n", NAMESPACE, "delete", "pod", old, "--wait=true")
-    fake_deployment.wait_ready()
-    assert fake_deployment.pod() != old
-    assert claim_uids(fake_deployment) == prepared
+        old = fake_deployment.pod()
+        real_cluster.kubectl("-n", NAMESPACE, "delete", "pod", old, "--wait=true")
+        fake_deployment.wait_ready()
+        assert fake_deployment.pod() != old
+        assert claim_uids(fake_deployment) == prepared
 
-    # A rollout (any change of the pod template) replaces the plugin the same way.
-    fake_deployment.set_env(DRADRIVER_VERBOSITY="1")
-    assert claim_uids(fake_deployment) == prepared
-    (after,) = pods_of(real_cluster, documents)
-    assert after["metadata"]["uid"] == pod["metadata"]["uid"]
-    assert after["status"]["phase"] == "Running"
-    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
-
-    delete(real_cluster, documents)
-    wait_unprepared(fake_deployment)
+        # A rollout (any change of the pod template) replaces the plugin the same way.
+        fake_deployment.set_env(DRADRIVER_VERBOSITY="1")
+        assert claim_uids(fake_deployment) == prepared
+        (after,) = pods_of(real_cluster, documents)
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert after["status"]["phase"] == "Running"
+        assert after["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
 def test_kubelet_restart_republishes_slices_and_keeps_the_claim(
@@ -87,22 +116,20 @@ def test_kubelet_restart_republishes_slices_and_keeps_the_claim(
 ) -> None:
     local = real_cluster.require_local("it restarts the kubelet")
     documents = load(EXAMPLES / "single-gpu.yaml")
-    real_cluster.kubectl("apply", "-f", str(EXAMPLES / "single-gpu.yaml"))
-    running(real_cluster, documents, "single-gpu Running")
-    prepared = claim_uids(fake_deployment)
-    devices = fake_deployment.devices()
-    before = {s["metadata"]["uid"] for s in fake_deployment.slices()}
+    with applied(real_cluster, fake_deployment, documents):
+        running(real_cluster, documents, "single-gpu Running")
+        prepared = claim_uids(fake_deployment)
+        devices = fake_deployment.devices()
+        before = {s["metadata"]["uid"] for s in fake_deployment.slices()}
 
-    local.restart_kubelet()
-    # The kubelet deletes the slices of drivers not (yet) registered at its start; the plugin's
-    # watch sees that and publishes them again.
-    wait(lambda: fake_deployment.devices() == devices, 60, "the slices to be published again")
-    assert {s["metadata"]["uid"] for s in fake_deployment.slices()} != before
-    assert claim_uids(fake_deployment) == prepared
-    running(real_cluster, documents, "single-gpu still Running")
-
-    delete(real_cluster, documents)
-    wait_unprepared(fake_deployment)
+        local.restart_kubelet()
+        # The kubelet deletes the slices of drivers not (yet) registered at its start; the
+        # plugin's watch sees that and publishes them again.
+        wait(lambda: fake_deployment.devices() == devices, 60, "the slices to be published again")
+        assert {s["metadata"]["uid"] for s in fake_deployment.slices()} != before
+        wait(lambda: exec_served(fake_deployment), 60, "the restarted kubelet to serve exec again")
+        assert claim_uids(fake_deployment) == prepared
+        running(real_cluster, documents, "single-gpu still Running")
 
 
 def test_force_deleted_pods_gpu_goes_to_the_next_pod_at_once(
@@ -112,23 +139,19 @@ def test_force_deleted_pods_gpu_goes_to_the_next_pod_at_once(
     kubelet unprepares A's claim only after B's prepare: B must not fail its prepare (which
     would leave it waiting a minute or more for the kubelet's next resync)."""
     first = load(EXAMPLES / "all-gpus.yaml")
-    real_cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(first))
-    (pod_a,) = running(real_cluster, first, "pod A Running")
     second = copy.deepcopy([d for d in first if d["kind"] == "Pod"])
     second[0]["metadata"]["name"] = "all-gpus-b"
-
-    real_cluster.kubectl("delete", "pod", pod_a["metadata"]["name"], "--force", "--grace-period=0")
-    started = time.monotonic()
-    real_cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(second))
-    (pod_b,) = running(real_cluster, second, "pod B Running")
-    seconds = time.monotonic() - started
-    failed = [
-        e["message"]
-        for e in events_for(real_cluster, pod_b)
-        if e["reason"] == "FailedPrepareDynamicResources"
-    ]
-    assert failed == [], failed
-    print(f"force delete -> next pod Running: {seconds:.2f} s")
-
-    delete(real_cluster, [*second, *[d for d in first if d["kind"] != "Pod"]])
-    wait_unprepared(fake_deployment)
+    with applied(real_cluster, fake_deployment, first):
+        (pod_a,) = running(real_cluster, first, "pod A Running")
+        real_cluster.kubectl("delete", "pod", pod_a["metadata"]["name"], "--force", "--grace-period=0")
+        started = time.monotonic()
+        with applied(real_cluster, fake_deployment, second):
+            (pod_b,) = running(real_cluster, second, "pod B Running")
+            seconds = time.monotonic() - started
+            failed = [
+                e["message"]
+                for e in events_for(real_cluster, pod_b)
+                if e["reason"] == "FailedPrepareDynamicResources"
+            ]
+            assert failed == [], failed
+            print(f"force delete -> next pod Running: {seconds:.2f} s")
