@@ -232,10 +232,21 @@ class HealthStream:
     def latest(self) -> DeviceStates:
         return self.responses[-1] if self.responses else {}
 
-    def wait(self, device: str, health: Health, timeout: float = 15) -> str:
-        """Wait for `device` to reach `health` on the stream; returns its message."""
-        wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, f"{device} {health.name}")
-        return self.latest[device][1]
+    def wait(self, device: str, health: Health, timeout: float = 15, *, since: int | None = None) -> str:
+        """Wait for `device` to reach `health` on the stream; returns its message. With `since` (a
+        count of responses, `len(responses)` taken earlier), any later response counts, not only
+        the latest: a rescan may already have replaced it."""
+        if since is None:
+            wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, f"{device} {health}")
+            return self.latest[device][1]
+        found: list[str] = []
+
+        def seen() -> bool:
+            found[:] = [r[device][1] for r in self.responses[since:] if r.get(device, (None,))[0] == health]
+            return bool(found)
+
+        wait_for(seen, timeout, f"{device} {health.name}")
+        return found[0]
 
     def close(self) -> None:
         self._client.close()
