@@ -236,8 +236,9 @@ class HealthStream:
         """Wait for `device` to reach `health` on the stream; returns its message. With `since` (a
         count of responses, `len(responses)` taken earlier), any later response counts, not only
         the latest: a rescan may already have replaced it."""
+        what = f"{device} {health.name}"
         if since is None:
-            wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, f"{device} {health}")
+            wait_for(lambda: self.latest.get(device, (None,))[0] == health, timeout, what)
             return self.latest[device][1]
         found: list[str] = []
 
@@ -245,7 +246,7 @@ class HealthStream:
             found[:] = [r[device][1] for r in self.responses[since:] if r.get(device, (None,))[0] == health]
             return bool(found)
 
-        wait_for(seen, timeout, f"{device} {health.name}")
+        wait_for(seen, timeout, what)
         return found[0]
 
     def close(self) -> None:
