@@ -525,7 +525,7 @@ class Daemon:
         sharing: SharingControl = (
             FakeSharing(config.state_dir)
             if config.fake_gpus
-            else NvidiaSharing(config.driver_root_mount / "usr/bin", config.state_dir)
+            else NvidiaSharing(config.driver_root_mount, config.state_dir)
         )
         driver = GpuDriver(
             driver_name=config.driver_name,

@@ -58,7 +58,7 @@ def sharing(strategy: dict[str, Any]) -> Any:
 
 
 def test_time_slicing_sets_and_resets_the_policy(tools: Path, tmp_path: Path) -> None:
-    control = NvidiaSharing(tools, tmp_path / "state")
+    control = NvidiaSharing(tools.parent.parent, tmp_path / "state")
     devices = [Device("gpu-0", UUIDS[0]), Device("gpu-1", UUIDS[1])]
     edits = control.apply(
         "claim-uid", sharing({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}), devices
@@ -74,7 +74,7 @@ def test_time_slicing_sets_and_resets_the_policy(tools: Path, tmp_path: Path) ->
 
 
 def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, tmp_path: Path) -> None:
-    control = NvidiaSharing(tools, tmp_path / "state", host_state_dir=Path("/var/lib/kubelet/plugins/gpu"))
+    control = NvidiaSharing(tools.parent.parent, tmp_path / "state", host_state_dir=Path("/var/lib/kubelet/plugins/gpu"))
     config = sharing(
         {
             "strategy": "MPS",
@@ -112,7 +112,7 @@ def test_a_failing_tool_is_a_clear_error(
     tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHARING_FAIL", "1")
-    control = NvidiaSharing(tools, tmp_path / "state")
+    control = NvidiaSharing(tools.parent.parent, tmp_path / "state")
     with pytest.raises(
         SharingError, match=r"set-timeslice=1 failed \(4\): Failed to set compute policy: Insufficient"
     ):
@@ -124,6 +124,21 @@ def test_a_failing_tool_is_a_clear_error(
     missing = NvidiaSharing(tmp_path / "nowhere", tmp_path / "state")
     with pytest.raises(SharingError, match="No such file"):
         missing.apply("u", sharing({"strategy": "TimeSlicing"}), [Device("gpu-0", UUIDS[0])])
+
+
+def test_the_tools_are_found_in_a_driver_root_with_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The /usr/local/nvidia layout (GKE, and the GPU machines this was tried on): bin/, lib64/."""
+    root = tmp_path / "usr" / "local" / "nvidia"
+    (root / "bin").mkdir(parents=True)
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (root / "bin" / tool).write_text(RECORDER)
+        (root / "bin" / tool).chmod(0o755)
+    monkeypatch.setenv("SHARING_LOG", str(tmp_path / "calls.log"))
+    control = NvidiaSharing(root, tmp_path / "state")
+    control.apply("u", sharing({"strategy": "TimeSlicing"}), [Device("gpu-0", UUIDS[0])])
+    (call,) = [json.loads(line) for line in (tmp_path / "calls.log").read_text().splitlines()]
+    assert call["tool"] == "nvidia-smi"
+    assert call["argv"] == ["compute-policy", "-i", UUIDS[0], "--set-timeslice=0"]
 
 
 def standin(pipe: Path, commands: str) -> subprocess.CompletedProcess[str]:

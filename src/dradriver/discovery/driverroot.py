@@ -63,6 +63,16 @@ def find_library(root: Path, name: str) -> Path | None:
     return None
 
 
+def find_binary(root: Path, name: str) -> Path | None:
+    """The first executable `name` in the binary directories under `root` (`usr/bin` for a
+    driver on the host or in the GPU operator's container, `bin` for /usr/local/nvidia layouts)."""
+    for directory in BINARY_DIRS:
+        found = resolve_in_root(root, f"{directory}/{name}")
+        if found is not None and found.is_file() and os.access(found, os.X_OK):
+            return found
+    return None
+
+
 def nvml_library(root: Path) -> Path | None:
     """The NVML library of the host driver under `root`, if it is there."""
     return find_library(root, NVML_LIBRARY)

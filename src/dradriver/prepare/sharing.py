@@ -222,11 +222,11 @@ class FakeSharing:
 
 
 class NvidiaSharing:
-    """Uses the host driver's nvidia-smi and nvidia-cuda-mps-control."""
+    """Uses the host driver's nvidia-smi and nvidia-cuda-mps-control, found under its root."""
 
-    def __init__(self, tools_dir: Path, state_dir: Path, host_state_dir: Path | None = None) -> None:
-        self._nvidia_smi = tools_dir / "nvidia-smi"
-        self._mps = MpsDaemons([str(tools_dir / "nvidia-cuda-mps-control")], state_dir, host_state_dir)
+    def __init__(self, driver_root: Path, state_dir: Path, host_state_dir: Path | None = None) -> None:
+        self._nvidia_smi = _host_tool(driver_root, "nvidia-smi")
+        self._mps = MpsDaemons([_host_tool(driver_root, "nvidia-cuda-mps-control")], state_dir, host_state_dir)
 
     def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         if sharing.strategy == "TimeSlicing":
@@ -246,13 +246,21 @@ class NvidiaSharing:
     def _set_timeslice(self, uuid: str, interval: Interval) -> None:
         run_tool(
             [
-                str(self._nvidia_smi),
+                self._nvidia_smi,
                 "compute-policy",
                 "-i",
                 uuid,
                 f"--set-timeslice={TIMESLICE_VALUES[interval]}",
             ]
         )
+
+
+def _host_tool(driver_root: Path, name: str) -> str:
+    """The tool's path in the host driver; a missing one is named when it is first run."""
+    from dradriver.discovery.driverroot import BINARY_DIRS, find_binary
+
+    found = find_binary(driver_root, name)
+    return str(found) if found is not None else str(driver_root / BINARY_DIRS[0] / name)
 
 
 def _pinned_limit(sharing: Sharing, device: SharedDevice) -> str | None:

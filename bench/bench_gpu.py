@@ -1,0 +1,138 @@
+"""Figures on a real NVIDIA GPU (no fake anywhere): NVML discovery, and prepare/unprepare of a
+whole-GPU claim and of an MPS claim through `serve` over gRPC on its unix socket.
+
+Run on a GPU node: .venv/bin/python -m bench.bench_gpu --driver-root / [--rounds 200]
+The claims come from a claim directory (no API server): what is timed is the plugin's own work,
+the CDI spec and checkpoint writes with fsync included, and for MPS the host driver's
+nvidia-cuda-mps-control starting and stopping a control daemon per claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.common import summary
+from dradriver import kubeletclient
+from dradriver.discovery import open_library
+from dradriver.plugin.driver import ClaimRef
+
+DRIVER = "gpu.dradriver.dev"
+MPS = {
+    "apiVersion": f"{DRIVER}/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}},
+}
+
+
+def claim(number: int, device: str, mps: bool) -> dict[str, object]:
+    config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": MPS}}] if mps else []
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "namespace": "bench",
+            "name": f"c{number}",
+            "uid": f"00000000-0000-4000-8000-{number:012d}",
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": "bench", "device": device}],
+                    "config": config,
+                }
+            }
+        },
+    }
+
+
+def ref(number: int) -> ClaimRef:
+    return ClaimRef("bench", f"c{number}", f"00000000-0000-4000-8000-{number:012d}")
+
+
+def cycles(client: kubeletclient.DRAClient, number: int, rounds: int, what: str) -> None:
+    prepares, unprepares = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        response = client.prepare([ref(number)]).claims[ref(number).uid]
+        prepares.append(time.perf_counter() - started)
+        if response.error:
+            raise SystemExit(f"prepare of the {what} claim failed: {response.error}")
+        started = time.perf_counter()
+        assert client.unprepare([ref(number)]).claims[ref(number).uid].error == ""
+        unprepares.append(time.perf_counter() - started)
+    print(summary(f"prepare, {what}", prepares))
+    print(summary(f"unprepare, {what}", unprepares))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--driver-root", type=Path, default=Path("/"))
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--mps-rounds", type=int, default=20)
+    parser.add_argument("--discover-runs", type=int, default=30)
+    args = parser.parse_args()
+
+    samples = []
+    for _ in range(args.discover_runs):
+        started = time.perf_counter()
+        library = open_library(None, driver_root=args.driver_root)
+        inventory = library.discover()
+        library.close()
+        samples.append(time.perf_counter() - started)
+    print(summary(f"NVML discovery in process ({len(inventory.gpus)} GPUs)", samples))
+    samples = []
+    for _ in range(max(3, args.discover_runs // 3)):
+        started = time.perf_counter()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dradriver",
+                "discover",
+                "--driver-root",
+                str(args.driver_root),
+                "-o",
+                "json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        samples.append(time.perf_counter() - started)
+    print(summary("`dradriver discover -o json`, whole command", samples))
+
+    device = f"gpu-{inventory.gpus[0].minor}"
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        (root / "claims").mkdir()
+        (root / "claims" / "claims.yaml").write_text(
+            yaml.safe_dump_all([claim(1, device, mps=False), claim(2, device, mps=True)])
+        )
+        serve = subprocess.Popen(
+            [
+                sys.executable, "-m", "dradriver", "serve", "--driver-root", str(args.driver_root),
+                "--node-name", "bench", "--claims-dir", str(root / "claims"), "--cdi-dir", str(root / "cdi"),
+                "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(root / "serve.log").open("w"),
+        )  # fmt: skip
+        try:
+            with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
+                client.wait_ready(60)
+                cycles(client, 1, 3, "warm-up")
+                cycles(client, 1, args.rounds, f"whole {inventory.gpus[0].product_name}")
+                cycles(client, 2, args.mps_rounds, "MPS share (a control daemon per claim)")
+        finally:
+            serve.terminate()
+            serve.wait(30)
+
+
+if __name__ == "__main__":
+    main()
