@@ -26,15 +26,16 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 from dradriver.prepare.config import parse
-from dradriver.prepare.sharing import FakeSharing
+from dradriver.prepare.sharing import FakeSharing, mps_directory
 sharing = FakeSharing(Path("/state"))
 config = parse({"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig",
                 "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}})
 sharing.apply("uid-1", config.sharing, [SimpleNamespace(name="gpu-0", uuid="GPU-0")])
-state = json.loads(Path("/state/mps/uid-1/pipe/dradriver-mps-standin.json").read_text())
+mps = Path("/state/mps") / mps_directory("uid-1")
+state = json.loads((mps / "pipe/dradriver-mps-standin.json").read_text())
 assert state["defaultActiveThreadPercentage"] == 25, state
 sharing.release("uid-1", "MPS", ["GPU-0"])
-assert not Path("/state/mps/uid-1").exists()
+assert not mps.exists()
 print("MPS stand-in ok")
 """
 

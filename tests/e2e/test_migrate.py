@@ -35,7 +35,7 @@ import yaml
 
 from dradriver.cli import main
 from dradriver.prepare.mps_standin import STATE_FILE
-from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER
+from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER, mps_directory
 from tests.e2e.plugin import DRIVER, STATE_DIR, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.standins import import_standins
@@ -385,7 +385,7 @@ def _check_mps(cluster: RealCluster, deployment: Deployment, pods: list[Json], i
                     for user in users
                 ]
             else:
-                seen = [deployment.exec("cat", f"{STATE_DIR}/mps/{uid}/pipe/{STATE_FILE}")]
+                seen = [deployment.exec("cat", f"{STATE_DIR}/mps/{mps_directory(uid)}/pipe/{STATE_FILE}")]
             for text in seen:
                 state = json.loads(text)
                 got = {k: sorted(state[k]) if k == "devices" else state[k] for k in expected}

@@ -82,9 +82,15 @@ def test_the_fake_profile_of_this_model_matches_the_real_gpu(host_driver: HostDr
     for profile, fake in fakes.items():
         where = f"fake profile {profile} against the real {real.product_name}"
         if not real.mig_enabled:  # in MIG mode the GPU itself is not published
-            assert _model(_first_device(discover("--fake-gpus", profile), fake.uuid)) == _model(
-                _first_device(found, real.uuid)
-            ), where
+            fake_model = _model(_first_device(discover("--fake-gpus", profile), fake.uuid))
+            real_model = _model(_first_device(found, real.uuid))
+            differences = {
+                f"{part}.{key}": (fake_model[part].get(key), real_model[part].get(key))
+                for part in ("attributes", "capacity")
+                for key in fake_model[part].keys() | real_model[part].keys()
+                if fake_model[part].get(key) != real_model[part].get(key)
+            }
+            assert differences == {}, f"{where}: (fake, real) {differences}"
         if real.mig_profiles:  # NVML lists them only where MIG can be used
             assert fake.mig_profiles == real.mig_profiles, where
 

@@ -16,7 +16,8 @@ from dradriver.plugin.driver import CallError, ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimState
 from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
 from dradriver.prepare.driver import GpuDriver
-from tests.helpers import allocated_claim, opaque, uid, write_gpu_profile
+from dradriver.prepare.sharing import mps_directory
+from tests.helpers import allocated_claim, opaque, short_tmpdir, uid, write_gpu_profile
 from tests.prepare.node import Node
 
 TIME_SLICING_LONG: dict[str, Any] = {
@@ -27,8 +28,9 @@ TIME_SLICING_LONG: dict[str, Any] = {
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path, "dgx-h100")
+def node() -> Iterator[Node]:
+    with short_tmpdir() as root:  # short enough for the sockets MPS binds under its state dir
+        yield Node(root, "dgx-h100")
 
 
 @pytest.fixture
@@ -228,7 +230,7 @@ def test_mps_runs_the_stand_in_daemon_per_claim_and_cleans_up(node: Node, driver
         )
     )
     assert driver.prepare([ref])[ref.uid].error == ""
-    pipe = node.root / "state" / "mps" / ref.uid / "pipe"
+    pipe = node.root / "state" / "mps" / mps_directory(ref.uid) / "pipe"
     edits = node.spec(ref)["containerEdits"]
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]  # type: ignore[index]
     assert {"hostPath": str(pipe), "containerPath": "/tmp/nvidia-mps"}.items() <= (
@@ -246,8 +248,8 @@ def test_mps_runs_the_stand_in_daemon_per_claim_and_cleans_up(node: Node, driver
     )
     assert driver.prepare([other])[other.uid].error == ""  # one daemon per claim
     assert driver.unprepare([ref, other]) == {ref.uid: "", other.uid: ""}
-    assert not (node.root / "state" / "mps" / ref.uid).exists()
-    assert not (node.root / "state" / "mps" / other.uid).exists()
+    assert not (node.root / "state" / "mps" / mps_directory(ref.uid)).exists()
+    assert not (node.root / "state" / "mps" / mps_directory(other.uid)).exists()
     with pytest.raises(ProcessLookupError):  # quit, and reaped by the driver
         os.kill(state["pid"], 0)
 
@@ -269,7 +271,7 @@ def test_a_claim_with_two_mps_settings_fails_and_leaves_no_daemon(node: Node, dr
         "a claim can use one MPS setting; its requests ask for different ones"
         in driver.prepare([ref])[ref.uid].error
     )
-    assert not (node.root / "state" / "mps" / ref.uid).exists()
+    assert not (node.root / "state" / "mps" / mps_directory(ref.uid)).exists()
 
 
 def test_mps_settings_the_daemon_refuses_fail_the_claim_and_stop_it(node: Node, driver: GpuDriver) -> None:
@@ -282,7 +284,7 @@ def test_mps_settings_the_daemon_refuses_fail_the_claim_and_stop_it(node: Node, 
     )
     error = driver.prepare([ref])[ref.uid].error
     assert "pinned memory limit '0M' is not <N>M or <N>G" in error
-    assert not (node.root / "state" / "mps" / ref.uid).exists()
+    assert not (node.root / "state" / "mps" / mps_directory(ref.uid)).exists()
     assert not node.cdi.file_for(ref.uid).exists()
 
 

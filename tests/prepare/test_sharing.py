@@ -8,13 +8,15 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.prepare.config import parse
-from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, NvidiaSharing, SharingError
+from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, NvidiaSharing, SharingError, mps_directory
+from tests.helpers import short_tmpdir
 
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]
 RECORDER = """#!/usr/bin/env python3
@@ -47,6 +49,13 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
+@pytest.fixture
+def state() -> Iterator[Path]:
+    """A state directory short enough for the sockets MPS binds in it (pytest's tmp_path is not)."""
+    with short_tmpdir() as root:
+        yield root / "state"
+
+
 def calls(tools: Path) -> list[dict[str, Any]]:
     log = tools.parent.parent / "calls.log"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -73,8 +82,9 @@ def test_time_slicing_sets_and_resets_the_policy(tools: Path, tmp_path: Path) ->
     ]
 
 
-def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, tmp_path: Path) -> None:
-    control = NvidiaSharing(tools.parent.parent, tmp_path / "state", host_state_dir=Path("/var/lib/kubelet/plugins/gpu"))
+def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, state: Path) -> None:
+    host_state = Path("/var/lib/kubelet/plugins/gpu")
+    control = NvidiaSharing(tools.parent.parent, state, host_state_dir=host_state)
     config = sharing(
         {
             "strategy": "MPS",
@@ -86,7 +96,7 @@ def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, tmp_path: Pa
         }
     )
     edits = control.apply("uid-1", config, [Device("gpu-0", UUIDS[0]), Device("gpu-1", UUIDS[1])])
-    pipe = tmp_path / "state" / "mps" / "uid-1" / "pipe"
+    pipe = state / "mps" / mps_directory("uid-1") / "pipe"
     assert pipe.is_dir()
     start, configure = calls(tools)
     assert (start["tool"], start["argv"], start["pipe"]) == ("nvidia-cuda-mps-control", ["-d"], str(pipe))
@@ -99,12 +109,12 @@ def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, tmp_path: Pa
     assert edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
     (mount,) = edits.mounts
     assert (mount.host_path, mount.container_path) == (
-        "/var/lib/kubelet/plugins/gpu/mps/uid-1/pipe",
+        f"/var/lib/kubelet/plugins/gpu/mps/{mps_directory('uid-1')}/pipe",
         "/tmp/nvidia-mps",
     )
     control.release("uid-1", "MPS", UUIDS)
     assert calls(tools)[-1]["stdin"] == "quit\n"
-    assert not (tmp_path / "state" / "mps" / "uid-1").exists()
+    assert not (state / "mps" / mps_directory("uid-1")).exists()
     control.release("uid-1", "MPS", UUIDS)  # repeated after a crash: nothing left to do, no error
 
 
@@ -126,7 +136,9 @@ def test_a_failing_tool_is_a_clear_error(
         missing.apply("u", sharing({"strategy": "TimeSlicing"}), [Device("gpu-0", UUIDS[0])])
 
 
-def test_the_tools_are_found_in_a_driver_root_with_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tools_are_found_in_a_driver_root_with_bin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The /usr/local/nvidia layout (GKE, and the GPU machines this was tried on): bin/, lib64/."""
     root = tmp_path / "usr" / "local" / "nvidia"
     (root / "bin").mkdir(parents=True)
@@ -154,11 +166,11 @@ def standin(pipe: Path, commands: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_stand_in_daemon_answers_like_the_mps_control_tool(tmp_path: Path) -> None:
-    daemons = MpsDaemons(MPS_STANDIN, tmp_path / "state", foreground=True)
+def test_the_stand_in_daemon_answers_like_the_mps_control_tool(state: Path) -> None:
+    daemons = MpsDaemons(MPS_STANDIN, state, foreground=True)
     config = sharing({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
     daemons.start("uid-1", config, [Device("gpu-0", UUIDS[0])])
-    pipe = tmp_path / "state" / "mps" / "uid-1" / "pipe"
+    pipe = state / "mps" / mps_directory("uid-1") / "pipe"
     answer = standin(
         pipe, f"get_default_active_thread_percentage\nget_default_device_pinned_mem_limit {UUIDS[0]}\n"
     )
@@ -169,7 +181,7 @@ def test_the_stand_in_daemon_answers_like_the_mps_control_tool(tmp_path: Path) -
         f"error: device {UUIDS[1]} is not visible to this daemon",
         "error: unknown command 'start_server -uid 0'",
     ]
-    log = (tmp_path / "state" / "mps" / "uid-1" / "log" / "control.log").read_text()
+    log = (state / "mps" / mps_directory("uid-1") / "log" / "control.log").read_text()
     assert "set_default_active_thread_percentage 30 -> ok" in log
     daemons.stop("uid-1")
     gone = standin(pipe, "get_default_active_thread_percentage\n")
@@ -177,13 +189,21 @@ def test_the_stand_in_daemon_answers_like_the_mps_control_tool(tmp_path: Path) -
     assert "cannot reach the MPS control daemon" in gone.stderr
 
 
-def test_a_stand_in_that_does_not_come_up_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_stand_in_that_does_not_come_up_is_a_clear_error(tmp_path: Path, state: Path) -> None:
     broken = tmp_path / "broken-mps-control"
     broken.write_text("#!/bin/sh\necho 'MPS control daemon: no GPUs' >&2\nexit 3\n")
     broken.chmod(0o755)
-    daemons = MpsDaemons([str(broken)], tmp_path / "state", foreground=True)
+    daemons = MpsDaemons([str(broken)], state, foreground=True)
     with pytest.raises(SharingError, match=r"did not start \(exit 3\): MPS control daemon: no GPUs"):
         daemons.start("uid-1", sharing({"strategy": "MPS"}), [Device("gpu-0", UUIDS[0])])
+
+
+def test_a_state_directory_too_long_for_the_mps_sockets_is_a_clear_error(tmp_path: Path) -> None:
+    """The control daemon cannot bind its sockets there: it would exit 1 without a word."""
+    daemons = MpsDaemons(MPS_STANDIN, tmp_path / ("d" * 60) / "state", foreground=True)
+    for _ in range(2):  # the refused claim is not left half-started
+        with pytest.raises(SharingError, match=r"/pipe/control_privileged would be longer than 107 bytes"):
+            daemons.start("uid-1", sharing({"strategy": "MPS"}), [Device("gpu-0", UUIDS[0])])
 
 
 def test_sigterm_stops_the_stand_in_and_removes_its_socket(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+#: The longest unix socket path bind() takes on Linux (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH_BYTES = 107
+
 #: Directories we create: the kubelet, the runtime and `dradriver status` read them, nobody else writes.
 DIRECTORY_MODE = 0o755
 _TEMP_SUFFIX = ".tmp"

@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
-from dradriver.files.write import ensure_directory
+from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
@@ -38,7 +38,6 @@ from dradriver.plugin.registration import RegistrationServicer, RegistrationStat
 #: private directory beside it (`.b` and 8 random characters), which must fit too.
 _STAGING_PREFIX = ".b"
 _STAGED_NAME = "s"
-MAX_SOCKET_PATH_BYTES = 107
 #: The file all instances of the driver on a node lock around prepare/unprepare (as the Go helper).
 SERIALIZE_LOCK = "serialize.lock"
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.

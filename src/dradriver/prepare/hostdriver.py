@@ -13,10 +13,9 @@ mounts the host's driver root elsewhere). Specs must contain host paths.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from dradriver.discovery.driverroot import BINARY_DIRS, LIBRARY_DIRS
+from dradriver.discovery.driverroot import find_binary, find_library, resolve_in_root
 from dradriver.prepare.cdi import Mount
 
 CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
@@ -37,39 +36,35 @@ BINARIES = ("nvidia-smi", "nvidia-debugdump")
 
 
 def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str) -> list[Mount]:
+    """The mounts of the host driver's files. A library found through a symlink (a distribution's
+    `/usr/lib/x86_64-linux-gnu/libcuda.so.<v>` pointing into `/usr/local/nvidia/lib64`) is mounted
+    from the file it resolves to, with the SONAME links of that file's directory."""
     mounts: list[Mount] = []
 
     def host_path(local: Path) -> str:
         return str(host_driver_root / local.relative_to(driver_root))
 
     for library in COMPUTE_LIBRARIES:
-        found = _first_existing(driver_root, LIBRARY_DIRS, f"{library}.so.{driver_version}")
+        found = find_library(driver_root, f"{library}.so.{driver_version}")
         if found is None:
             continue
         mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{found.name}"))
-        for soname in _sonames_of(found):
+        for soname in _sonames_of(driver_root, found):
             mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{soname}"))
     for binary in BINARIES:
-        found = _first_existing(driver_root, BINARY_DIRS, binary)
+        found = find_binary(driver_root, binary)
         if found is not None:
             mounts.append(Mount(host_path(found), f"{CONTAINER_BIN_DIR}/{binary}"))
     return mounts
 
 
-def _first_existing(root: Path, directories: tuple[str, ...], name: str) -> Path | None:
-    for directory in directories:
-        candidate = root / directory / name
-        if candidate.is_file() and not candidate.is_symlink():
-            return candidate
-    return None
-
-
-def _sonames_of(library: Path) -> list[str]:
+def _sonames_of(driver_root: Path, library: Path) -> list[str]:
     """Names of the symlinks ldconfig made for this library in its directory (libcuda.so.1 ...)."""
-    names = []
     stem = library.name.split(".so.")[0] + ".so."
-    target = os.path.realpath(library)
-    for entry in sorted(library.parent.iterdir()):
-        if entry.is_symlink() and entry.name.startswith(stem) and os.path.realpath(entry) == target:
-            names.append(entry.name)
-    return names
+    return [
+        entry.name
+        for entry in sorted(library.parent.iterdir())
+        if entry.is_symlink()
+        and entry.name.startswith(stem)
+        and resolve_in_root(driver_root, str(entry.relative_to(driver_root))) == library
+    ]

@@ -9,6 +9,7 @@ exactly as on a GPU node. Both keep the per-claim MPS work in `MpsDaemons`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import selectors
 import shutil
@@ -20,12 +21,15 @@ from pathlib import Path
 from typing import Protocol
 
 from dradriver import logs
+from dradriver.files.write import MAX_SOCKET_PATH_BYTES
 from dradriver.prepare.cdi import ContainerEdits, Mount
 from dradriver.prepare.config import Interval, Sharing, TimeSlicing
 
 #: nvidia-smi compute-policy --set-timeslice values.
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+#: The longest name of the sockets the MPS control daemon binds in its pipe directory.
+MPS_LONGEST_SOCKET = "control_privileged"
 TOOL_TIMEOUT_SECONDS = 20.0
 #: The stand-in control daemon of the fake backend, run by this interpreter (also in the image).
 MPS_STANDIN = (sys.executable, "-m", "dradriver.prepare.mps_standin")
@@ -80,6 +84,12 @@ def run_tool(argv: Sequence[str], *, env: dict[str, str] | None = None, stdin: s
         raise SharingError(f"{' '.join(argv)} failed ({result.returncode}): {detail[-1] if detail else ''}")
 
 
+def mps_directory(claim_uid: str) -> str:
+    """The name of a claim's MPS directory: short, so that the sockets MPS binds in it stay within
+    the unix socket path limit (a whole UID under the kubelet's plugin directory does not)."""
+    return hashlib.sha256(claim_uid.encode()).hexdigest()[:16]
+
+
 class MpsDaemons:
     """One MPS control daemon per claim: its directories, start, defaults, container edits, stop.
 
@@ -104,8 +114,7 @@ class MpsDaemons:
         self._running: set[str] = set()
         self._lock = threading.Lock()
 
-    def _env(self, claim_uid: str, uuids: Sequence[str]) -> dict[str, str]:
-        root = self._state_dir / claim_uid
+    def _env(self, root: Path, uuids: Sequence[str]) -> dict[str, str]:
         return os.environ | {
             "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
@@ -118,7 +127,15 @@ class MpsDaemons:
             if claim_uid in self._running:
                 raise SharingError("a claim can use one MPS setting; its requests ask for different ones")
             self._running.add(claim_uid)
-        env = self._env(claim_uid, uuids)
+        env = self._env(self._state_dir / mps_directory(claim_uid), uuids)
+        longest = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / MPS_LONGEST_SOCKET
+        if len(os.fsencode(longest)) > MAX_SOCKET_PATH_BYTES:
+            with self._lock:
+                self._running.discard(claim_uid)
+            raise SharingError(
+                f"the MPS socket {longest} would be longer than {MAX_SOCKET_PATH_BYTES} bytes: "
+                "use a shorter state directory"
+            )
         for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
         if self._foreground:
@@ -135,7 +152,7 @@ class MpsDaemons:
                 commands.append(f"set_default_device_pinned_mem_limit {device.uuid} {limit}")
         if commands:
             run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
-        host_pipe = self._host_state_dir / claim_uid / "pipe"
+        host_pipe = self._host_state_dir / mps_directory(claim_uid) / "pipe"
         return ContainerEdits(
             env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
             mounts=(
@@ -173,13 +190,15 @@ class MpsDaemons:
             self._children[claim_uid] = child
 
     def stop(self, claim_uid: str) -> None:
-        root = self._state_dir / claim_uid
         with self._lock:
             child = self._children.pop(claim_uid, None)
             self._running.discard(claim_uid)
-        if root.exists():
+        # Also the directory named by the whole UID, where earlier versions put it.
+        candidates = (self._state_dir / mps_directory(claim_uid), self._state_dir / claim_uid)
+        roots = [r for r in candidates if r.exists()]
+        for root in roots:
             try:
-                run_tool(self._control, env=self._env(claim_uid, []), stdin="quit\n")
+                run_tool(self._control, env=self._env(root, []), stdin="quit\n")
             except SharingError as err:
                 log.warning(
                     "could not stop the MPS daemon; removing its directory anyway",
@@ -192,7 +211,8 @@ class MpsDaemons:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class FakeSharing:
@@ -226,7 +246,8 @@ class NvidiaSharing:
 
     def __init__(self, driver_root: Path, state_dir: Path, host_state_dir: Path | None = None) -> None:
         self._nvidia_smi = _host_tool(driver_root, "nvidia-smi")
-        self._mps = MpsDaemons([_host_tool(driver_root, "nvidia-cuda-mps-control")], state_dir, host_state_dir)
+        control = _host_tool(driver_root, "nvidia-cuda-mps-control")
+        self._mps = MpsDaemons([control], state_dir, host_state_dir)
 
     def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         if sharing.strategy == "TimeSlicing":
