@@ -50,3 +50,16 @@ def test_libraries_linked_from_elsewhere_are_mounted_from_the_files_they_resolve
         ("/usr/local/nvidia/lib64/libcuda.so.1", f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"),
         ("/usr/local/nvidia/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"),
     }
+
+
+def test_a_library_reached_only_through_its_soname_link_is_found(tmp_path: Path) -> None:
+    """`/usr/lib64/libcuda.so.1 -> /usr/local/nvidia/lib64/libcuda.so.1`, the versioned file only
+    in the directory the link points into (the layout of the H100 machine this ran on)."""
+    real = _library(tmp_path / "usr/local/nvidia/lib64", "libcuda", "libcuda.so.1")
+    (tmp_path / "usr/lib64").mkdir(parents=True)
+    (tmp_path / "usr/lib64/libcuda.so.1").symlink_to("/usr/local/nvidia/lib64/libcuda.so.1")
+    mounts = {(m.container_path, m.host_path) for m in driver_mounts(tmp_path, Path("/"), VERSION)}
+    assert mounts == {
+        (f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}", f"/{real.relative_to(tmp_path)}"),
+        ("/usr/local/nvidia/lib64/libcuda.so.1", f"/{real.relative_to(tmp_path)}"),
+    }

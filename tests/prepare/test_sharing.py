@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,19 +17,24 @@ import pytest
 
 from dradriver.prepare.config import parse
 from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, NvidiaSharing, SharingError, mps_directory
-from tests.helpers import short_tmpdir
+from tests.helpers import short_tmpdir, wait_for
 
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]
-RECORDER = """#!/usr/bin/env python3
-import json, os, sys
+RECORDER = """import json, os, subprocess, sys
+client = sys.argv[1:] == [] and os.path.basename(sys.argv[0]) == "nvidia-cuda-mps-control"
 entry = {"tool": os.path.basename(sys.argv[0]), "argv": sys.argv[1:],
          "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-         "stdin": "" if sys.stdin.isatty() or "-d" in sys.argv else sys.stdin.read()}
+         "stdin": sys.stdin.read() if client else ""}
 with open(os.environ["SHARING_LOG"], "a") as log:
     log.write(json.dumps(entry) + "\\n")
 if os.environ.get("SHARING_FAIL"):
     print("Failed to set compute policy: Insufficient Permissions", file=sys.stderr)
     sys.exit(4)
+if entry["tool"] == "nvidia-cuda-mps-control":  # then behave like it: the stand-in does
+    standin = [sys.executable, "-m", "dradriver.prepare.mps_standin", *sys.argv[1:]]
+    if not client:
+        os.execv(sys.executable, standin)
+    sys.exit(subprocess.run(standin, input=entry["stdin"], text=True, check=False).returncode)
 """
 
 
@@ -43,7 +49,7 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "usr" / "bin"
     directory.mkdir(parents=True)
     for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
-        (directory / tool).write_text(RECORDER)
+        (directory / tool).write_text(f"#!{sys.executable}\n{RECORDER}")
         (directory / tool).chmod(0o755)
     monkeypatch.setenv("SHARING_LOG", str(tmp_path / "calls.log"))
     return directory
@@ -99,7 +105,7 @@ def test_mps_runs_one_daemon_per_claim_with_its_limits(tools: Path, state: Path)
     pipe = state / "mps" / mps_directory("uid-1") / "pipe"
     assert pipe.is_dir()
     start, configure = calls(tools)
-    assert (start["tool"], start["argv"], start["pipe"]) == ("nvidia-cuda-mps-control", ["-d"], str(pipe))
+    assert (start["tool"], start["argv"], start["pipe"]) == ("nvidia-cuda-mps-control", ["-f"], str(pipe))
     assert start["visible"] == ",".join(UUIDS)  # the daemon sees only the claim's GPUs
     assert configure["stdin"].splitlines() == [
         "set_default_active_thread_percentage 50",
@@ -143,7 +149,7 @@ def test_the_tools_are_found_in_a_driver_root_with_bin(
     root = tmp_path / "usr" / "local" / "nvidia"
     (root / "bin").mkdir(parents=True)
     for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
-        (root / "bin" / tool).write_text(RECORDER)
+        (root / "bin" / tool).write_text(f"#!{sys.executable}\n{RECORDER}")
         (root / "bin" / tool).chmod(0o755)
     monkeypatch.setenv("SHARING_LOG", str(tmp_path / "calls.log"))
     control = NvidiaSharing(root, tmp_path / "state")
@@ -167,7 +173,7 @@ def standin(pipe: Path, commands: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_stand_in_daemon_answers_like_the_mps_control_tool(state: Path) -> None:
-    daemons = MpsDaemons(MPS_STANDIN, state, foreground=True)
+    daemons = MpsDaemons(MPS_STANDIN, state)
     config = sharing({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})
     daemons.start("uid-1", config, [Device("gpu-0", UUIDS[0])])
     pipe = state / "mps" / mps_directory("uid-1") / "pipe"
@@ -193,14 +199,14 @@ def test_a_stand_in_that_does_not_come_up_is_a_clear_error(tmp_path: Path, state
     broken = tmp_path / "broken-mps-control"
     broken.write_text("#!/bin/sh\necho 'MPS control daemon: no GPUs' >&2\nexit 3\n")
     broken.chmod(0o755)
-    daemons = MpsDaemons([str(broken)], state, foreground=True)
+    daemons = MpsDaemons([str(broken)], state)
     with pytest.raises(SharingError, match=r"did not start \(exit 3\): MPS control daemon: no GPUs"):
         daemons.start("uid-1", sharing({"strategy": "MPS"}), [Device("gpu-0", UUIDS[0])])
 
 
 def test_a_state_directory_too_long_for_the_mps_sockets_is_a_clear_error(tmp_path: Path) -> None:
     """The control daemon cannot bind its sockets there: it would exit 1 without a word."""
-    daemons = MpsDaemons(MPS_STANDIN, tmp_path / ("d" * 60) / "state", foreground=True)
+    daemons = MpsDaemons(MPS_STANDIN, tmp_path / ("d" * 60) / "state")
     for _ in range(2):  # the refused claim is not left half-started
         with pytest.raises(SharingError, match=r"/pipe/control_privileged would be longer than 107 bytes"):
             daemons.start("uid-1", sharing({"strategy": "MPS"}), [Device("gpu-0", UUIDS[0])])
@@ -209,15 +215,8 @@ def test_a_state_directory_too_long_for_the_mps_sockets_is_a_clear_error(tmp_pat
 def test_sigterm_stops_the_stand_in_and_removes_its_socket(tmp_path: Path) -> None:
     pipe = tmp_path / "pipe"
     pipe.mkdir()
-    daemon = subprocess.Popen(
-        [*MPS_STANDIN, "-f"],
-        env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert daemon.stdout is not None
-    assert daemon.stdout.readline() == "ready\n"
-    assert (pipe / "control").is_socket()
+    daemon = subprocess.Popen([*MPS_STANDIN, "-f"], env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    wait_for((pipe / "control").is_socket, 30, "the stand-in's control socket")
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(30) == 0
     assert sorted(p.name for p in pipe.iterdir()) == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dradriver.discovery.driverroot import find_binary, find_library, resolve_in_root
+from dradriver.discovery.driverroot import LIBRARY_DIRS, find_binary, find_library, resolve_in_root
 from dradriver.prepare.cdi import Mount
 
 CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
@@ -45,7 +45,7 @@ def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str
         return str(host_driver_root / local.relative_to(driver_root))
 
     for library in COMPUTE_LIBRARIES:
-        found = find_library(driver_root, f"{library}.so.{driver_version}")
+        found = _versioned_library(driver_root, f"{library}.so.{driver_version}")
         if found is None:
             continue
         mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{found.name}"))
@@ -56,6 +56,22 @@ def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str
         if found is not None:
             mounts.append(Mount(host_path(found), f"{CONTAINER_BIN_DIR}/{binary}"))
     return mounts
+
+
+def _versioned_library(driver_root: Path, name: str) -> Path | None:
+    """The file `name` (libcuda.so.580.159.04) in the library directories, or reached from them
+    through a link by any other name (only `libcuda.so.1 -> /usr/local/nvidia/lib64/...` there)."""
+    found = find_library(driver_root, name)
+    if found is not None:
+        return found
+    stem = name.partition(".so.")[0] + ".so"
+    for directory in LIBRARY_DIRS:
+        base = resolve_in_root(driver_root, directory)
+        for entry in sorted(base.glob(f"{stem}*")) if base is not None and base.is_dir() else []:
+            target = resolve_in_root(driver_root, str(entry.relative_to(driver_root)))
+            if target is not None and target.name == name and target.is_file():
+                return target
+    return None
 
 
 def _sonames_of(driver_root: Path, library: Path) -> list[str]:

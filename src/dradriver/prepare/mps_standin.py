@@ -9,7 +9,7 @@ sees only the GPUs in CUDA_VISIBLE_DEVICES, takes `set_default_active_thread_per
 `set_default_device_pinned_mem_limit` (and their `get_` forms) and stops on `quit`; a client
 exits non-zero when the daemon is unreachable or refuses a command. It runs no CUDA: what it was
 told is written to `<pipe>/dradriver-mps-standin.json`, which a workload sees in its bind-mounted
-pipe directory. Once listening, the daemon prints `ready` on stdout and closes it.
+pipe directory.
 
 Standard library only (it starts as a separate process, also inside the DaemonSet image).
 """
@@ -28,7 +28,6 @@ from types import FrameType
 
 CONTROL_SOCKET = "control"
 STATE_FILE = "dradriver-mps-standin.json"
-READY = "ready"
 _LIMIT = re.compile(r"[1-9]\d*[MG]")
 
 
@@ -127,8 +126,6 @@ def run_daemon() -> int:
         server.bind(CONTROL_SOCKET)
         server.listen()
         daemon.save()
-        sys.stdout.write(READY + "\n")
-        sys.stdout.close()
         _serve(daemon, server, log_dir / "control.log")
     except _StopRequestedError:
         pass

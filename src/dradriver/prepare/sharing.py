@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import selectors
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -28,8 +28,10 @@ from dradriver.prepare.config import Interval, Sharing, TimeSlicing
 #: nvidia-smi compute-policy --set-timeslice values.
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-#: The longest name of the sockets the MPS control daemon binds in its pipe directory.
+#: The socket the MPS control daemon listens on, and the longest name it binds, in its pipe dir.
+MPS_CONTROL_SOCKET = "control"
 MPS_LONGEST_SOCKET = "control_privileged"
+LISTEN_POLL_SECONDS = 0.005
 TOOL_TIMEOUT_SECONDS = 20.0
 #: The stand-in control daemon of the fake backend, run by this interpreter (also in the image).
 MPS_STANDIN = (sys.executable, "-m", "dradriver.prepare.mps_standin")
@@ -93,24 +95,17 @@ def mps_directory(claim_uid: str) -> str:
 class MpsDaemons:
     """One MPS control daemon per claim: its directories, start, defaults, container edits, stop.
 
-    `control` is the control tool's argv. NVIDIA's daemonizes itself (`-d`); the stand-in runs in
-    the foreground (`foreground=True`) as our child, which we reap at stop, so a `serve` running as
-    a container's PID 1 collects no zombies.
+    `control` is the control tool's argv (NVIDIA's or the stand-in). The daemon runs in the
+    foreground (`-f`) as our child, which we reap at stop: daemonized (`-d`), each one that quits
+    is left to PID 1 to reap, which in the DaemonSet's container is `serve` (on an H100 node, 30
+    MPS claims left 61 processes behind that way).
     """
 
-    def __init__(
-        self,
-        control: Sequence[str],
-        state_dir: Path,
-        host_state_dir: Path | None = None,
-        *,
-        foreground: bool = False,
-    ) -> None:
+    def __init__(self, control: Sequence[str], state_dir: Path, host_state_dir: Path | None = None) -> None:
         self._control = list(control)
         self._state_dir = state_dir / "mps"
         self._host_state_dir = (host_state_dir or state_dir) / "mps"
-        self._foreground = foreground
-        self._children: dict[str, subprocess.Popen[str]] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._running: set[str] = set()
         self._lock = threading.Lock()
 
@@ -138,10 +133,7 @@ class MpsDaemons:
             )
         for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
-        if self._foreground:
-            self._spawn(claim_uid, env)
-        else:
-            run_tool([*self._control, "-d"], env=env)
+        self._spawn(claim_uid, env)
         commands = []
         mps = sharing.mps
         if mps is not None and mps.default_active_thread_percentage is not None:
@@ -161,29 +153,31 @@ class MpsDaemons:
         )
 
     def _spawn(self, claim_uid: str, env: dict[str, str]) -> None:
-        """Start a foreground daemon and wait for its `ready` line (it then listens)."""
-        with open(Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "daemon.err", "w") as errors:
+        """Start the control daemon in the foreground, as our child, and wait until it listens."""
+        errors_path = Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "daemon.err"
+        with open(errors_path, "w") as errors:
             try:
                 child = subprocess.Popen(
                     [*self._control, "-f"],
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
+                    stdout=errors,
                     stderr=errors,
-                    text=True,
                     start_new_session=True,
                 )
             except OSError as err:
                 raise SharingError(f"{self._control[0]}: {err}") from err
-        assert child.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(child.stdout, selectors.EVENT_READ)
-            ready = bool(selector.select(TOOL_TIMEOUT_SECONDS)) and child.stdout.readline().strip() == "ready"
-        child.stdout.close()
-        if not ready:
-            child.kill()
-            child.wait()
-            detail = (Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "daemon.err").read_text().strip().splitlines()
+        control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / MPS_CONTROL_SOCKET
+        deadline = time.monotonic() + TOOL_TIMEOUT_SECONDS
+        while not control.is_socket():
+            try:
+                child.wait(LISTEN_POLL_SECONDS)  # returns at once if it exits
+            except subprocess.TimeoutExpired:
+                if time.monotonic() < deadline:
+                    continue
+                child.kill()
+                child.wait()
+            detail = errors_path.read_text().strip().splitlines()
             last = detail[-1] if detail else "no output"
             raise SharingError(f"the MPS control daemon did not start (exit {child.returncode}): {last}")
         with self._lock:
@@ -221,7 +215,7 @@ class FakeSharing:
     def __init__(self, state_dir: Path, host_state_dir: Path | None = None) -> None:
         self.timeslices: dict[str, Interval] = {}
         self._lock = threading.Lock()
-        self._mps = MpsDaemons(MPS_STANDIN, state_dir, host_state_dir, foreground=True)
+        self._mps = MpsDaemons(MPS_STANDIN, state_dir, host_state_dir)
 
     def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         if sharing.strategy == "MPS":
