@@ -208,7 +208,7 @@ class Counters:
 @pytest.mark.parametrize("table", sorted(GUIDE))
 def test_builtin_tables_are_the_guides(table: str) -> None:
     built_in = {p.name: p for p in builtin_mig_tables()[table]}
-    assert list(built_in) == [r.name for r in GUIDE[table]]
+    assert sorted(built_in) == sorted(r.name for r in GUIDE[table])  # in NVML's order, not the guide's
     for reference in GUIDE[table]:
         spec = built_in[reference.name]
         assert (spec.slice_count, spec.instance_count) == (reference.compute, reference.instances)
