@@ -101,10 +101,14 @@ class Cluster:
         return self.run(*apply, *scope, "-f", "-", stdin=yaml.safe_dump_all(objects), check=False)
 
     def clean_up(self) -> None:
+        """Delete what the tests created and wait until it is gone: a namespace still terminating
+        refuses the next module's objects (the e2e DaemonSet's `dradriver` namespace)."""
         for ref, scope in reversed(self.created):
             self.run(
                 "delete", ref, *([scope] if scope else []), "--ignore-not-found", "--wait=false", check=False
             )
+        for ref, scope in reversed(self.created):
+            self.run("wait", "--for=delete", ref, *([scope] if scope else []), "--timeout=80s", check=False)
         self.created.clear()
 
 

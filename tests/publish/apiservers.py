@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from dradriver.kube import KubeClient, NotFoundError, load_client
+from dradriver.kube import ConflictError, KubeClient, NotFoundError, load_client
 from dradriver.publish import delete_node_slices
 from tests.publish.kubefake import FakeApiServer
 from tests.publish.tcpproxy import TcpProxy
@@ -103,10 +103,19 @@ def create_allocated_claim(backend: Backend, claim: dict[str, Any]) -> dict[str,
 
 
 def update_claim_status(backend: Backend, claim: dict[str, Any]) -> dict[str, Any]:
+    """Set the claim's status to `claim`'s. A real cluster's resourceclaim controller may change
+    the claim meanwhile (it drops reservations for pods that do not exist): on a conflict the
+    status is put again on the latest version."""
     name = claim["metadata"]["name"]
     suffix = "/status" if backend.kind == "cluster" else ""
-    updated: dict[str, Any] = backend.direct.request("PUT", f"{CLAIMS}/{name}{suffix}", body=claim)
-    return updated
+    body = claim
+    for _ in range(5):
+        try:
+            updated: dict[str, Any] = backend.direct.request("PUT", f"{CLAIMS}/{name}{suffix}", body=body)
+            return updated
+        except ConflictError:
+            body = backend.direct.request("GET", f"{CLAIMS}/{name}") | {"status": claim["status"]}
+    raise AssertionError(f"the status of claim {name} kept conflicting")
 
 
 def fake_backend(tmp_path: Path, gates_off: bool = False) -> Backend:
