@@ -102,6 +102,19 @@ def histogram_quantile(text: str, metric: str, labels: dict[str, str], q: float)
     return previous_bound, int(total)
 
 
+def histogram_totals(text: str, metric: str, labels: dict[str, str]) -> tuple[float, float]:
+    """A histogram's `_sum` and `_count`: their differences between two scrapes give the exact mean
+    of the observations in between, finer than the buckets."""
+    totals = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for part in totals:
+            if line.startswith(f"{metric}_{part}{{"):
+                found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                if all(found.get(k) == v for k, v in labels.items()):
+                    totals[part] += float(line.rsplit(" ", 1)[1])
+    return totals["sum"], totals["count"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_arguments(parser)
@@ -116,9 +129,21 @@ def main() -> None:
         )
         every = {"deviceClassName": DEFAULT_DRIVER_NAME, "allocationMode": "All"}
         client.request("POST", TEMPLATES, body=template("bench-all-gpus", every))
+        kubelet_metric = "dra_grpc_operations_duration_seconds"
+        prepare_labels = {
+            "driver_name": DEFAULT_DRIVER_NAME,
+            "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        }
+
+        def kubelet_prepares() -> tuple[float, float]:
+            text = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
+            return histogram_totals(text, kubelet_metric, prepare_labels)
+
         plain: list[float] = []
         claimed: list[float] = []
         for i in range(args.rounds + 1):  # the first round warms the image and the connections
+            if i == 1:
+                before = kubelet_prepares()
             for with_claim, samples in ((False, plain), (True, claimed)):
                 name = f"bench-{'claim' if with_claim else 'plain'}-{i}"
                 seconds = create_to_running(client, name, "bench-gpu" if with_claim else None)
@@ -127,6 +152,8 @@ def main() -> None:
                     wait_unprepared(deployment)
                 if i:
                     samples.append(seconds)
+        after = kubelet_prepares()
+        mean = (after[0] - before[0]) / (after[1] - before[1])
         # A pod holding every GPU force-deleted, and the next pod for them created at once.
         takeover: list[float] = []
         create_to_running(client, "bench-holder-0", "bench-all-gpus")
@@ -136,24 +163,8 @@ def main() -> None:
         delete(client, f"bench-holder-{args.rounds // 3}")
         wait_unprepared(deployment)
         metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
-        p50, count = histogram_quantile(
-            metrics,
-            "dra_grpc_operations_duration_seconds",
-            {
-                "driver_name": DEFAULT_DRIVER_NAME,
-                "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-            },
-            0.5,
-        )
-        p99, _ = histogram_quantile(
-            metrics,
-            "dra_grpc_operations_duration_seconds",
-            {
-                "driver_name": DEFAULT_DRIVER_NAME,
-                "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-            },
-            0.99,
-        )
+        p50, count = histogram_quantile(metrics, kubelet_metric, prepare_labels, 0.5)
+        p99, _ = histogram_quantile(metrics, kubelet_metric, prepare_labels, 0.99)
         served = [
             float(record["ms"])
             for line in deployment.all_logs().splitlines()
@@ -165,7 +176,8 @@ def main() -> None:
         print(f"the claim adds (difference of medians): {added * 1e3:.0f} ms")
         print(
             f"kubelet dra_grpc_operations_duration_seconds, NodePrepareResources: n={count} "
-            f"p50={p50 * 1e3:.2f}ms p99={p99 * 1e3:.2f}ms (interpolated within buckets)"
+            f"p50={p50 * 1e3:.2f}ms p99={p99 * 1e3:.2f}ms (interpolated within buckets), "
+            f"exact mean of the {args.rounds} one-GPU claims' prepares={mean * 1e3:.2f}ms (_sum/_count)"
         )
         print(summary("plugin-side NodePrepareResources (its log)", [ms / 1e3 for ms in served]))
         print(summary("force-deleted holder of all GPUs -> next pod for them Running", takeover))
