@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
 from dradriver.allocation.validation import validate_object
@@ -34,6 +34,8 @@ REPORT = os.environ.get("DRADRIVER_FUZZ_REPORT")
 PROFILES = (("dgx-h100", False), ("dgx-a100-mig", True), ("mixed", False), ("t4x4", False))
 
 counts: dict[str, int] = {"expressions": 0, "cases": 0, "validations": 0}
+#: How often a case whose cost differs is asked again, to see whether Kubernetes' cost varies.
+MAP_ORDER_TRIES = 32
 
 
 @functools.cache
@@ -97,6 +99,8 @@ def check(oracle: Oracle, expression: str, device_indexes: list[int]) -> None:
         device = devices[index % len(devices)]
         mine, expected = ours(expression, device), theirs(oracle, expression, device)
         counts["cases"] += 1
+        if mine != expected and mine[:2] == expected[:2]:
+            expected = _cost_in_any_map_order(oracle, expression, device, mine, expected)
         assert mine == expected, f"{expression!r} on {device['name']}: ours {mine}, Kubernetes {expected}"
     answer = oracle.ask_ok({"expression": expression, "mode": "validate"})
     expected_errors = [
@@ -108,6 +112,23 @@ def check(oracle: Oracle, expression: str, device_indexes: list[int]) -> None:
         assert compile_selector(expression, cost_limit=2**64).estimated_cost == answer["maxCost"], (
             f"estimated cost of {expression!r}"
         )
+
+
+def _cost_in_any_map_order(
+    oracle: Oracle,
+    expression: str,
+    device: dict[str, Any],
+    mine: tuple[str, Any, int | None],
+    expected: tuple[str, Any, int | None],
+) -> tuple[str, Any, int | None]:
+    """Go iterates a map in a random order, so a macro over `device.attributes[...]` that stops
+    early costs what the keys it met cost: Kubernetes gives such a selector different costs from
+    call to call. Where it does, ours must be one of them."""
+    costs = {theirs(oracle, expression, device)[2] for _ in range(MAP_ORDER_TRIES)} | {expected[2]}
+    if len(costs) > 1 and mine[2] in costs:
+        counts["mapOrderCosts"] = counts.get("mapOrderCosts", 0) + 1
+        return mine
+    return expected
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,6 +150,8 @@ def _report() -> Any:
     expression=selectors(),
     device_indexes=st.lists(st.integers(min_value=0, max_value=10_000), min_size=2, max_size=3),
 )
+# A macro over a map that stops at its first key: Kubernetes' cost depends on Go's map order.
+@example(expression='device.attributes["gpu.dradriver.dev"].all(v0, device.driver == v0)', device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:
