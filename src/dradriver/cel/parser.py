@@ -13,6 +13,7 @@ import copy
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from lark import Token, Tree
@@ -271,12 +272,23 @@ def _end_position(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
-def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, int]]]:
+@dataclass(frozen=True)
+class _Repair:
+    """The text ANTLR's single-token insertion parsed: `inserted` characters at `offset`."""
+
+    text: str
+    offset: int
+    inserted: int
+
+
+def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[int, int]]], _Repair | None]:
     """The syntax errors ANTLR's default error strategy reports for CEL.g4, for the usual slips.
 
     Lexer errors drop the character and go on; an extra token is reported as "extraneous input"
     and dropped; a single missing closing token at the end as "missing"; anything else as
     "mismatched input ... expecting ..." (ANTLR's sets are recomputed from the LALR parser).
+    Where a missing closer is inserted and the parse then completes, ANTLR's tree is whole and
+    cel-go's visitor goes on to report its own errors: the repaired text comes back for that.
     """
     from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -285,7 +297,7 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
     while len(errors) < _MAX_SYNTAX_ERRORS:
         try:
             parser.parse(text)
-            return errors
+            return errors, None
         except UnexpectedCharacters as err:
             # ANTLR's lexer names what it consumed up to the character it failed on and goes on
             # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
@@ -323,23 +335,23 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                 position = (token.line or 1, token.column or 1)
                 shown = text[dot : start + len(str(token))]
                 errors.append((f"Syntax error: no viable alternative at input '{shown}'", position))
-                return errors
+                return errors, None
             if token.type == "$END":
                 position = _end_position(text)
                 if accepted in ({"IDENT"}, {"IDENT", "QMARK"}) and text.rstrip().endswith("."):
                     errors.append(("Syntax error: no viable alternative at input '.'", position))
-                    return errors
+                    return errors, None
                 if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
                     closer = _CLOSERS[next(iter(accepted))]
                     if _parses(parser, text + closer):
                         errors.append((f"Syntax error: missing '{closer}' at '<EOF>'", position))
-                        return errors
+                        return errors, _Repair(text + closer, len(text), len(closer))
                 errors.append(
                     (f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position)
                 )
                 if optional_field:
                     errors.append(("unsupported ident kind", position))
-                return errors
+                return errors, None
             position = (token.line or 1, token.column or 1)
             rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
             if _next_accepted(parser, text, token, accepted):
@@ -353,17 +365,17 @@ def _syntax_errors(parser: Any, expression: str) -> list[tuple[str, tuple[int, i
                 closer = _CLOSERS[next(iter(accepted))]
                 if _parses(parser, text[:start] + closer + text[start:]):
                     errors.append((f"Syntax error: missing '{closer}' at '{token}'", position))
-                    return errors
+                    return errors, _Repair(text[:start] + closer + text[start:], start, len(closer))
             errors.append(
                 (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
             )
             if optional_field:
                 errors.append(("unsupported ident kind", position))
-            return errors
+            return errors, None
         except UnexpectedInput as err:
             errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
-            return errors
-    return errors
+            return errors, None
+    return errors, None
 
 
 def _next_accepted(parser: Any, text: str, token: Any, expected: set[str]) -> bool:
@@ -451,11 +463,36 @@ def lex(expression: str) -> list[Token]:
 def _syntax_failure(parser: Any, expression: str) -> CELCompileError:
     """The compile error cel-go reports for text that does not parse (every issue, ANTLR's words)."""
     with _parser_lock:
-        errors = _syntax_errors(parser, expression) or [("Syntax error", (1, 1))]
+        errors, repair = _syntax_errors(parser, expression)
+    if repair is not None:
+        errors = sorted(errors + _visitor_errors(parser, repair), key=lambda error: error[1])
+    errors = errors or [("Syntax error", (1, 1))]
     return CELCompileError(
         COMPILATION_FAILED + "\n".join(format_issue(expression, message, pos) for message, pos in errors),
         expression=expression,
     )
+
+
+def _visitor_errors(parser: Any, repair: _Repair) -> list[tuple[str, tuple[int, int]]]:
+    """What building the repaired text reports (macro errors), at the original text's positions."""
+    with _parser_lock:
+        tree = parser.parse(repair.text)
+    builder = _Builder(repair.text)
+    try:
+        builder.build(tree)
+    except CELSyntaxError as issue:
+        builder.errors.append(issue)
+    except RecursionError:
+        return []
+    line = repair.text.count("\n", 0, repair.offset) + 1
+    column = repair.offset - (repair.text.rfind("\n", 0, repair.offset) + 1) + 1
+    shifted = []
+    for error in builder.errors:
+        at_line, at_column = error.pos
+        if at_line == line and at_column > column:
+            at_column -= repair.inserted
+        shifted.append((error.message, (at_line, at_column)))
+    return shifted
 
 
 def literal_value(token: Token) -> Any:
