@@ -154,6 +154,8 @@ def _report() -> Any:
 @example(expression='device.attributes["gpu.dradriver.dev"].all(v0, device.driver == v0)', device_indexes=[0])
 # A closer missing at the end: ANTLR inserts it, so cel-go's visitor also reports the bad has().
 @example(expression='(has(device.attributes["resource.kubernetes.io"]["pciBusID"])', device_indexes=[0])
+@example(expression='has(device.attributes["resource.kubernetes.io"]["pciBusID"]))', device_indexes=[0])
+@example(expression="has(a[1]) ) && has(b[1]", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

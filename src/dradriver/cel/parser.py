@@ -287,8 +287,9 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
     Lexer errors drop the character and go on; an extra token is reported as "extraneous input"
     and dropped; a single missing closing token at the end as "missing"; anything else as
     "mismatched input ... expecting ..." (ANTLR's sets are recomputed from the LALR parser).
-    Where a missing closer is inserted and the parse then completes, ANTLR's tree is whole and
-    cel-go's visitor goes on to report its own errors: the repaired text comes back for that.
+    Where the parse completes after dropping characters and tokens, or inserting a missing closer,
+    ANTLR's tree is whole and cel-go's visitor goes on to report its own errors: the repaired text
+    comes back for that.
     """
     from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -297,7 +298,8 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
     while len(errors) < _MAX_SYNTAX_ERRORS:
         try:
             parser.parse(text)
-            return errors, None
+            # Characters and tokens dropped, the rest parses: ANTLR's tree is whole too.
+            return errors, _Repair(text, 0, 0)
         except UnexpectedCharacters as err:
             # ANTLR's lexer names what it consumed up to the character it failed on and goes on
             # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
@@ -371,6 +373,8 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
             )
             if optional_field:
                 errors.append(("unsupported ident kind", position))
+            if accepted == {"$END"} and _parses(parser, text[:start]):
+                return errors, _Repair(text[:start], 0, 0)  # a whole expression, then junk
             return errors, None
         except UnexpectedInput as err:
             errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
