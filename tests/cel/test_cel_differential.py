@@ -156,6 +156,7 @@ def _report() -> Any:
 @example(expression='(has(device.attributes["resource.kubernetes.io"]["pciBusID"])', device_indexes=[0])
 @example(expression='has(device.attributes["resource.kubernetes.io"]["pciBusID"]))', device_indexes=[0])
 @example(expression="has(a[1]) ) && has(b[1]", device_indexes=[0])
+@example(expression="(has(a[1]) &&", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

@@ -237,6 +237,7 @@ _CONTINUATIONS = frozenset(
     | {"PLUS", "STAR", "SLASH", "PERCENT", "QMARK"}
 )
 _CLOSERS = {"RPAR": ")", "RSQB": "]", "RBRACE": "}"}
+_OPENERS = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}
 _MAX_SYNTAX_ERRORS = 10
 
 
@@ -270,6 +271,10 @@ def _end_position(text: str) -> tuple[int, int]:
         return 1, 0  # ANTLR's EOF token of an empty input sits before the first column
     lines = text.split("\n")
     return len(lines), len(lines[-1]) + 1
+
+
+#: How many shorter token prefixes are tried for a whole expression before a mismatched input.
+_MAX_PREFIX_TRIES = 64
 
 
 @dataclass(frozen=True)
@@ -353,7 +358,7 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
                 )
                 if optional_field:
                     errors.append(("unsupported ident kind", position))
-                return errors, None
+                return errors, _whole_prefix(parser, text, start)
             position = (token.line or 1, token.column or 1)
             rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
             if _next_accepted(parser, text, token, accepted):
@@ -373,13 +378,36 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
             )
             if optional_field:
                 errors.append(("unsupported ident kind", position))
-            if accepted == {"$END"} and _parses(parser, text[:start]):
-                return errors, _Repair(text[:start], 0, 0)  # a whole expression, then junk
-            return errors, None
+            return errors, _whole_prefix(parser, text, start)
         except UnexpectedInput as err:
             errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
             return errors, None
     return errors, None
+
+
+def _whole_prefix(parser: Any, text: str, end: int) -> _Repair | None:
+    """The longest run of whole tokens before `end` that parses, with the brackets it leaves open
+    closed: what of ANTLR's partial tree cel-go's visitor still builds (and reports macro errors
+    in) after a mismatched input."""
+    from lark.exceptions import LarkError
+
+    try:
+        tokens = list(parser.lex(text[:end]))
+    except LarkError:
+        return None
+    prefixes: list[tuple[int, str]] = []  # (end, the closers of the brackets still open there)
+    opened: list[str] = []
+    for token in tokens:
+        if token.type in _OPENERS:
+            opened.append(_OPENERS[token.type])
+        elif token.type in _CLOSERS and opened:
+            opened.pop()
+        prefixes.append((token.end_pos, "".join(reversed(opened))))
+    for stop, closers in reversed(prefixes[-_MAX_PREFIX_TRIES:]):
+        for candidate in dict.fromkeys((text[:stop], text[:stop] + closers)):
+            if _parses(parser, candidate):
+                return _Repair(candidate, 0, 0)
+    return None
 
 
 def _next_accepted(parser: Any, text: str, token: Any, expected: set[str]) -> bool:
