@@ -135,9 +135,11 @@ def main() -> None:
             "method_name": "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
         }
 
+        def node_metrics() -> str:
+            return cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
+
         def kubelet_prepares() -> tuple[float, float]:
-            text = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
-            return histogram_totals(text, kubelet_metric, prepare_labels)
+            return histogram_totals(node_metrics(), kubelet_metric, prepare_labels)
 
         plain: list[float] = []
         claimed: list[float] = []
@@ -162,7 +164,7 @@ def main() -> None:
             takeover.append(create_to_running(client, f"bench-holder-{i}", "bench-all-gpus"))
         delete(client, f"bench-holder-{args.rounds // 3}")
         wait_unprepared(deployment)
-        metrics = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics").stdout
+        metrics = node_metrics()
         p50, count = histogram_quantile(metrics, kubelet_metric, prepare_labels, 0.5)
         p99, _ = histogram_quantile(metrics, kubelet_metric, prepare_labels, 0.99)
         served = [

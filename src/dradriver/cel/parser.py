@@ -279,7 +279,8 @@ _MAX_PREFIX_TRIES = 64
 
 @dataclass(frozen=True)
 class _Repair:
-    """The text ANTLR's single-token insertion parsed: `inserted` characters at `offset`."""
+    """Text that parses where the original did not, as ANTLR recovered from its errors (tokens and
+    characters dropped, a prefix kept, or `inserted` characters of a missing closer at `offset`)."""
 
     text: str
     offset: int

@@ -64,10 +64,12 @@ def _versioned_library(driver_root: Path, name: str) -> Path | None:
     found = find_library(driver_root, name)
     if found is not None:
         return found
-    stem = name.partition(".so.")[0] + ".so"
     for directory in LIBRARY_DIRS:
         base = resolve_in_root(driver_root, directory)
-        for entry in sorted(base.glob(f"{stem}*")) if base is not None and base.is_dir() else []:
+        if base is None or not base.is_dir():
+            continue
+        # The unversioned development link (libcuda.so) too.
+        for entry in sorted(base.glob(f"{name.partition('.so.')[0]}.so*")):
             target = resolve_in_root(driver_root, str(entry.relative_to(driver_root)))
             if target is not None and target.name == name and target.is_file():
                 return target
@@ -76,7 +78,7 @@ def _versioned_library(driver_root: Path, name: str) -> Path | None:
 
 def _sonames_of(driver_root: Path, library: Path) -> list[str]:
     """Names of the symlinks ldconfig made for this library in its directory (libcuda.so.1 ...)."""
-    stem = library.name.split(".so.")[0] + ".so."
+    stem = library.name.partition(".so.")[0] + ".so."
     return [
         entry.name
         for entry in sorted(library.parent.iterdir())

@@ -118,19 +118,18 @@ class MpsDaemons:
 
     def start(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
         uuids = [d.uuid for d in devices]
-        with self._lock:
-            if claim_uid in self._running:
-                raise SharingError("a claim can use one MPS setting; its requests ask for different ones")
-            self._running.add(claim_uid)
-        env = self._env(self._state_dir / mps_directory(claim_uid), uuids)
+        directory = mps_directory(claim_uid)
+        env = self._env(self._state_dir / directory, uuids)
         longest = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / MPS_LONGEST_SOCKET
         if len(os.fsencode(longest)) > MAX_SOCKET_PATH_BYTES:
-            with self._lock:
-                self._running.discard(claim_uid)
             raise SharingError(
                 f"the MPS socket {longest} would be longer than {MAX_SOCKET_PATH_BYTES} bytes: "
                 "use a shorter state directory"
             )
+        with self._lock:
+            if claim_uid in self._running:
+                raise SharingError("a claim can use one MPS setting; its requests ask for different ones")
+            self._running.add(claim_uid)
         for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
         self._spawn(claim_uid, env)
@@ -144,7 +143,7 @@ class MpsDaemons:
                 commands.append(f"set_default_device_pinned_mem_limit {device.uuid} {limit}")
         if commands:
             run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
-        host_pipe = self._host_state_dir / mps_directory(claim_uid) / "pipe"
+        host_pipe = self._host_state_dir / directory / "pipe"
         return ContainerEdits(
             env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
             mounts=(
