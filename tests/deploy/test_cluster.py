@@ -82,16 +82,19 @@ class Cluster:
         name = namespace["metadata"]["name"]
         if not self.exists("namespace", name):
             self.create([namespace])
-        if not self.exists("serviceaccount", "default", name):
-            self.create(
-                [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "ServiceAccount",
-                        "metadata": {"name": "default", "namespace": name},
-                    }
-                ]
-            )
+        if self.exists("serviceaccount", "default", name):
+            return
+        # A controller-manager may create it between the check and ours; the namespace's
+        # deletion takes it along, so it is not remembered for clean-up.
+        account = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": name},
+        }
+        result = self.run("create", "-f", "-", stdin=yaml.safe_dump(account), check=False)
+        assert result.returncode == 0 or "AlreadyExists" in result.stderr, (
+            f"kubectl create serviceaccount default -n {name} failed:\n{result.stderr}"
+        )
 
     def dry_run_apply(
         self, objects: list[Manifest], namespace: str | None = None
