@@ -3,14 +3,16 @@
 Slices come from the fake profiles through the real slice builder (full GPUs, MIG devices,
 partitionable placements with shared counters), with taints added to some devices; classes are
 the repository's DeviceClasses; claims use ExactCount and All, firstAvailable, matchAttribute and
-distinctAttribute, adminAccess, tolerations and several claims at once; some devices are already
-held by an allocated claim.
+distinctAttribute, adminAccess, tolerations, consumable capacity requests and several claims at
+once; some devices are shared (allowMultipleAllocations, with or without request policies), and
+some are already held by an allocated claim, whole or as a share of their capacity.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,16 @@ CONSTRAINT_ATTRIBUTES = (
     f"{DRIVER}/cudaComputeCapability",
 )
 TAINT_KEYS = ("gpu.dradriver.dev/unhealthy", "gpu.dradriver.dev/maintenance")
+MIB = 1024 * 1024
+# Capacity requests: rounded up by policies, too large, unknown, or named with the driver's domain
+# (which 1.36 does not match to a bare capacity name).
+MEMORY_REQUESTS = ("512Mi", "1Gi", "1500Mi", "3Gi", "6Gi", "20Gi", "100Gi")
+CAPACITY_REQUESTS = (
+    ("multiprocessors", ("1", "10", "70")),
+    ("copyEngines", ("1", "2")),
+    ("bandwidth", ("1",)),
+    (f"{DRIVER}/memory", ("1Gi",)),
+)
 
 
 @functools.cache
@@ -78,6 +90,40 @@ def device_classes() -> tuple[dict[str, Any], ...]:
         obj["spec"].pop("extendedResourceName", None)
         out.append(obj)
     return tuple(out)
+
+
+def _quantity(text: str) -> int:
+    units = {"Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
+    return int(text[:-2]) * units[text[-2:]] if text[-2:] in units else int(text)
+
+
+def _policy(draw: Draw, value: int, unit: int) -> dict[str, Any] | None:
+    """A valid request policy for a capacity of `value` (in units of `unit`)."""
+    kind = draw(st.sampled_from(["none", "range", "range", "values"]))
+    suffix = "Gi" if unit > 1 else ""
+    if kind == "none" or value < 2 * unit:
+        return None
+    if kind == "range":
+        bounds: dict[str, str] = {"min": f"1{suffix}"}
+        policy: dict[str, Any] = {"default": f"{draw(st.integers(1, 2))}{suffix}", "validRange": bounds}
+        if draw(st.booleans()):
+            bounds["step"] = f"1{suffix}"
+        top = value // unit
+        if top >= 2 and draw(st.booleans()):
+            bounds["max"] = f"{draw(st.integers(2, min(top, 8)))}{suffix}"
+        return policy
+    options = [o for o in (1, 2, 4, 8) if o * unit <= value]
+    return {"default": f"1{suffix}", "validValues": [f"{o}{suffix}" for o in options]}
+
+
+def _share(draw: Draw, device: dict[str, Any]) -> None:
+    """Make a device shareable; its capacities may get request policies (one without a policy
+    is consumed whole by every allocation that does not ask for less)."""
+    device["allowMultipleAllocations"] = True
+    for name, capacity in (device.get("capacity") or {}).items():
+        unit = 1024 * MIB if name == "memory" else 1
+        if draw(st.integers(0, 4)) and (policy := _policy(draw, _quantity(capacity["value"]), unit)):
+            capacity["requestPolicy"] = policy
 
 
 def _selectors(draw: Draw) -> list[dict[str, Any]]:
@@ -110,6 +156,12 @@ def _exact(draw: Draw) -> dict[str, Any]:
         body["count"] = draw(st.integers(1, 3))
     if draw(st.integers(0, 6)) == 0:
         body["adminAccess"] = True
+    if draw(st.integers(0, 2)) == 0:
+        requests = {"memory": draw(st.sampled_from(MEMORY_REQUESTS))}
+        if draw(st.integers(0, 2)) == 0:
+            name, values = draw(st.sampled_from(CAPACITY_REQUESTS))
+            requests[name] = draw(st.sampled_from(values))
+        body["capacity"] = {"requests": requests}
     tolerations = _tolerations(draw)
     if tolerations:
         body["tolerations"] = tolerations
@@ -146,10 +198,21 @@ def claims(draw: Draw, index: int) -> dict[str, Any]:
     }
 
 
+def _held(pool: str, name: str, shared: bool, draw: Draw) -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "held", "driver": DRIVER, "pool": pool, "device": name}
+    if shared:
+        result["shareID"] = str(uuid.UUID(int=draw(st.integers(1, 2**64))))
+        result["consumedCapacity"] = {"memory": draw(st.sampled_from(["1Gi", "2Gi", "10Gi"]))}
+    return result
+
+
 @st.composite
 def scenarios(draw: Draw) -> dict[str, Any]:
     """An allocate request for dra-oracle; our simulator reads the same objects."""
-    chosen = draw(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=2, unique=True))
+    # Sharing every device multiplies the combinations the exhaustive search tries; one profile
+    # and at most two claims keep such scenarios within the scheduler's time limit.
+    sharing = draw(st.integers(0, 3)) == 0
+    chosen = draw(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=1 if sharing else 2, unique=True))
     slices: list[dict[str, Any]] = []
     for profile, partitionable in chosen:
         for slice_ in _profile_slices(profile, partitionable):
@@ -170,12 +233,22 @@ def scenarios(draw: Draw) -> dict[str, Any]:
                 "timeAdded": "2026-01-01T00:00:00Z",
             }
         ]
+    if sharing:
+        for _, device in devices:
+            _share(draw, device)
+    for _ in range(draw(st.sampled_from([0, 1, 2, 4]))):
+        if not devices:
+            break
+        # Mostly among the first devices, which the allocator tries first.
+        _, device = devices[draw(st.integers(0, min(len(devices), 6) - 1))]
+        _share(draw, device)
     in_use = []
     for _ in range(draw(st.integers(0, 3))):
         if not devices:
             break
         slice_, device = devices[draw(st.integers(0, len(devices) - 1))]
-        in_use.append((slice_["spec"]["pool"]["name"], device["name"]))
+        shared = bool(device.get("allowMultipleAllocations"))
+        in_use.append((slice_["spec"]["pool"]["name"], device["name"], shared))
     allocated = []
     if in_use:
         allocated.append(
@@ -190,8 +263,8 @@ def scenarios(draw: Draw) -> dict[str, Any]:
                     "allocation": {
                         "devices": {
                             "results": [
-                                {"request": "held", "driver": DRIVER, "pool": pool, "device": name}
-                                for pool, name in sorted(set(in_use))
+                                _held(pool, name, bool(shared), draw)
+                                for pool, name, shared in sorted(set(in_use))
                             ]
                         }
                     }
@@ -202,6 +275,6 @@ def scenarios(draw: Draw) -> dict[str, Any]:
         "node": {"metadata": {"name": NODE}},
         "deviceClasses": list(device_classes()),
         "resourceSlices": slices,
-        "claims": [draw(claims(i)) for i in range(draw(st.integers(1, 3)))],
+        "claims": [draw(claims(i)) for i in range(draw(st.integers(1, 2 if sharing else 3)))],
         "allocatedClaims": allocated,
     }

@@ -378,3 +378,108 @@ def test_distinct_attribute_unsatisfiable_when_values_repeat() -> None:
         [slice_of(gpus(4, attributes={"numaNode": numa}))],
     )
     assert not sim.satisfiable
+
+
+# -- consumable capacity (DRAConsumableCapacity, on by default in 1.36) ------------------------------
+# Expected values are what dra-oracle (the 1.36.2 allocator) answers for the same objects.
+
+RANGE_POLICY = {"default": "10Gi", "validRange": {"min": "10Gi", "max": "40Gi", "step": "10Gi"}}
+
+
+def shared_gpus(count: int, policy: dict[str, Any] | None = RANGE_POLICY) -> list[dict[str, Any]]:
+    devices = gpus(count)
+    for device in devices:
+        device["allowMultipleAllocations"] = True
+        if policy is not None:
+            device["capacity"]["memory"]["requestPolicy"] = policy
+    return devices
+
+
+def memory(amount: str, name: str = "memory") -> dict[str, Any]:
+    return {"capacity": {"requests": {name: amount}}}
+
+
+def consumed(sim: Simulation, claim_index: int = 0) -> list[tuple[str, str, str | None]]:
+    chosen = sim.chosen
+    assert chosen is not None
+    return [
+        (r.request, r.device, dict(r.consumed_capacity).get("memory"))
+        for r in chosen.claims[claim_index].results
+    ]
+
+
+def test_a_shared_device_serves_several_requests_rounded_up_by_its_policy() -> None:
+    sim = run(
+        [claim("c", exactly("a", **memory("15Gi")), exactly("b", **memory("25Gi")))],
+        [slice_of(shared_gpus(1))],
+    )
+    assert consumed(sim) == [("a", "gpu-0", "20Gi"), ("b", "gpu-0", "30Gi")]
+    assert sim.chosen is not None
+    share_ids = [r.share_id for r in sim.chosen.claims[0].results]
+    assert None not in share_ids
+    assert len(set(share_ids)) == 2
+
+
+def test_a_request_without_an_amount_consumes_the_policy_default_or_everything() -> None:
+    sim = run([claim("a", exactly("gpu")), claim("b", exactly("gpu"))], [slice_of(shared_gpus(1))])
+    assert consumed(sim, 0) == consumed(sim, 1) == [("gpu", "gpu-0", "10Gi")]
+    # Without a policy every allocation takes the whole capacity: the device is not shared.
+    sim = run([claim("a", exactly("gpu")), claim("b", exactly("gpu"))], [slice_of(shared_gpus(1, None))])
+    assert not sim.satisfiable
+
+
+def test_shares_that_do_not_fit_what_is_left_move_to_the_next_device() -> None:
+    claims = [claim(f"c{i}", exactly("gpu", **memory("40Gi"))) for i in range(3)]
+    sim = run(claims, [slice_of(shared_gpus(2))])
+    assert [consumed(sim, i)[0][1] for i in range(3)] == ["gpu-0", "gpu-0", "gpu-1"]
+
+
+def test_amounts_outside_the_policy_or_the_device_are_not_allocated() -> None:
+    values = {"default": "10Gi", "validValues": ["10Gi", "30Gi"]}
+    sim = run([claim("c", exactly("gpu", **memory("12Gi")))], [slice_of(shared_gpus(1, values))])
+    assert consumed(sim) == [("gpu", "gpu-0", "30Gi")]
+    for amount in ("41Gi", "90Gi"):
+        sim = run([claim("c", exactly("gpu", **memory(amount)))], [slice_of(shared_gpus(1))])
+        assert not sim.satisfiable, amount
+    sim = run([claim("c", exactly("gpu", **memory("40Gi")))], [slice_of(shared_gpus(1, values))])
+    assert not sim.satisfiable
+
+
+def test_capacity_requests_match_names_exactly_and_apply_to_unshared_devices() -> None:
+    for name in ("bandwidth", f"{DRIVER}/memory"):
+        sim = run([claim("c", exactly("gpu", **memory("1Gi", name)))], [slice_of(shared_gpus(1))])
+        assert not sim.satisfiable, name
+    sim = run([claim("c", exactly("gpu", **memory("90Gi")))], [slice_of(gpus(1))])
+    assert not sim.satisfiable
+    sim = run([claim("c", exactly("gpu", **memory("70Gi")))], [slice_of(gpus(1))])
+    assert sim.chosen is not None
+    result = sim.chosen.claims[0].results[0]
+    assert (result.device, result.share_id, result.consumed_capacity) == ("gpu-0", None, ())
+
+
+def test_shares_held_by_allocated_claims_count() -> None:
+    held: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+    held |= {"shareID": "0b5e52b4-1f62-4f4a-9d5e-3c1b0f7f9a10", "consumedCapacity": {"memory": "70Gi"}}
+    status = {"allocation": {"devices": {"results": [held]}}}
+    claims = [claim("old", exactly("gpu"), status=status), claim("new", exactly("gpu", **memory("20Gi")))]
+    sim = run(claims, [slice_of(shared_gpus(2))])
+    assert consumed(sim, 1) == [("gpu", "gpu-1", "20Gi")]
+    claims[1] = claim("new", exactly("gpu", **memory("10Gi")))
+    assert consumed(run(claims, [slice_of(shared_gpus(2))]), 1) == [("gpu", "gpu-0", "10Gi")]
+
+
+def test_the_allocation_status_carries_share_ids_and_consumed_capacity() -> None:
+    from dradriver.allocation.result import allocation_status
+
+    sim = run([claim("c", exactly("gpu", **memory("15Gi")))], [slice_of(shared_gpus(1))])
+    assert sim.chosen is not None
+    status = allocation_status(sim.chosen.claims[0], {GPU_CLASS.name: GPU_CLASS})
+    (result,) = status["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": "20Gi"}
+    assert result["shareID"] == sim.chosen.claims[0].results[0].share_id
+
+
+def test_a_capacity_shortfall_is_explained() -> None:
+    sim = run([claim("c", exactly("gpu", **memory("90Gi")))], [slice_of(shared_gpus(1))])
+    assert sim.nodes[0].reason is not None
+    assert "request gpu has enough matching devices, but their capacity cannot serve" in sim.nodes[0].reason

@@ -270,7 +270,22 @@ DRY_RUN_SCHEMA = {
                                     "type": "array",
                                     "items": {
                                         "type": "object",
-                                        "required": ["request", "driver", "pool", "device", "adminAccess"],
+                                        "required": [
+                                            "request",
+                                            "driver",
+                                            "pool",
+                                            "device",
+                                            "adminAccess",
+                                            "shareID",
+                                            "consumedCapacity",
+                                        ],
+                                        "properties": {
+                                            "shareID": {"type": ["string", "null"]},
+                                            "consumedCapacity": {
+                                                "type": ["object", "null"],
+                                                "additionalProperties": {"type": "string"},
+                                            },
+                                        },
                                     },
                                 },
                                 "requests": {
@@ -367,6 +382,24 @@ def test_dry_run_cel_runtime_error_exits_1_with_the_scheduler_message(
     assert json.loads(result.stdout)["nodes"][0]["error"] == (
         "claim default/c: selector #0: CEL runtime error: no such key: nope"
     )
+
+
+def test_dry_run_gives_up_after_the_timeout_with_the_scheduler_message(
+    cache_home: Path, files: dict[str, Path]
+) -> None:
+    # Six one-GPU claims, then one that needs more GPUs than are left: the exhaustive search
+    # tries every placement of the six before it can say no, as the scheduler's does.
+    files["slices"].write_text(json.dumps(resource_slice(16)))
+    claims = [claim(name=f"c{i}") for i in range(6)] + [claim(count=11, name="big")]
+    files["claim"].write_text(yaml.safe_dump_all(claims))
+    result = dry_run(cache_home, files, "--timeout", "0.5", "-o", "json")
+    assert result.returncode == 1, result.stderr
+    payload = json.loads(result.stdout)
+    jsonschema.validate(payload, DRY_RUN_SCHEMA)
+    assert payload["nodes"][0]["error"] == "node node-a: timed out trying to allocate devices"
+    bad = dry_run(cache_home, files, "--timeout", "-1")
+    assert bad.returncode == 2
+    assert "argument --timeout: invalid duration '-1'" in bad.stderr
 
 
 def test_dry_run_compile_error_exits_2_with_hint(cache_home: Path, files: dict[str, Path]) -> None:

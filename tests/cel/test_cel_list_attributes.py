@@ -1,10 +1,16 @@
 """List-typed attributes (DRAListTypeAttributes, alpha in 1.36) with the gate off and on, against
 dra-oracle with the gate set per line: the scheduler's match (outcome, message, cost), and for a
-new selector the API server's compile verdict and estimated cost.
+new selector the API server's compile verdict and estimated cost; `validate` and `dry-run` with
+`--feature-gates` give the API server's findings and the scheduler's verdict for each setting.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,3 +99,115 @@ def test_list_attributes_agree_with_kubernetes(cel_oracle: Oracle, expression: s
         return
     assert answer["valid"] or "too complex" in str(answer.get("validationErrors"))
     assert estimated.estimated_cost == answer["maxCost"]
+
+
+# -- `--feature-gates` on `validate` and `dry-run`, run as subprocesses, against the oracle ------------
+
+LISTED_SELECTOR = f"{A}.ids.exists(i, i == 2)"
+
+
+def _class(expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "listed"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["gate-off", "gate-on"])
+def test_validate_follows_the_gate_as_the_api_server_does(
+    cel_oracle: Oracle, tmp_path: Path, gate: bool
+) -> None:
+    path = tmp_path / "class.yaml"
+    path.write_text(json.dumps(_class(LISTED_SELECTOR)))
+    result = run_cli(tmp_path, "validate", str(path), "-o", "json", *_gate_flag(gate))
+    answer = cel_oracle.ask_ok(
+        {"expression": LISTED_SELECTOR, "mode": "validate", "features": {"DRAListTypeAttributes": gate}}
+    )
+    findings = json.loads(result.stdout)["findings"]
+    assert result.returncode == (0 if answer["valid"] else 1), result.stderr
+    expected = [
+        (error["field"], error["message"].removeprefix(f"{error['field']}: "))
+        for error in answer.get("validationErrors") or []
+    ]
+    assert [(f["path"], f["message"]) for f in findings] == expected
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["gate-off", "gate-on"])
+def test_dry_run_follows_the_gate_as_the_scheduler_does(
+    allocate_oracle: Oracle, tmp_path: Path, gate: bool
+) -> None:
+    expression = f"{A}.ids.includes(2)"  # compiles either way; the device's list value does not
+    device = {"name": "gpu-0", "attributes": ATTRIBUTES}
+    slice_ = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "node-a"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+            "devices": [device],
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "listed"}}]}},
+    }
+    answer = allocate_oracle.ask(
+        {
+            "node": {"metadata": {"name": "node-a"}},
+            "deviceClasses": [_class(expression)],
+            "resourceSlices": [slice_],
+            "claims": [claim],
+            "features": {"DRAListTypeAttributes": gate},
+        }
+    )
+    files = {"class": _class(expression), "slices": slice_, "claim": claim}
+    for name, obj in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(obj))
+    result = run_cli(
+        tmp_path,
+        "dry-run",
+        "--claim",
+        str(tmp_path / "claim.json"),
+        "--class",
+        str(tmp_path / "class.json"),
+        "--slices",
+        str(tmp_path / "slices.json"),
+        "-o",
+        "json",
+        *_gate_flag(gate),
+    )
+    report = json.loads(result.stdout)["nodes"][0]
+    if "results" in answer:
+        assert result.returncode == 0, result.stdout
+        ours = [(r["device"], r["request"]) for r in report["claims"][0]["allocation"]]
+        (their_claim,) = answer["results"]
+        assert ours == [(r["device"], r["request"]) for r in their_claim["allocation"]["devices"]["results"]]
+    else:
+        assert result.returncode == 1
+        assert answer["error"] == (
+            "class listed: selector #0: CEL runtime error: attribute ids: unsupported attribute value"
+        )
+        assert report["error"] == answer["error"]
+
+
+def _gate_flag(gate: bool) -> tuple[str, ...]:
+    return ("--feature-gates", f"DRAListTypeAttributes={str(gate).lower()}")
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DRADRIVER_")}
+    environment["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return subprocess.run(
+        [sys.executable, "-m", "dradriver", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=environment,
+        timeout=60,
+    )

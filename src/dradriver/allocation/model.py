@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.names import int64_error
+from dradriver.quantity import quantity_error
 
 RESOURCE_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -142,6 +143,8 @@ class DeviceRequest:
     count: int = 1
     admin_access: bool = False
     tolerations: tuple[Toleration, ...] = ()
+    # capacity.requests (DRAConsumableCapacity): capacity name -> quantity text.
+    capacity: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,9 @@ class AllocatedDevice:
     pool: str
     device: str
     admin_access: bool = False
+    # For a device allowing multiple allocations: this allocation's share and what it consumes.
+    share_id: str | None = None
+    consumed_capacity: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,7 @@ def _device_request(raw: Mapping[str, Any], name: str, where: str) -> DeviceRequ
     admin = raw.get("adminAccess")
     if admin is not None and not isinstance(admin, bool):
         raise InputError(f"{where}.adminAccess: must be a boolean")
+    capacity = _mapping(raw.get("capacity"), f"{where}.capacity")
     return DeviceRequest(
         name=name,
         device_class=_str(raw.get("deviceClassName"), f"{where}.deviceClassName"),
@@ -229,7 +236,17 @@ def _device_request(raw: Mapping[str, Any], name: str, where: str) -> DeviceRequ
         count=count,
         admin_access=bool(admin),
         tolerations=_tolerations(raw.get("tolerations"), f"{where}.tolerations"),
+        capacity=_quantities(capacity.get("requests"), f"{where}.capacity.requests"),
     )
+
+
+def _quantities(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for name, value in _mapping(raw, where).items():
+        if (problem := quantity_error(value)) is not None:
+            raise InputError(f"{where}.{name}: {problem}")
+        out.append((str(name), str(value)))
+    return tuple(out)
 
 
 def _request(raw: Mapping[str, Any], version: str, where: str) -> Request:
@@ -269,7 +286,9 @@ def _allocated(status: Mapping[str, Any], where: str) -> tuple[AllocatedDevice, 
     )
     out = []
     for i, item in enumerate(_list(devices.get("results"), f"{where}.allocation.devices.results")):
-        result = _mapping(item, f"{where}.allocation.devices.results[{i}]")
+        at = f"{where}.allocation.devices.results[{i}]"
+        result = _mapping(item, at)
+        share_id = result.get("shareID")
         out.append(
             AllocatedDevice(
                 str(result.get("request", "")),
@@ -277,6 +296,8 @@ def _allocated(status: Mapping[str, Any], where: str) -> tuple[AllocatedDevice, 
                 str(result.get("pool", "")),
                 str(result.get("device", "")),
                 bool(result.get("adminAccess") or False),
+                share_id=None if share_id is None else _str(share_id, f"{at}.shareID"),
+                consumed_capacity=_quantities(result.get("consumedCapacity"), f"{at}.consumedCapacity"),
             )
         )
     return tuple(out)

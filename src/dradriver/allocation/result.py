@@ -34,6 +34,10 @@ def allocation_status(report: ClaimReport, classes: Mapping[str, DeviceClass]) -
         }
         if device.admin_access:
             result["adminAccess"] = True
+        if device.share_id is not None:
+            result["shareID"] = device.share_id
+        if device.consumed_capacity:
+            result["consumedCapacity"] = dict(device.consumed_capacity)
         results.append(result)
         requests = used_by.setdefault(class_of[device.request], [])
         if device.request not in requests:

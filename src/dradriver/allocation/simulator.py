@@ -1,16 +1,18 @@
 """A pure, deterministic port of the scheduler's structured allocator, with explanations.
 
-Allocation follows k8s.io/dynamic-resource-allocation structured/internal/stable
-(allocator_stable.go, release-1.36): claims are allocated in order, each request after the
-other; for every needed device the candidates are tried pool by pool with backtracking, and the
-first complete solution wins. Class selectors are evaluated before request selectors, lazily and
-cached per device and request; a CEL error aborts allocation (the scheduler reports it as
-`class X: selector #i: CEL runtime error: ...`). Devices are not shared between requests or
-claims unless a request has adminAccess (then only not within the same claim). `All` requests
-take every matching device, `firstAvailable` subrequests are tried in order, `matchAttribute`
-constraints require one value across the devices of the named requests, NoSchedule/NoExecute
-taints need a toleration, and devices consuming shared counters must fit the pool's counters (what
-allocated claims' devices consume is taken first; a device consuming a counter its pool does not
+Allocation follows k8s.io/dynamic-resource-allocation structured/internal/incubating
+(allocator_incubating.go, release-1.36: the allocator 1.36's default gates select): claims are
+allocated in order, each request after the other; for every needed device the candidates are
+tried pool by pool with backtracking, and the first complete solution wins. Class selectors are
+evaluated before request selectors, lazily and cached per device and request; a CEL error aborts
+allocation (the scheduler reports it as `class X: selector #i: CEL runtime error: ...`). Devices
+are not shared between requests or claims unless a request has adminAccess (then only not within
+the same claim) or the device allows multiple allocations (consumable capacity: each allocation
+consumes part of its capacities, see `capacity`). `All` requests take every matching device,
+`firstAvailable` subrequests are tried in order, `matchAttribute` constraints require one value
+across the devices of the named requests, NoSchedule/NoExecute taints need a toleration, and
+devices consuming shared counters must fit the pool's counters (what allocated claims' devices
+consume is taken first; a device consuming a counter its pool does not
 define makes the pool invalid).
 
 Where the scheduler is not deterministic (it walks pools in Go map order) we are: pools sorted by
@@ -19,11 +21,23 @@ driver and name, slices by name, devices in slice order.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dradriver.allocation.capacity import (
+    Amount,
+    Capacity,
+    CapacityError,
+    add_to,
+    consumption,
+    device_capacities,
+    fits,
+    parse_amount,
+)
 from dradriver.allocation.model import (
     ALL,
     AllocatedDevice,
@@ -39,6 +53,10 @@ from dradriver.quantity import Quantity, QuantityError
 
 # resourceapi.AllocationResultsMaxSize.
 MAX_RESULTS_PER_CLAIM = 32
+# Search steps between two looks at the clock.
+_CLOCK_EVERY = 1024
+# Share IDs are random UUIDs in the scheduler; ours are derived from the claim and the result.
+_SHARE_NAMESPACE = uuid.UUID("1f0c8a52-3d4e-5b6a-9c7d-8e9f0a1b2c3d")
 
 
 # -- report types ---------------------------------------------------------------------------------
@@ -116,6 +134,10 @@ class Simulation:
 
 class AllocationError(Exception):
     """The scheduler would fail with this error (a CEL error, a missing class, ...)."""
+
+
+class AllocationTimeoutError(AllocationError):
+    """The search ran past its time limit, as the scheduler's does past its filter timeout."""
 
 
 class _Exceeded:
@@ -362,14 +384,23 @@ class _Inventory:
     pools: list[_Pool]
     preallocated: set[str]
     outcomes: _Outcomes
+    node: str | None = None
+    # time.monotonic() past which the search gives up, as the scheduler does after its filter timeout.
+    deadline: float | None = None
+    # Devices allowing multiple allocations that allocated claims share, and what they consume.
+    shared: set[str] = field(default_factory=set)
+    shared_use: dict[str, dict[str, Fraction]] = field(default_factory=dict)
 
 
 class _Allocator:
     def __init__(self, claims: Sequence[Claim], inventory: _Inventory) -> None:
+        self.inventory = inventory
         self.claims = claims
         self.classes = inventory.classes
         self.pools = inventory.pools
         self.preallocated = inventory.preallocated
+        self.shared = inventory.shared
+        self.shared_use = inventory.shared_use
         self.outcomes = inventory.outcomes
         self.request_data: dict[tuple[int, int, int], _RequestData] = {}
         self.allocating: dict[str, set[int]] = {}
@@ -385,6 +416,9 @@ class _Allocator:
         self._consumptions: dict[str, list[tuple[tuple[str, str], int | Fraction]]] = {}
         self._left: dict[str, dict[tuple[str, str], int | Fraction]] = {}
         self.matches: dict[tuple[int, int, int], dict[str, bool]] = {}
+        self.allocating_capacity: dict[str, dict[str, Fraction]] = {}
+        self._capacities: dict[str, dict[str, Capacity]] = {}
+        self._consumptions_of: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Amount] | None] = {}
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
 
@@ -434,7 +468,7 @@ class _Allocator:
                         f"{pool.id} is currently invalid"
                     )
                 for device in pool.devices():
-                    if self.selectable(device, key, data):
+                    if self.selectable(device, key, data) and self.capacity_left(device, request) is not None:
                         data.all_devices.append((pool, device))
             data.num_devices = len(data.all_devices)
         return data
@@ -473,7 +507,12 @@ class _Allocator:
         allocated, so thousands of claims need no Python recursion."""
         stack = [self._allocate_one(0, 0, 0, 0, False, (0, 0))]
         answer: _Outcome | None = None  # None: a new frame starts; else the callee's outcome
+        deadline, steps = self.inventory.deadline, 0
         while stack:
+            steps += 1
+            if deadline is not None and steps % _CLOCK_EVERY == 0 and time.monotonic() > deadline:
+                node = self.inventory.node or "(any)"
+                raise AllocationTimeoutError(f"node {node}: timed out trying to allocate devices")
             frame = stack[-1]
             try:
                 call = next(frame) if answer is None else frame.send(answer)
@@ -548,7 +587,7 @@ class _Allocator:
                 selectable = matching.get(device_id)
                 if selectable is None:
                     selectable = self.selectable(device, key, data)
-                if not selectable:
+                if not selectable or self.capacity_left(device, request) is None:
                     continue
                 undo = self.allocate_device(ci, key, pool, device, must=False)
                 if undo is None:
@@ -569,13 +608,17 @@ class _Allocator:
         """allocateDevice: returns an undo function, or None when the device cannot be taken."""
         data = self.request_data[key]
         request = data.request
+        shares = device.body.get("allowMultipleAllocations") is True
         if request.admin_access:
-            if ci in self.allocating.get(device.id, ()):
+            if not shares and ci in self.allocating.get(device.id, ()):
                 return None
         elif self.in_use(device.id):
             return None
-        consumption = device.body.get("consumesCounters") or []
-        if consumption and not self._take_counters(pool, device):
+        counters = bool(device.body.get("consumesCounters"))
+        # A shared device already in use has its counters taken by its first allocation.
+        if shares and (device.id in self.shared_use or device.id in self.allocating_capacity):
+            counters = False
+        if counters and not self._take_counters(pool, device):
             return None
         base, sub = (data.parent.name, request.name) if data.parent else (request.name, "")
         # From here on a rejected device keeps the counters it took for the rest of the search:
@@ -595,21 +638,81 @@ class _Allocator:
                     previous.remove(base, sub)
                 return None
             added.append(constraint)
-        self.allocating.setdefault(device.id, set()).add(ci)
+        allocating = self.allocating.setdefault(device.id, set())
+        if not shares:
+            allocating.add(ci)
+        # Checked again as allocateDevice does; a shortfall here (only an `All` request's device
+        # can have one) keeps what was taken above, as there.
+        consumed = self.capacity_left(device, request)
+        if consumed is None:
+            return None
+        share_id: str | None = None
+        used: tuple[tuple[str, str], ...] = ()
+        if shares:
+            add_to(self.allocating_capacity.setdefault(device.id, {}), _values(consumed))
+            used = tuple((name, str(amount)) for name, amount in consumed.items())
+            share_id = str(
+                uuid.uuid5(_SHARE_NAMESPACE, f"{self.claims[ci].ref}/{len(self.results[ci])}/{device.id}")
+            )
         self.results[ci].append(
-            AllocatedDevice(data.name, device.driver, device.pool, device.name, request.admin_access)
+            AllocatedDevice(
+                data.name,
+                device.driver,
+                device.pool,
+                device.name,
+                request.admin_access,
+                share_id=share_id,
+                consumed_capacity=used,
+            )
         )
         count = len(self.results[ci])
 
         def undo() -> None:
             for constraint in self.constraints[ci]:
                 constraint.remove(base, sub)
-            self.allocating[device.id].discard(ci)
-            if consumption:
+            allocating.discard(ci)
+            if shares:
+                # Counters a shared device took stay taken for the rest of the search, as in
+                # the 1.36 allocator's rollback.
+                totals = self.allocating_capacity[device.id]
+                add_to(totals, _values(consumed), -1)
+                if not any(totals.values()):
+                    del self.allocating_capacity[device.id]
+            elif counters:
                 self._release_counters(pool, device)
             del self.results[ci][count - 1 :]
 
         return undo
+
+    def capacity_left(self, device: Device, request: DeviceRequest) -> dict[str, Amount] | None:
+        """CmpRequestOverCapacity: what the request would consume of the device's capacities,
+        or None when it names one the device lacks, breaks a request policy or does not fit what
+        allocated claims and this search already use."""
+        key = (device.id, request.capacity)
+        if key in self._consumptions_of:
+            consumed = self._consumptions_of[key]
+        else:
+            capacities = self.capacities(device)
+            amounts = {
+                name: _amount(text, f"claim request {request.name}: capacity {name}")
+                for name, text in request.capacity
+            }
+            consumed = consumption(amounts, capacities)
+            self._consumptions_of[key] = consumed
+        if consumed is None:
+            return None
+        in_use = (self.shared_use.get(device.id, {}), self.allocating_capacity.get(device.id, {}))
+        return consumed if fits(consumed, self.capacities(device), *in_use) else None
+
+    def capacities(self, device: Device) -> dict[str, Capacity]:
+        found = self._capacities.get(device.id)
+        if found is None:
+            try:
+                found = device_capacities(device.body, f"device {device.id}")
+            except CapacityError as err:
+                raise AllocationError(str(err)) from None
+            self._capacities[device.id] = found
+        return found
 
     def _consumption(self, device: Device) -> list[tuple[tuple[str, str], int | Fraction]]:
         """What a device consumes, parsed once per simulation."""
@@ -632,7 +735,7 @@ class _Allocator:
         if found is None:
             found = dict(pool.available)
             for device in pool.device_list:
-                if device.id in self.preallocated:
+                if device.id in self.preallocated or device.id in self.shared:
                     for key, amount in self._consumption(device):
                         if key in found:
                             found[key] -= amount
@@ -660,6 +763,17 @@ class _Allocator:
             consumed[key] -= amount
 
 
+def _amount(text: str, where: str) -> Amount:
+    try:
+        return parse_amount(text, where)
+    except CapacityError as err:
+        raise AllocationError(str(err)) from None
+
+
+def _values(amounts: Mapping[str, Amount]) -> Iterable[tuple[str, Fraction]]:
+    return ((name, amount.value) for name, amount in amounts.items())
+
+
 def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
     for taint in device.body.get("taints") or []:
         if not isinstance(taint, Mapping) or taint.get("effect") not in ("NoSchedule", "NoExecute"):
@@ -672,8 +786,9 @@ def _taint_blocks(device: Device, request: DeviceRequest) -> bool:
 class _Outcomes:
     """Selector outcomes per (expression, device), computed once: many claims share selectors."""
 
-    def __init__(self, cel_devices: dict[str, CELDevice]) -> None:
+    def __init__(self, cel_devices: dict[str, CELDevice], *, list_type_attributes: bool = False) -> None:
         self.cel_devices = cel_devices
+        self.list_type_attributes = list_type_attributes
         self._memo: dict[tuple[str, str], tuple[str, str, bool]] = {}
         self._verdicts: dict[
             tuple[str, int, tuple[str, ...]],
@@ -720,15 +835,20 @@ class _Outcomes:
         key = (expression, device.id)
         found = self._memo.get(key)
         if found is None:
-            found = evaluate_selector(expression, self.cel_devices[device.id], device.driver)
+            found = evaluate_selector(
+                expression, self.cel_devices[device.id], device.driver, self.list_type_attributes
+            )
             self._memo[key] = found
         return found
 
 
-def evaluate_selector(expression: str, device: CELDevice, driver: str) -> tuple[str, str, bool]:
+def evaluate_selector(
+    expression: str, device: CELDevice, driver: str, list_type_attributes: bool = False
+) -> tuple[str, str, bool]:
     """("true"|"false"|"error", message, is_compile_error) for one selector on one device."""
     try:
-        matched = compile_selector(expression).matches(device, driver)
+        selector = compile_selector(expression, list_type_attributes=list_type_attributes)
+        matched = selector.matches(device, driver)
     except CELCompileError as err:
         return "error", err.message, True
     except CELRuntimeError as err:
@@ -751,13 +871,27 @@ def simulate(
     slices: Sequence[Slice],
     node: str | None = None,
     in_use: Sequence[Claim] = (),
+    *,
+    list_type_attributes: bool = False,
+    timeout: float | None = None,
 ) -> Simulation:
     """Allocate `claims` against the inventory on `node`, or on each candidate node in turn.
 
     `in_use`: other claims already allocated (a cluster's): their devices are taken, not reported.
+    `list_type_attributes`: the DRAListTypeAttributes gate, which only changes CEL (as in 1.36,
+    whose scheduler never passes it to the allocator's own features).
+    `timeout`: seconds per node after which the search stops with the scheduler's timeout error
+    (None: search to the end, however long the exhaustive search takes).
     """
     nodes = [node] if node is not None else candidate_nodes(slices)
-    return Simulation([simulate_node(claims, classes, slices, n, in_use) for n in nodes])
+    return Simulation(
+        [
+            simulate_node(
+                claims, classes, slices, n, in_use, list_type_attributes=list_type_attributes, timeout=timeout
+            )
+            for n in nodes
+        ]
+    )
 
 
 def simulate_node(
@@ -766,27 +900,29 @@ def simulate_node(
     slices: Sequence[Slice],
     node: str | None,
     in_use: Sequence[Claim] = (),
+    *,
+    list_type_attributes: bool = False,
+    timeout: float | None = None,
 ) -> NodeReport:
+    deadline = None if timeout is None else time.monotonic() + timeout
     pools, warnings = gather_pools(slices, node)
-    cel_devices = {d.id: to_cel_device(d.body, d.driver) for pool in pools for d in pool.devices()}
-    preallocated: set[str] = {
-        f"{d.driver}/{d.pool}/{d.device}"
-        for claim in in_use
-        for d in claim.allocated or ()
-        if not d.admin_access
+    cel_devices = {
+        d.id: to_cel_device(d.body, d.driver, list_type_attributes=list_type_attributes)
+        for pool in pools
+        for d in pool.devices()
     }
+    outcomes = _Outcomes(cel_devices, list_type_attributes=list_type_attributes)
+    inventory = _Inventory(classes, pools, set(), outcomes, node, deadline)
     pending: list[Claim] = []
     reports: dict[int, ClaimReport] = {}
+    for claim in in_use:
+        _hold(claim.allocated or (), inventory)
     for index, claim in enumerate(claims):
         if claim.allocated is not None:
             reports[index] = ClaimReport(claim, list(claim.allocated), preallocated=True)
-            preallocated.update(
-                f"{d.driver}/{d.pool}/{d.device}" for d in claim.allocated if not d.admin_access
-            )
+            _hold(claim.allocated, inventory)
         else:
             pending.append(claim)
-    outcomes = _Outcomes(cel_devices)
-    inventory = _Inventory(classes, pools, preallocated, outcomes)
     allocator = _Allocator(pending, inventory)
     error: str | None = None
     satisfiable = False
@@ -809,6 +945,23 @@ def simulate_node(
     for index in range(len(claims)):
         ordered.append(reports[index] if index in reports else next(pending_iter))
     return NodeReport(node, satisfiable and error is None, ordered, error, reason, warnings)
+
+
+def _hold(results: Iterable[AllocatedDevice], inventory: _Inventory) -> None:
+    """GatherAllocatedState: a shared result (with a share ID) adds what it consumes to the
+    device's use; any other result, unless admin access, takes the device."""
+    for result in results:
+        device_id = f"{result.driver}/{result.pool}/{result.device}"
+        if result.share_id is not None:
+            inventory.shared.add(device_id)
+            if result.consumed_capacity:
+                amounts = (
+                    (name, _amount(text, f"allocated device {device_id}: consumedCapacity {name}").value)
+                    for name, text in result.consumed_capacity
+                )
+                add_to(inventory.shared_use.setdefault(device_id, {}), amounts)
+        elif not result.admin_access:
+            inventory.preallocated.add(device_id)
 
 
 def _explain_requests(
@@ -859,6 +1012,8 @@ def _diagnose(claims: Sequence[Claim], inventory: _Inventory, reports: list[Clai
             culprit = claims[count - 1]
             report = reports[count - 1]
             fits_alone = count > 1 and _allocates([culprit], inventory)
+        except AllocationTimeoutError:
+            return "no allocation satisfies all claims (naming the first that fails ran past the time limit)"
         except AllocationError as err:
             return str(err)
         if fits_alone:
@@ -896,6 +1051,12 @@ def _claim_reason(claim: Claim, report: ClaimReport, inventory: _Inventory) -> s
             problems.append("; ".join(_shortage(r, preallocated) for r in short))
     if problems:
         return "; ".join(problems)
+    if lacking := _capacity_short(claim, report, inventory):
+        return (
+            f"request {lacking} has enough matching devices, but their capacity cannot serve the amounts it "
+            "asks for (capacity.requests): a name the device does not publish, an amount outside its "
+            "requestPolicy, or more than is left after the allocations that share it"
+        )
     if _counters_bind(report, inventory):
         return (
             "every request has enough matching devices, but not enough of them fit the shared counters "
@@ -909,6 +1070,33 @@ def _claim_reason(claim: Claim, report: ClaimReport, inventory: _Inventory) -> s
             f"(matchAttribute {names}) and the requests together"
         )
     return "every request has enough matching devices, but not enough distinct ones for all requests together"
+
+
+def _capacity_short(claim: Claim, report: ClaimReport, inventory: _Inventory) -> str | None:
+    """The first request none of whose options (the request, or each subrequest) has enough
+    matching free devices that can give the capacity it asks for."""
+    trial = _Allocator([], inventory)
+    devices = {d.id: d for pool in inventory.pools for d in pool.devices()}
+    reports = {r.request: r for r in report.requests}
+
+    def short(name: str, request: DeviceRequest) -> bool:
+        serving = sum(
+            1
+            for verdict in reports[name].devices
+            if verdict.matches
+            and verdict.device not in inventory.preallocated
+            and trial.capacity_left(devices[verdict.device], request) is not None
+        )
+        return serving < (1 if request.mode == ALL else request.count)
+
+    for request in claim.requests:
+        if request.exactly is not None:
+            options = [(request.name, request.exactly)]
+        else:
+            options = [(f"{request.name}/{sub.name}", sub) for sub in request.first_available]
+        if all(short(name, sub) for name, sub in options):
+            return request.name
+    return None
 
 
 def _counters_bind(report: ClaimReport, inventory: _Inventory) -> bool:

@@ -66,8 +66,9 @@ def _json(value: Any) -> str:
 
 
 class _Checker:
-    def __init__(self, driver: str) -> None:
+    def __init__(self, driver: str, list_type_attributes: bool = False) -> None:
         self.driver = driver
+        self.list_type_attributes = list_type_attributes
         self.findings: list[Finding] = []
 
     def add(self, path: str, message: str, hints: tuple[str, ...] = ()) -> None:
@@ -141,7 +142,9 @@ class _Checker:
                 self.add(expr_path, f"Too long: may not be more than {CEL_EXPRESSION_MAX} bytes")
                 continue
             try:
-                compiled = compile_selector(expression, new=True)
+                compiled = compile_selector(
+                    expression, new=True, list_type_attributes=self.list_type_attributes
+                )
             except CELCompileError as err:
                 hints = tuple(f"{h.message}; try: {h.corrected}" for h in hints_for(expression, self.driver))
                 if err.message.startswith("program instantiation failed"):
@@ -334,9 +337,12 @@ def _version(obj: Mapping[str, Any]) -> str | None:
     return version if group == RESOURCE_GROUP and version in API_VERSIONS else None
 
 
-def validate_object(obj: Mapping[str, Any], driver: str) -> list[Finding]:
-    """Findings for one DeviceClass, ResourceClaim or ResourceClaimTemplate."""
-    checker = _Checker(driver)
+def validate_object(
+    obj: Mapping[str, Any], driver: str, *, list_type_attributes: bool = False
+) -> list[Finding]:
+    """Findings for one DeviceClass, ResourceClaim or ResourceClaimTemplate, as an API server
+    with the DRAListTypeAttributes gate at `list_type_attributes` finds them."""
+    checker = _Checker(driver, list_type_attributes)
     version = _version(obj)
     if version is None:
         checker.add(

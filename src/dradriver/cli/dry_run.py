@@ -28,6 +28,8 @@ from dradriver.cli._dra_inputs import (
 
 JSON_SCHEMA_VERSION = 1
 DEFAULT_MAX_ROWS = 40
+# kube-scheduler's default DRA filter timeout per node (DRASchedulerFilterTimeout, on in 1.36).
+DEFAULT_TIMEOUT_SECONDS = 10.0
 
 
 def register(subparsers: Any) -> None:
@@ -51,6 +53,15 @@ def register(subparsers: Any) -> None:
     )
     env_list_flag(parser, "--class", dest="classes", help="DeviceClass files (default: the built-in classes)")
     _common.add_driver_name_flag(parser)
+    _common.add_feature_gates_flag(parser)
+    _common.env_flag(
+        parser,
+        "--timeout",
+        type=_common.duration,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="give up on a node after this long, as the scheduler does after its filter timeout (0: never)",
+    )
     add_inventory_flags(parser)
     _common.add_output_flag(parser)
     _common.env_switch(
@@ -108,10 +119,21 @@ def run(args: argparse.Namespace) -> int:
     classes = {c.name: c for c in parsed(class_docs, parse_device_class)}
     slices = parsed(slice_docs, parse_slice)
     check_node(slices, args.node)
-    problems = _compile_problems(claim_docs, claims, class_docs, list(classes.values()), args.driver_name)
+    lists = _common.gates_of(args)["DRAListTypeAttributes"]
+    problems = _compile_problems(
+        claim_docs, claims, class_docs, list(classes.values()), args.driver_name, lists
+    )
     if problems:
         return _report_compile_problems(args, problems)
-    simulation = simulate(claims, classes, slices, node=args.node, in_use=_in_use(args, claims))
+    simulation = simulate(
+        claims,
+        classes,
+        slices,
+        node=args.node,
+        in_use=_in_use(args, claims),
+        list_type_attributes=lists,
+        timeout=args.timeout or None,
+    )
     errors = any(d.error for n in simulation.nodes for c in n.claims for r in c.requests for d in r.devices)
     hints = _hints(claims, classes.values(), args.driver_name) if errors or not simulation.satisfiable else []
     if args.output != "table":
@@ -168,8 +190,13 @@ def _selectors_of(claim: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _compile_problems(
-    claim_docs: list[Document], claims: list[Any], class_docs: list[Document], classes: list[Any], driver: str
+def _compile_problems(  # noqa: PLR0917 - the documents and what was parsed from them, side by side
+    claim_docs: list[Document],
+    claims: list[Any],
+    class_docs: list[Document],
+    classes: list[Any],
+    driver: str,
+    list_type_attributes: bool,
 ) -> list[dict[str, Any]]:
     from dradriver.cel import CELCompileError, compile_selector, hints_for
 
@@ -182,7 +209,7 @@ def _compile_problems(
     for doc, owner, selectors in items:
         for what, expression in selectors:
             try:
-                compile_selector(expression)
+                compile_selector(expression, list_type_attributes=list_type_attributes)
             except CELCompileError as err:
                 problems.append(
                     {
@@ -282,6 +309,8 @@ def _claim_json(report: Any) -> dict[str, Any]:
                 "pool": r.pool,
                 "device": r.device,
                 "adminAccess": r.admin_access,
+                "shareID": r.share_id,
+                "consumedCapacity": dict(r.consumed_capacity) or None,
             }
             for r in report.results
         ],
@@ -395,6 +424,9 @@ def _print_claim(out: Any, report: Any, max_rows: int | None) -> None:
         out.print("  allocation:")
         for result in report.results:
             admin = " (adminAccess)" if result.admin_access else ""
+            if result.consumed_capacity:
+                used = ", ".join(f"{name} {amount}" for name, amount in result.consumed_capacity)
+                admin += escape(f" (shared: {used})")
             out.print(
                 f"    {escape(result.request)} → "
                 f"{escape(f'{result.driver}/{result.pool}/{result.device}')}{admin}"

@@ -33,6 +33,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, lists)")
     _common.add_driver_name_flag(parser)
+    _common.add_feature_gates_flag(parser)
     _common.add_output_flag(parser)
 
 
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if not in_file:
             raise _common.CLIError(f"{path}: no objects in the file (empty, or only comments and '---')")
         documents += in_file
+    lists = _common.gates_of(args)["DRAListTypeAttributes"]
     findings: list[dict[str, Any]] = []
     skipped = 0
     for doc in documents:
@@ -68,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
         if kind == "ResourceSlice":
             found = [(f.path, f.message, ()) for f in _slice_findings(doc.obj)]
         elif kind in CHECKED_KINDS:
-            found = [(f.path, f.message, f.hints) for f in validate_object(doc.obj, args.driver_name)]
+            found = [
+                (f.path, f.message, f.hints)
+                for f in validate_object(doc.obj, args.driver_name, list_type_attributes=lists)
+            ]
         else:
             found = [("kind", f"Unsupported value: {kind!r}: supported: {', '.join(CHECKED_KINDS)}", ())]
         findings += [
