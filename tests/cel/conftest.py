@@ -14,6 +14,11 @@ def cel_oracle() -> Iterator[Oracle]:
     yield from start("cel")
 
 
+# The oracle's allocation time limit (the scheduler's filter timeout is 10 s): long enough that
+# generated scenarios are decided, not given up on.
+ALLOCATE_TIMEOUT = "60s"
+
+
 @pytest.fixture(scope="session")
 def allocate_oracle() -> Iterator[Oracle]:
-    yield from start("allocate")
+    yield from start("allocate", "-timeout", ALLOCATE_TIMEOUT)

@@ -4,7 +4,8 @@ For every generated scenario both must reach the same verdict: an allocation, "c
 or an error (a CEL runtime error in a selector). When both allocate, ours must be one the real
 allocator accepts: claim after claim, our earlier allocations are handed back as allocated claims
 (so a device taken twice is refused) and the claim is pinned to exactly the devices we chose for
-each request (so a broken constraint, counter or taint is refused).
+each request (so a broken constraint, counter or taint is refused). A scenario the oracle gives
+up on (past its time limit) has no verdict to compare with; such scenarios are counted.
 
 CI runs a fixed seed and a bounded number of scenarios; `make fuzz-cel` runs many more
 (DRADRIVER_FUZZ_SCENARIOS, DRADRIVER_FUZZ_SEED). DRADRIVER_FUZZ_REPORT=FILE records counts.
@@ -38,8 +39,9 @@ SCENARIOS = int(os.environ.get("DRADRIVER_FUZZ_SCENARIOS", "40"))
 SEED = int(os.environ.get("DRADRIVER_FUZZ_SEED", "14"))
 REPORT = os.environ.get("DRADRIVER_FUZZ_REPORT")
 PIN_DOMAIN = "dradriver.test"
-# dra-oracle's allocation timeout (the scheduler's filter timeout): where it gives up, so do we.
-TIMEOUT_SECONDS = 10.0
+# Our search is slower than the real allocator's: a scenario the oracle decides within its
+# time limit (conftest.ALLOCATE_TIMEOUT) gets up to this long here.
+TIMEOUT_SECONDS = 600.0
 PLAIN_FIELDS = ("request", "driver", "pool", "device", "adminAccess")
 
 counts: dict[str, int] = {
@@ -50,6 +52,8 @@ counts: dict[str, int] = {
     "identical": 0,
     # satisfiable with at least one device shared (allowMultipleAllocations) between allocations
     "shared": 0,
+    # the oracle gave up (its time limit): no verdict to compare with
+    "oracle timeouts": 0,
 }
 
 
@@ -129,6 +133,9 @@ def check(oracle: Oracle, request: dict[str, Any]) -> None:
     counts["scenarios"] += 1
     answer = oracle.ask(request)
     assert not str(answer.get("error", "")).startswith(("invalid input", "internal panic")), answer
+    if answer.get("timeout"):
+        counts["oracle timeouts"] += 1
+        return
     simulation = ours(request)
     node = simulation.nodes[0]
     if "error" in answer:

@@ -367,14 +367,11 @@ class Device:
     pool: str
     name: str
     body: Mapping[str, Any]
+    # driver/pool/name: read millions of times in a search, so a plain attribute.
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        found: str | None = self.__dict__.get("_id")
-        if found is None:
-            found = f"{self.driver}/{self.pool}/{self.name}"
-            object.__setattr__(self, "_id", found)
-        return found
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.driver}/{self.pool}/{self.name}")
 
 
 @dataclass(frozen=True)

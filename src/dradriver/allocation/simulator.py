@@ -418,7 +418,9 @@ class _Allocator:
         self.matches: dict[tuple[int, int, int], dict[str, bool]] = {}
         self.allocating_capacity: dict[str, dict[str, Fraction]] = {}
         self._capacities: dict[str, dict[str, Capacity]] = {}
-        self._consumptions_of: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Amount] | None] = {}
+        self._consumptions_of: dict[
+            tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, Amount] | None, bool]
+        ] = {}
 
     # -- preparation (validateDeviceRequest) ----------------------------------------------------
 
@@ -689,20 +691,24 @@ class _Allocator:
         or None when it names one the device lacks, breaks a request policy or does not fit what
         allocated claims and this search already use."""
         key = (device.id, request.capacity)
-        if key in self._consumptions_of:
-            consumed = self._consumptions_of[key]
-        else:
+        found = self._consumptions_of.get(key)
+        if found is None:
             capacities = self.capacities(device)
             amounts = {
                 name: _amount(text, f"claim request {request.name}: capacity {name}")
                 for name, text in request.capacity
             }
             consumed = consumption(amounts, capacities)
-            self._consumptions_of[key] = consumed
+            # Whether it fits an unused device: the answer for every device nobody shares yet.
+            found = (consumed, consumed is not None and fits(consumed, capacities))
+            self._consumptions_of[key] = found
+        consumed, fits_unused = found
         if consumed is None:
             return None
-        in_use = (self.shared_use.get(device.id, {}), self.allocating_capacity.get(device.id, {}))
-        return consumed if fits(consumed, self.capacities(device), *in_use) else None
+        shared, allocating = self.shared_use.get(device.id), self.allocating_capacity.get(device.id)
+        if not shared and not allocating:
+            return consumed if fits_unused else None
+        return consumed if fits(consumed, self.capacities(device), shared or {}, allocating or {}) else None
 
     def capacities(self, device: Device) -> dict[str, Capacity]:
         found = self._capacities.get(device.id)
@@ -1064,10 +1070,13 @@ def _claim_reason(claim: Claim, report: ClaimReport, inventory: _Inventory) -> s
             "overlap and are excluded by allocated or existing ones)"
         )
     if claim.constraints:
-        names = ", ".join(c.attribute for c in claim.constraints)
+        names = ", ".join(
+            f"{'distinctAttribute' if c.distinct else 'matchAttribute'} {c.attribute}"
+            for c in claim.constraints
+        )
         return (
             f"every request has enough matching devices, but no combination satisfies the constraints "
-            f"(matchAttribute {names}) and the requests together"
+            f"({names}) and the requests together"
         )
     return "every request has enough matching devices, but not enough distinct ones for all requests together"
 
