@@ -17,8 +17,37 @@ ATTRIBUTE_VALUE_MAX_BYTES = 64
 #: Integer fields (counts, int attributes) are Go int64s.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# apimachinery's formats and messages (util/validation, api/validate/content), shared by the
+# checks below and by the CEL named-format library, which reports them verbatim.
+DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+    "and must start and end with an alphanumeric character"
+)
+DNS1123_SUBDOMAIN_FMT = DNS1123_LABEL_FMT + "(\\." + DNS1123_LABEL_FMT + ")*"
+DNS1123_SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+    "and must start and end with an alphanumeric character"
+)
+DNS1035_LABEL_FMT = "[a-z]([-a-z0-9]*[a-z0-9])?"
+DNS1035_LABEL_MSG = (
+    "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+    "start with an alphabetic character, and end with an alphanumeric character"
+)
+LABEL_KEY_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+LABEL_KEY_MSG = (
+    "must consist of alphanumeric characters, '-', '_' or '.', "
+    "and must start and end with an alphanumeric character"
+)
+LABEL_VALUE_FMT = "(" + LABEL_KEY_FMT + ")?"
+LABEL_VALUE_MSG = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+    "and must start and end with an alphanumeric character"
+)
+
+_DNS_LABEL = re.compile(DNS1123_LABEL_FMT)
+_DNS_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN_FMT)
+_DNS1035_LABEL = re.compile(DNS1035_LABEL_FMT)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # semver.org 2.0.0, as the API server checks version attributes.
@@ -56,10 +85,7 @@ def dns_label_error(value: str) -> str | None:
     if len(value) > DNS_LABEL_MAX:
         return f"must be no more than {DNS_LABEL_MAX} characters"
     if not _DNS_LABEL.fullmatch(value):
-        return (
-            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-            "and must start and end with an alphanumeric character"
-        )
+        return DNS1123_LABEL_MSG
     return None
 
 
@@ -68,10 +94,7 @@ def dns_subdomain_error(value: str) -> str | None:
     if len(value) > DNS_SUBDOMAIN_MAX:
         return f"must be no more than {DNS_SUBDOMAIN_MAX} characters"
     if not _DNS_SUBDOMAIN.fullmatch(value):
-        return (
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-            "and must start and end with an alphanumeric character"
-        )
+        return DNS1123_SUBDOMAIN_MSG
     return None
 
 
@@ -148,7 +171,7 @@ def uid_error(value: str) -> str | None:
     return None
 
 
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_NAME = re.compile(LABEL_KEY_FMT)
 LABEL_VALUE_MAX = 63
 
 
@@ -165,10 +188,7 @@ def label_name_error(value: str) -> str | None:
     if len(name) > LABEL_VALUE_MAX:
         return f"name part must be no more than {LABEL_VALUE_MAX} characters"
     if not _LABEL_NAME.fullmatch(name):
-        return (
-            "name part must consist of alphanumeric characters, '-', '_' or '.', "
-            "and must start and end with an alphanumeric character"
-        )
+        return f"name part {LABEL_KEY_MSG}"
     return None
 
 
@@ -177,8 +197,99 @@ def label_value_error(value: str) -> str | None:
     if len(value) > LABEL_VALUE_MAX:
         return f"must be no more than {LABEL_VALUE_MAX} characters"
     if value and not _LABEL_NAME.fullmatch(value):
-        return (
-            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
-            "and must start and end with an alphanumeric character"
-        )
+        return LABEL_VALUE_MSG
     return None
+
+
+# -- apimachinery's validators, every message of them (the CEL named-format library's results) ------
+
+
+def _byte_len(value: str) -> int:
+    # Go measures strings in bytes.
+    return len(value.encode("utf-8", "surrogateescape"))
+
+
+def regex_error(message: str, fmt: str, *examples: str) -> str:
+    """validation.RegexError, with its double space before each further example."""
+    if not examples:
+        return f"{message} (regex used for validation is '{fmt}')"
+    listed = " or ".join(f"'{example}', " for example in examples)
+    return f"{message} (e.g. {listed}regex used for validation is '{fmt}')"
+
+
+def dns1123_label_errors(value: str) -> list[str]:
+    """validation.IsDNS1123Label."""
+    errors = []
+    if _byte_len(value) > DNS_LABEL_MAX:
+        errors.append(f"must be no more than {DNS_LABEL_MAX} characters")
+    if not _DNS_LABEL.fullmatch(value):
+        if _DNS_SUBDOMAIN.fullmatch(value):
+            errors.append("must not contain dots")
+        else:
+            errors.append(regex_error(DNS1123_LABEL_MSG, DNS1123_LABEL_FMT, "my-name", "123-abc"))
+    return errors
+
+
+def dns1123_subdomain_errors(value: str, *, unit: str = "characters") -> list[str]:
+    """validation.IsDNS1123Subdomain; `unit` is "bytes" in the api/validate/content copy."""
+    errors = []
+    if _byte_len(value) > DNS_SUBDOMAIN_MAX:
+        errors.append(f"must be no more than {DNS_SUBDOMAIN_MAX} {unit}")
+    if not _DNS_SUBDOMAIN.fullmatch(value):
+        errors.append(regex_error(DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, "example.com"))
+    return errors
+
+
+def dns1035_label_errors(value: str) -> list[str]:
+    """validation.IsDNS1035Label."""
+    errors = []
+    if _byte_len(value) > DNS_LABEL_MAX:
+        errors.append(f"must be no more than {DNS_LABEL_MAX} characters")
+    if not _DNS1035_LABEL.fullmatch(value):
+        errors.append(regex_error(DNS1035_LABEL_MSG, DNS1035_LABEL_FMT, "my-name", "abc-123"))
+    return errors
+
+
+def mask_trailing_dash(name: str) -> str:
+    """apimachinery's maskTrailingDash for generated-name prefixes: the last *two* bytes become
+    "a" (upstream's arithmetic, kept because it decides what passes)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > 1 and raw.endswith(b"-"):
+        return (raw[:-2] + b"a").decode("utf-8", "surrogateescape")
+    return name
+
+
+def label_key_errors(value: str) -> list[str]:
+    """content.IsLabelKey (validation.IsQualifiedName)."""
+    errors: list[str] = []
+    parts = value.split("/")
+    name_regex_error = regex_error(LABEL_KEY_MSG, LABEL_KEY_FMT, "MyName", "my.name", "123-abc")
+    if len(parts) > 2:
+        return [
+            f"a valid label key {name_regex_error} with an optional DNS subdomain prefix and '/' "
+            "(e.g. 'example.com/MyName')"
+        ]
+    name = parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            errors.append("prefix part must be non-empty")
+        else:
+            errors += [f"prefix part {m}" for m in dns1123_subdomain_errors(prefix, unit="bytes")]
+    if not name:
+        errors.append("name part must be non-empty")
+    elif _byte_len(name) > LABEL_VALUE_MAX:
+        errors.append(f"name part must be no more than {LABEL_VALUE_MAX} bytes")
+    if not _LABEL_NAME.fullmatch(name):
+        errors.append(f"name part {name_regex_error}")
+    return errors
+
+
+def label_value_errors(value: str) -> list[str]:
+    """content.IsLabelValue (validation.IsValidLabelValue)."""
+    errors = []
+    if _byte_len(value) > LABEL_VALUE_MAX:
+        errors.append(f"must be no more than {LABEL_VALUE_MAX} bytes")
+    if value and not _LABEL_NAME.fullmatch(value):
+        errors.append(regex_error(LABEL_VALUE_MSG, LABEL_VALUE_FMT, "MyValue", "my_value", "12345"))
+    return errors

@@ -2,7 +2,7 @@
 """A hypothesis strategy for DRA CEL selectors, from the grammar of the Kubernetes 1.36 environment.
 
 Expressions are built by type (bool, int, uint, double, string, bytes, lists, maps, quantity,
-semver, ip, cidr, url, timestamp, duration, optional, dyn attributes) so that most of them
+semver, ip, cidr, url, named formats, timestamp, duration, optional, dyn attributes) so that most of them
 compile, with a share of deliberate mistakes mixed in: wrong operand types, unknown names and
 fields, overflow, conversions that cannot succeed, syntax slips and expressions over the cost
 budget. Attribute and capacity names come from what dradriver publishes for the fake profiles
@@ -36,6 +36,17 @@ DRIVER_ATTRS = {
 STANDARD_ATTRS = {"string": ["pciBusID", "pcieRoot"]}
 CAPACITIES = ["memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines"]
 MISSING = ["nosuch", "memory", "compute", "gpu"]
+FORMAT_NAMES = ["dns1123Label", "dns1123Subdomain", "dns1035Label", "qualifiedName", "dns1123LabelPrefix"]
+FORMAT_NAMES += [
+    "dns1123SubdomainPrefix",
+    "dns1035LabelPrefix",
+    "labelValue",
+    "uri",
+    "uuid",
+    "byte",
+    "date",
+    "datetime",
+]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -170,6 +181,7 @@ class Gen:
             lambda d: self.bind(d - 1),
             lambda d: self.list_predicate(d - 1),
             lambda d: self.network_predicate(d - 1),
+            lambda d: self.format_predicate(d - 1),
             lambda d: self.time_predicate(d - 1),
             lambda d: self.optional_predicate(d - 1),
             lambda d: self.mistake(d - 1),
@@ -477,6 +489,34 @@ class Gen:
                 lambda d: f"ip.isCanonical({_q(self.pick(['10.0.0.1', '::1', '2001:db8::0:1', 'x']))})",
                 lambda d: f"{self.ip(d)} == {self.ip(d)}",
                 lambda d: f"{self.url(d)} == {self.url(d)}",
+            ],
+            depth,
+        )
+
+    def named_format(self, depth: int) -> str:
+        options: list[Callable[[int], str]] = [
+            lambda d: f"format.{self.pick(FORMAT_NAMES)}()",
+            lambda d: f"format.named({_q(self.pick([*FORMAT_NAMES, 'nope', 'URI']))}).value()",
+            lambda d: f"format.named({self.str_(d - 1)}).orValue(format.{self.pick(FORMAT_NAMES)}())",
+        ]
+        return self.choice(options[:1] if depth <= 0 else options, depth)
+
+    def format_predicate(self, depth: int) -> str:
+        return self.choice(
+            [
+                lambda d: f"{self.named_format(d)}.validate({self.str_(d)}).hasValue()",
+                lambda d: f"{self.named_format(d)}.validate({self.str_(d)}) == optional.none()",
+                lambda d: (
+                    f"{self.named_format(d)}.validate({self.str_(d)}).orValue([]).size() {self.pick(['>', '=='])} {self.int_(0)}"
+                ),
+                lambda d: (
+                    f"{self.named_format(d)}.validate({self.str_(d)}).orValue(['']).join('; ').contains({self.str_(d)})"
+                ),
+                lambda d: f"format.named({self.str_(d)}).hasValue()",
+                lambda d: f"{self.named_format(d)} {self.pick(['==', '!='])} {self.named_format(d)}",
+                lambda d: (
+                    f"{self.named_format(d)}.validate({self.pick([self.int_(d), 'dyn(1)', self.attr('int')])}).hasValue()"
+                ),
             ],
             depth,
         )

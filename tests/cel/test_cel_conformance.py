@@ -31,6 +31,8 @@ Sources (Kubernetes 1.36 / cel-go v0.26.0, the version k8s.io/apiserver 1.36 req
           parseHost, unescape, EscapedPath, ParseQuery, URL.String).
   [KNET]  apiserver pkg/cel/library/ip.go + cidr.go, and Go's net/netip (ParseAddr, ParsePrefix,
           Addr.String, Prefix.Contains/Overlaps).
+  [KFMT]  apiserver pkg/cel/library/format.go + pkg/cel/format.go, apimachinery
+          pkg/util/validation + pkg/api/validate/content (the messages), kube-openapi strfmt.
   [COST]  cel-go interpreter/runtimecost.go; DRA limit resourceapi.CELSelectorExpressionMaxCost.
 """
 
@@ -325,6 +327,35 @@ CASES: list[tuple[str, bool | Compile | Runtime]] = [
         'cidr("10.0.0.1/33").prefixLength() == 33',
         Runtime('netip.ParsePrefix("10.0.0.1/33"): prefix length out of range'),
     ),
+    # -- named formats [KFMT]: optional.none() when valid, else apimachinery's messages --------------
+    ('format.dns1123Label().validate("my-name") == optional.none() && format.named("uri").hasValue()', True),
+    ('format.named("URI").hasValue()', False),
+    (
+        'format.dns1123Label().validate("My_Name").value() == ["a lowercase RFC 1123 label must consist of '
+        "lower case alphanumeric characters or '-', and must start and end with an alphanumeric character "
+        "(e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')\"]",
+        True,
+    ),
+    # maskTrailingDash: a generateName prefix may end in "-".
+    ('format.dns1123LabelPrefix().validate("gpu-") == optional.none()', True),
+    ('format.dns1123Label().validate("gpu-").hasValue()', True),
+    (
+        f'format.qualifiedName().validate("example.com/{"n" * 64}").value() == '
+        '["name part must be no more than 63 bytes"]',
+        True,
+    ),
+    ('format.uri().validate("relative").value() == [\'parse "relative": invalid URI for request\']', True),
+    ('format.uuid().validate("123E4567E89B12D3A456426614174000") == optional.none()', True),
+    ('format.byte().validate("aGVsbA=").hasValue()', True),
+    ('format.date().validate("2023-02-29").value() == ["invalid date"]', True),
+    ('format.datetime().validate("2024-02-29T23:59:59.5+05:30") == optional.none()', True),
+    ('format.uri() == format.named("uri").value() && format.uri() != format.uuid()', True),
+    ('format.named("nope").value() == format.uri()', Runtime("optional.none() dereference")),
+    (
+        "format.uri().validate(1).hasValue()",
+        Compile("found no matching overload for 'validate' applied to 'kubernetes.NamedFormat.(int)'"),
+    ),
+    ('dyn(1).validate("x").hasValue()', Runtime("no such overload: validate(int, string)")),
 ]
 
 

@@ -1,8 +1,9 @@
-"""Edge cases of the IP/CIDR, URL, optional, time and format libraries against dra-oracle.
+"""Edge cases of the IP/CIDR, URL, optional, time, format and named-format libraries against dra-oracle.
 
 The generated selectors (test_cel_differential.py) reach these libraries with a few typical
 values; here every library's parsing and formatting corners are crossed systematically (Go's
-netip and net/url rules, RFC 3339 and ParseDuration, every format clause on every type) and
+netip and net/url rules, RFC 3339 and ParseDuration, every format clause on every type, every
+named format on valid and invalid names, URIs, UUIDs, base64 and dates) and
 each expression goes through the same comparison: outcome, messages, actual and estimated cost,
 and the API server's verdict.
 """
@@ -151,12 +152,99 @@ def _format_cases() -> Iterator[str]:
     yield 'device.attributes["gpu.dradriver.dev"].productName.format([1, 2]) == ""'
 
 
+FORMAT_NAMES = ["dns1123Label", "dns1123Subdomain", "dns1035Label", "qualifiedName", "dns1123LabelPrefix"]
+FORMAT_NAMES += ["dns1123SubdomainPrefix", "dns1035LabelPrefix", "labelValue", "uri", "uuid", "byte", "date"]
+FORMAT_NAMES += ["datetime"]
+
+
+def _named_format_texts() -> list[str]:
+    names = ["", "abc", "my-name", "-abc", "abc-", "-", "--", "a-", "A-", "ABC", "aBc", "a.b", "a..b", "a.b-"]
+    names += ["1abc", "a" * 63, "a" * 64, "a" * 63 + "-", "a" * 64 + "-", "A" * 70, "a" * 253, "a" * 254]
+    names += ["a" * 253 + "-", "é", "é-", "ab_c", "a b", "a/b", "/b", "a/", "a.com/b", "A.com/b", "a/b/c"]
+    names += ["a" * 254 + "/x", "example.com/" + "n" * 64, "x/" + "-" * 64]
+    uris = ["http://example.com", "https://[::1]:80/p?q#f", "/relative", "x", "not a url", "http://a b"]
+    uris += ["http://%zz", "*", "mailto:a@b", "a\x01b", "http://h:port/", "//host/p"]
+    uuids = ["123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"]
+    uuids += ["123e4567e89b12d3a456426614174000", "123e4567-e89b12d3-a456-426614174000"]
+    uuids += ["123e4567-e89b-12d3-a456-42661417400", "{123e4567-e89b-12d3-a456-426614174000}"]
+    uuids += ["g23e4567-e89b-12d3-a456-426614174000"]
+    base64 = ["aGVsbG8=", "aGVsbA==", "aGVs", "aGVsbA=", "aGVsbA", "aGV-bA==", "aGV_bA==", "aGVsbG8=aGVs"]
+    base64 += ["aGVs\n", "+/+/"]
+    dates = ["2021-01-01", "2020-02-29", "2021-02-29", "1900-02-29", "2000-02-29", "2021-13-01", "2021-1-01"]
+    dates += ["0000-01-01", "2021-01-00", "2021-04-31", "2021-01-01 ", "+021-01-01"]
+    times = ["2021-01-01T00:00:00Z", "2021-01-01t00:00:00z", "2021-01-01T00:00:00.123+01:00"]
+    times += [
+        "2021-01-01T00:00:00.Z",
+        "2021-01-01T00:00:00x1Z",
+        "2021-01-01T24:00:00Z",
+        "2021-01-01T23:60:00Z",
+    ]
+    times += [
+        "2021-01-01T23:59:60Z",
+        "2021-01-01T23:59:59",
+        "2021-01-01T00:00:00ZTfoo",
+        "2021-01-01 00:00:00Z",
+    ]
+    times += ["2021-01-01T00:00:00+0100", "2021-01-01T00:00:00Z\n", "2021-01-01T00:00:00\u01305Z"]
+    times += ["2021-02-30T00:00:00Z", "T00:00:00Z", "2021-01-01T00:00:00\n1Z"]
+    return names + uris + uuids + base64 + dates + times
+
+
+def _named_format_cases() -> Iterator[str]:
+    # Every format on every text; a missing key shows the messages themselves in the error.
+    for name in FORMAT_NAMES:
+        for text in _named_format_texts():
+            yield f'{{"": 0}}[format.{name}().validate({_q(text)}).orValue(["valid"]).join(" | ")] == 0'
+    product = 'device.attributes["gpu.dradriver.dev"].productName'
+    for name in FORMAT_NAMES:
+        yield f"format.named({_q(name)}).value().validate({product}) == optional.none()"
+        yield f"format.{name}().validate({product}.lowerAscii()).hasValue()"
+        yield f"format.{name}() == format.named({_q(name)}).value()"
+    yield from (
+        'format.named("nope").hasValue() || format.named("URI").hasValue() || format.named("").hasValue()',
+        'format.named("nope").value().validate("x").hasValue()',
+        'format.named("nope").orValue(format.uuid()) == format.uuid() && format.uri() != format.uuid()',
+        f"format.named({product}).hasValue()",
+        "format.named(dyn(1)).hasValue()",
+        "format.uri().validate(dyn(1)).hasValue()",
+        'dyn(1).validate("a") == optional.none()',
+        'dyn(format.uri()).validate("x").hasValue()',
+        "dyn(format.uri()) == 1 || 1 == dyn(format.uri())",
+        "dyn(format.uri()) == dyn(format.uuid())",
+        "dyn(format.uri()).all(x, true)",
+        "dyn(format.uri()).size() == 1",
+        'format.named("uri") == optional.of(format.uri())',
+        "type(format.uri()) == type(format.uuid())",
+        "type(format.uri()) == kubernetes.NamedFormat",
+        'string(format.uri()) == ""',
+        "format.uri() == 1",
+        "format.uri()",
+        'format.uri().validate("x")',
+        "format.uri().validate(1).hasValue()",
+        'format.uri().validate("a", "b").hasValue()',
+        "format.dns1123Label(1) == format.uri()",
+        "format.named().hasValue()",
+        'format.named("a", "b").hasValue()',
+        "format.nope() == format.uri()",
+        'format.validate("a").hasValue()',
+        '"%s".format([format.uri()]) == ""',
+        '"%s".format(dyn([format.uri()])) == ""',
+        "format.uri() in [format.uuid(), format.uri()]",
+        '{"a": format.uri()}["a"] == format.uri()',
+        "[format.uri(), format.uuid()].exists(f, f.validate(device.driver).hasValue())",
+        'format.uri().validate("x").value().size() == 1 && format.uri().validate("x").value()[0] != ""',
+        'device.attributes["gpu.dradriver.dev"].exists(k, format.qualifiedName().validate(k).hasValue())',
+        f"format.labelValue().validate({product} + '-' + {product}).orValue([]).size() == 0",
+    )
+
+
 LIBRARIES = {
     "ip-cidr": _ip_cases,
     "url": _url_cases,
     "optional": _optional_cases,
     "time": _time_cases,
     "format": _format_cases,
+    "named-format": _named_format_cases,
 }
 
 

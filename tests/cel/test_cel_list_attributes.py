@@ -139,7 +139,9 @@ def test_dry_run_follows_the_gate_as_the_scheduler_does(
     allocate_oracle: Oracle, tmp_path: Path, gate: bool
 ) -> None:
     expression = f"{A}.ids.includes(2)"  # compiles either way; the device's list value does not
-    device = {"name": "gpu-0", "attributes": ATTRIBUTES}
+    # One list attribute only: with the gate off the scheduler names the first it meets in Go's
+    # map order.
+    device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "ids": ATTRIBUTES["ids"]}}
     slice_ = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

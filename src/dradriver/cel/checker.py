@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.decls import OPT_SELECT_OVERLOAD, UNSUPPORTED_FUNCTIONS, UNSUPPORTED_LIBRARY, Overload
+from dradriver.cel.decls import OPT_SELECT_OVERLOAD, Overload
 from dradriver.cel.parser import format_issue
 from dradriver.cel.values import UInt
 
@@ -249,9 +249,6 @@ class Checker:
                 self.result.qualified_calls[e] = candidate
                 self._resolve(e, candidate, self.functions[candidate], None)
                 return
-            if candidate in UNSUPPORTED_FUNCTIONS:
-                self._undeclared_function(e, candidate)
-                return
         self._check(e.target)
         overloads = self.functions.get(name)
         if overloads is None:
@@ -261,13 +258,6 @@ class Checker:
 
     def _undeclared_function(self, e: ast.Call, name: str) -> None:
         self._set(e, t.ERROR)
-        if name in UNSUPPORTED_FUNCTIONS:
-            self._error(
-                f"function '{name}' exists in the Kubernetes CEL environment but dradriver does not "
-                f"evaluate it ({UNSUPPORTED_LIBRARY})",
-                e.pos,
-            )
-            return
         self._error(f"undeclared reference to '{name}' (in container '')", e.pos)
 
     def _resolve(self, e: ast.Call, name: str, overloads: list[Overload], target: ast.Expr | None) -> None:

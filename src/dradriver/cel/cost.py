@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
+from dradriver.cel.namedformat import MAX_FORMAT_SIZE, MAX_NAME_FORMAT_REGEX_SIZE
 
 MAX = 2**64 - 1
 _TWO_TO_64 = math.ldexp(1.0, 64)
@@ -574,12 +575,18 @@ class Coster:
             return CallEstimate(cost)
         if function in ("quantity", "isQuantity", "semver", "isSemver") and args:
             return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
+        if function == "validate" and target is not None and args:
+            # Kubernetes estimates every format with the largest regex it allows.
+            size = self.estimate_size(args[0]).factor(STRING_TRAVERSAL)
+            return CallEstimate(size.factor(MAX_NAME_FORMAT_REGEX_SIZE * REGEX_LENGTH))
         if function == "_==_" and len(args) == 2 and args[0].type == args[1].type:
             kind, name = args[0].type.kind, args[0].type.name
             if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.CIDR")) or (
                 kind is t.Kind.STRUCT and name in ("kubernetes.Quantity", "kubernetes.Semver")
             ):
                 return CallEstimate(ONE)
+            if kind is t.Kind.STRUCT and name == "kubernetes.NamedFormat":
+                return CallEstimate(Estimate(1, MAX_FORMAT_SIZE).factor(STRING_TRAVERSAL))
             if kind is t.Kind.STRUCT and name == "kubernetes.URL":
                 # Kubernetes takes both sides' size from the right-hand operand.
                 size = args[1].computed or Estimate(1, 1)

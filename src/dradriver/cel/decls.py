@@ -2,7 +2,7 @@
 
 Every function the Kubernetes DRA environment offers is declared here with the overloads cel-go
 declares (common/stdlib/standard.go, ext/strings.go v2, ext/sets.go, ext/lists.go v3, and
-k8s.io/apiserver pkg/cel/library: lists.go, regex.go, quantity.go, semverlib.go). The checker
+k8s.io/apiserver pkg/cel/library: lists.go, regex.go, quantity.go, semverlib.go, format.go). The checker
 resolves calls against these signatures; at runtime one implementation per function
 (`functions.RUNTIME`) dispatches on the Python types of its arguments, which is where `dyn`
 values meet their real type.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dradriver.cel import types as t
+from dradriver.cel.namedformat import FORMATS
 
 
 @dataclass(frozen=True)
@@ -404,6 +405,10 @@ def declarations() -> dict[str, list[Overload]]:
         "getEscapedPath": [ov("url_get_escaped_path", [t.URL], t.STRING, member=True)],
         "getQuery": [ov("url_get_query", [t.URL], t.map_of(t.STRING, STRING_LIST), member=True)],
         "isURL": [ov("is_url_string", [t.STRING], t.BOOL)],
+        # -- kubernetes named-format library ------------------------------------------------------
+        "format.named": [ov("format-named", [t.STRING], t.optional_of(t.FORMAT))],
+        "validate": [ov("format-validate", [t.FORMAT, t.STRING], t.optional_of(STRING_LIST), member=True)],
+        **{f"format.{key}": [ov(f"format.{key}", [], t.FORMAT)] for key in FORMATS},
     }
     for getter in TIMESTAMP_GETTERS:
         d[getter] = _getter_overloads(getter)
@@ -413,16 +418,3 @@ def declarations() -> dict[str, list[Overload]]:
 # Declared for new selectors only with DRAListTypeAttributes (off in 1.36); the scheduler's
 # environment for stored selectors always has them.
 GATED_FUNCTIONS = frozenset({"includes"})
-
-# What the compile error below names as unsupported: the Kubernetes named-format library.
-UNSUPPORTED_LIBRARY = "Kubernetes' named-format library"
-
-# Functions of the Kubernetes CEL base environment that dradriver does not evaluate. Using one
-# is a compile error from us (never a silent false), worded so that nobody mistakes it for an
-# error Kubernetes would report.
-UNSUPPORTED_FUNCTIONS = frozenset(
-    {
-        "format.named",
-        "validate",
-    }
-)

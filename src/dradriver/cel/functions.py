@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dradriver.cel import formatting, network, times, urls
+from dradriver.cel import formatting, namedformat, network, times, urls
 from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
 from dradriver.cel.decls import TIMESTAMP_GETTERS
 from dradriver.cel.errors import CostLimitError, EvalError
@@ -1229,6 +1229,9 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "getPort": (urls.get_port, None),
     "getEscapedPath": (urls.get_escaped_path, None),
     "getQuery": (urls.get_query, None),
+    "format.named": (namedformat.named, None),
+    "validate": (namedformat.validate, namedformat.validate_cost),
+    **{f"format.{key}": (namedformat.constant(key), None) for key in namedformat.FORMATS},
     "optional.of": (optional_of, None),
     "optional.ofNonZeroValue": (optional_of_non_zero_value, None),
     "optional.none": (optional_none, None),

@@ -102,6 +102,7 @@ OPTIONAL_NAME = "optional_type"
 QUANTITY = Type(Kind.STRUCT, "kubernetes.Quantity")
 SEMVER = Type(Kind.STRUCT, "kubernetes.Semver")
 URL = Type(Kind.STRUCT, "kubernetes.URL")
+FORMAT = Type(Kind.STRUCT, "kubernetes.NamedFormat")
 IP = Type(Kind.OPAQUE, "net.IP")
 CIDR = Type(Kind.OPAQUE, "net.CIDR")
 

@@ -354,6 +354,15 @@ def is_url(value: Any) -> bool:
     return True
 
 
+def request_uri_error(raw: str) -> str | None:
+    """The error string of Go's url.ParseRequestURI(raw), or None when it parses."""
+    try:
+        _parse(raw, via_request=True)
+    except URLError as err:
+        return f"parse {go_quote(raw)}: {err}"
+    return None
+
+
 def get_scheme(value: Any) -> str:
     return expect(value, URL).scheme
 

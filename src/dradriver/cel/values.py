@@ -343,6 +343,7 @@ _GO_TYPES = {
     "net.IP": "cel.IP",
     "net.CIDR": "cel.CIDR",
     "kubernetes.URL": "cel.URL",
+    "kubernetes.NamedFormat": "cel.Format",
 }
 
 
