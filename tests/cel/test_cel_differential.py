@@ -138,6 +138,11 @@ def _report() -> Any:
         Path(REPORT).write_text(json.dumps({"seed": SEED, "examples": EXAMPLES, **counts}) + "\n")
 
 
+#: An index out of range on gpu-0 (minor 0): a runtime error for the regression examples below.
+FAILS = '"".substring(device.attributes["gpu.dradriver.dev"].minor + 1)'
+NAME = 'device.attributes["gpu.dradriver.dev"].productName'
+
+
 @pytest.mark.timeout(1800)
 @seed(SEED)
 @settings(
@@ -157,6 +162,26 @@ def _report() -> Any:
 @example(expression='has(device.attributes["resource.kubernetes.io"]["pciBusID"]))', device_indexes=[0])
 @example(expression="has(a[1]) ) && has(b[1]", device_indexes=[0])
 @example(expression="(has(a[1]) &&", device_indexes=[0])
+# `in` over dyn(...): several candidate overloads, so no set-membership plan; one unit.
+@example(expression="1 in dyn([1])", device_indexes=[0])
+@example(expression='quantity("1") in dyn([1])', device_indexes=[0])
+# The element of `x in []` is planned all the same: a failing constant conversion inside it fails.
+@example(expression='(double("") + 0.0) in []', device_indexes=[0])
+# A conversion of a constant map literal is folded while planning.
+@example(expression='"a" in dyn({"a": 1})', device_indexes=[0])
+@example(expression='type({"a": 1}) == map', device_indexes=[0])
+# evalVarArgs (precompiled regex, three arguments, format, dynamic dispatch) stops at an
+# argument's error and its call is not charged; `&&`/`||` absorb the error.
+@example(expression=FAILS + '.matches("^NVIDIA") && false', device_indexes=[0])
+@example(expression=FAILS + '.matches("^NVIDIA") || true', device_indexes=[0])
+@example(expression=FAILS + '.find("x") == "" || true', device_indexes=[0])
+@example(expression=FAILS + '.replace("a", "b") == "" || true', device_indexes=[0])
+@example(expression=FAILS + '.format([]) == "" || true', device_indexes=[0])
+@example(expression=f"cidr({FAILS}).containsIP({NAME}) || true", device_indexes=[0])
+@example(expression=f"dyn({FAILS}).indexOf({NAME}) == 0 || true", device_indexes=[0])
+# A list or map literal is charged even when one of its elements fails.
+@example(expression=f'["a", {FAILS}].size() == 0 || true', device_indexes=[0])
+@example(expression=f'{{"a": {FAILS}}}.size() == 0 || true', device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

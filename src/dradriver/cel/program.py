@@ -251,7 +251,12 @@ class Compiler:
         elif isinstance(e, ast.Call) and e.target is None and len(e.args) == 1:
             name = self.check.qualified_calls.get(e, e.function.removeprefix("."))
             argument = self.constant(e.args[0]) if name in _CONVERSIONS and name in RUNTIME else _NOT_CONSTANT
-            if argument is not _NOT_CONSTANT and not isinstance(argument, _ConstantMap):
+            if isinstance(argument, _ConstantMap) and argument.error is None:
+                # A conversion of a constant map literal folds too: dyn() to that map itself.
+                argument = argument if name == "dyn" else argument.value
+            if isinstance(argument, _ConstantMap):
+                value = argument if name == "dyn" and argument.error is None else _NOT_CONSTANT
+            elif argument is not _NOT_CONSTANT:
                 try:
                     value = RUNTIME[name][0](argument)
                 except EvalError as err:
@@ -492,7 +497,7 @@ class Compiler:
         if special is not None:
             return special(e, args)
         if name == ast.IN and len(args) == 2:
-            membership = self._set_membership(args)
+            membership = self._set_membership(e, args)
             if membership is not None:
                 return membership
         impl, cost_fn = RUNTIME[name]
@@ -515,6 +520,13 @@ class Compiler:
             return _folded(impl, cost_fn, constants)
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None
+        if (
+            len(compiled) >= 3
+            or name in _FUNCTION_BOUND
+            or (len(self.check.overloads.get(e, [])) > 1 and not _singleton_bound(name))
+            or (name in _REGEX_OPTIMIZED and len(args) == 2 and isinstance(self.constant(args[1]), str))
+        ):
+            return _varargs(impl, cost_fn, compiled)
         if len(compiled) == 1 and not sized:
             (only,) = compiled
 
@@ -548,13 +560,18 @@ class Compiler:
 
         return _charging_errors(call, compiled, cost_fn)
 
-    def _set_membership(self, args: list[ast.Expr]) -> Eval | None:
+    def _set_membership(self, e: ast.Call, args: list[ast.Expr]) -> Eval | None:
         """maybeOptimizeSetMembership: `x in [constants]` is false for an empty list (x is never
         evaluated) and a hash lookup, free of cost, for a list of primitives. The element is
-        planned first all the same, so a constant conversion that fails still fails the plan."""
-        self.constant(args[0])
+        planned first all the same (the whole of it), so a constant conversion that fails anywhere
+        in it still fails the plan. Only a call the checker resolved to the one overload in_list
+        qualifies: `x in dyn([1])` (in_list or in_map) is dispatched at run time and costs one
+        unit like any call."""
+        element = self.compile(args[0])
         items = self.constant(args[1])
         if items is _NOT_CONSTANT or not is_list(items):
+            return None
+        if [overload.id for overload in self.check.overloads.get(e, [])] != ["in_list"]:
             return None
         if not items:
             return lambda _a: False
@@ -563,7 +580,6 @@ class Compiler:
             if type(item) not in (bool, int, UInt, float, str):
                 return None
             keys.update(_membership_keys(item))
-        element = self.compile(args[0])
 
         def membership(a: Activation) -> bool:
             value = element(a)
@@ -734,17 +750,14 @@ class Compiler:
                             continue
                         value = value.value
                     out.append(value)
-                a.cost += LIST_CREATE_COST
                 return tuple(out)
 
-            return make_optional_list
+            return _charging_constructor(make_optional_list, LIST_CREATE_COST)
 
         def make_list(a: Activation) -> tuple[Any, ...]:
-            out = tuple(el(a) for el in elements)
-            a.cost += LIST_CREATE_COST
-            return out
+            return tuple(el(a) for el in elements)
 
-        return make_list
+        return _charging_constructor(make_list, LIST_CREATE_COST)
 
     def _map(self, e: ast.MapExpr) -> Eval:
         entries = [(self.compile(k), self.compile(v)) for k, v in e.entries]
@@ -768,10 +781,9 @@ class Compiler:
                         continue
                     value = value.value
                 out[key] = value
-            a.cost += MAP_CREATE_COST
             return out
 
-        return make_map
+        return _charging_constructor(make_map, MAP_CREATE_COST)
 
     # -- comprehensions -------------------------------------------------------------------------------
 
@@ -934,6 +946,72 @@ def _folded(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None
         return value
 
     return constant
+
+
+#: Two-argument functions Kubernetes binds with a FunctionOp only: cel-go plans them as evalVarArgs.
+_FUNCTION_BOUND = frozenset({"format"})
+
+
+def _singleton_bound(name: str) -> bool:
+    """cel-go's standard operators and functions are bound once for all their overloads
+    (SingletonUnaryBinding/SingletonBinaryBinding). An extension function whose call the checker
+    could not resolve to one overload is instead planned with the FunctionDecl's dynamic
+    dispatcher, which has only a FunctionOp: an evalVarArgs."""
+    return name.startswith(("_", "@", "!")) or name in _STDLIB_SINGLETONS
+
+
+_STDLIB_SINGLETONS = frozenset({"contains", "startsWith", "endsWith", "matches", "size", *_CONVERSIONS})
+#: Calls OptOptimize (matches) and Kubernetes' ExtensionLibRegexOptimizations (find, findAll)
+#: replace, for a constant pattern, with a precompiled evalVarArgs.
+_REGEX_OPTIMIZED = frozenset({"matches", "find", "findAll"})
+
+
+def _charge(a: Activation, cost_fn: Callable[[list[Any]], int] | None, values: list[Any]) -> None:
+    try:
+        a.cost += 1 if cost_fn is None else cost_fn(values)
+    except (TypeError, AttributeError, EvalError):
+        a.cost += 1
+
+
+def _varargs(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None, args: list[Eval]) -> Eval:
+    """cel-go's evalVarArgs (three or more arguments, a FunctionOp-only binding, a precompiled
+    regex): the arguments are evaluated in order and the first error is returned at once. The
+    observer charges a call only when every argument's value is on its stack, so an error in an
+    argument other than the last leaves the call (and the arguments after it) uncharged."""
+    last = len(args) - 1
+
+    def call(a: Activation) -> Any:
+        values: list[Any] = []
+        for i, arg in enumerate(args):
+            try:
+                values.append(arg(a))
+            except EvalError:
+                if i == last:
+                    _charge(a, cost_fn, [*values, None])
+                raise
+        # Charged before the call, so that work the budget forbids is never started.
+        _charge(a, cost_fn, values)
+        check_budget(a)
+        return impl(*values)
+
+    return call
+
+
+def _charging_constructor(build: Eval, cost: int) -> Eval:
+    """A list or map literal (evalList, evalMap): the elements are evaluated in order and the
+    first error ends the evaluation, but the observer charges the literal's base cost whatever
+    value (an error included) it produced."""
+
+    def construct(a: Activation) -> Any:
+        try:
+            value = build(a)
+        except EvalError:
+            a.cost += cost
+            raise
+        a.cost += cost
+        return value
+
+    return construct
 
 
 def _charging_errors(fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]], int] | None) -> Eval:
