@@ -141,6 +141,7 @@ def _report() -> Any:
 #: An index out of range on gpu-0 (minor 0): a runtime error for the regression examples below.
 FAILS = '"".substring(device.attributes["gpu.dradriver.dev"].minor + 1)'
 NAME = 'device.attributes["gpu.dradriver.dev"].productName'
+ATTRS = 'device.attributes["gpu.dradriver.dev"].'
 
 
 @pytest.mark.timeout(1800)
@@ -182,6 +183,38 @@ NAME = 'device.attributes["gpu.dradriver.dev"].productName'
 # A list or map literal is charged even when one of its elements fails.
 @example(expression=f'["a", {FAILS}].size() == 0 || true', device_indexes=[0])
 @example(expression=f'{{"a": {FAILS}}}.size() == 0 || true', device_indexes=[0])
+# A cost priced by the call's result (join, slice, lists.range) counts an error result as size 1;
+# containsIP/containsCIDR add the parse of the argument for the `_string` overload id only.
+@example(expression=f'["a", "b", "c", "d", "e", "f", "g"].join({FAILS}) == "" || true', device_indexes=[0])
+@example(expression=f'[{FAILS}].join(",") == "" || true', device_indexes=[0])
+@example(expression=f'cidr("10.0.0.0/8").containsIP({FAILS}) || true', device_indexes=[0])
+@example(expression=f'cidr("10.0.0.0/8").containsCIDR({FAILS}) || true', device_indexes=[0])
+@example(expression='cidr("::/128").containsIP(dyn("::1")) || true', device_indexes=[0])
+@example(expression=f"[1, 2].slice(0, {FAILS}.size()) == [] || true", device_indexes=[0])
+@example(expression="[1, 2].slice(0, 5) == [] || true", device_indexes=[0])
+@example(expression=f"lists.range({FAILS}.size()) == [] || true", device_indexes=[0])
+# sort's cost tracker is registered per overload id: a call on dyn elements costs one unit.
+@example(expression=f"[{NAME}, {NAME}].sort() == [] || true", device_indexes=[0])
+# A map literal takes keys of any type, each type apart (Go map); a double finds an int or uint key.
+@example(expression="{dyn(1.0): 1}[dyn(1.0)] == 1", device_indexes=[0])
+@example(expression="dyn(1.0) in {dyn(1.0): 1}", device_indexes=[0])
+@example(expression="{dyn(1.0): 1}.size() == 1", device_indexes=[0])
+@example(expression="{dyn(1.0): 1, dyn(1): 2}.size() == 2", device_indexes=[0])
+@example(expression="{dyn(1.0): 1, dyn(1): 2}[1] == 2", device_indexes=[0])
+@example(expression="{dyn(1.0): 1}[1] == 1 || true", device_indexes=[0])
+@example(expression="{dyn(1): 1}[dyn(2u)] == 1", device_indexes=[0])
+@example(expression="{dyn(true): 1, dyn(1): 2, dyn(1u): 3}.size() == 3", device_indexes=[0])
+@example(expression="{dyn(1.0): 1} == {1: 1} && {1: 1} != {dyn(1.0): 1}", device_indexes=[0])
+@example(expression="has({1: 1}.x)", device_indexes=[0])
+# ext lists' cost trackers assert a list (or an int) on an error argument: a Go panic, which
+# no operator absorbs, and the call is not charged.
+@example(expression=f"0 in [{ATTRS}computeMajor, {ATTRS}parentMinor].distinct()", device_indexes=[0])
+@example(expression=f"[{FAILS}].sort() == [] || true", device_indexes=[0])
+@example(expression=f"[3, 1].sortBy(x, {FAILS}.size()) == [] || true", device_indexes=[0])
+@example(expression=f"[[1]].flatten({FAILS}.size()) == [] || true", device_indexes=[0])
+@example(expression=f"[1].exists(x, [{FAILS}].distinct() == [])", device_indexes=[0])
+@example(expression=f"dyn({FAILS}).sort() == [] || true", device_indexes=[0])
+@example(expression=f"[{FAILS}].reverse() == [] || true", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

@@ -44,3 +44,14 @@ class EvalError(Exception):
 
 class CostLimitError(Exception):
     """Aborts the whole evaluation at once; unlike EvalError no operator can absorb it."""
+
+
+class InternalError(Exception):
+    """A Go panic that cel-go recovers at the top of the evaluation ("internal error: ..."): it
+    ends the whole evaluation, and unlike EvalError no operator can absorb it."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

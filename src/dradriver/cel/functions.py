@@ -16,8 +16,8 @@ from typing import Any, cast
 
 from dradriver.cel import formatting, namedformat, network, times, urls
 from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
-from dradriver.cel.decls import TIMESTAMP_GETTERS
-from dradriver.cel.errors import CostLimitError, EvalError
+from dradriver.cel.decls import SORTABLE, TIMESTAMP_GETTERS
+from dradriver.cel.errors import CostLimitError, EvalError, InternalError
 from dradriver.cel.semver import Semver, SemverError
 from dradriver.cel.values import (
     INT64_MAX,
@@ -1120,6 +1120,35 @@ def _int_arg(args: Sequence[Any], index: int, default: int = 0) -> int:
     return args[index] if len(args) > index and type(args[index]) is int else default
 
 
+class _ErrorArgument:
+    """An argument that evaluated to an error, as the cost tracker sees it: not a Sizer, so of
+    size 1 (actualSize), and not a list or an int to the trackers that assert one."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<error>"
+
+
+ERROR_ARGUMENT = _ErrorArgument()
+#: What a Go panic says when a cost tracker asserts a list (traits.Lister) on an error value.
+_NOT_A_LISTER = "internal error: interface conversion: *types.Err is not traits.Lister: missing method Add"
+_NOT_AN_INT = "internal error: interface conversion: ref.Val is *types.Err, not types.Int"
+
+
+def _lister(value: Any) -> Any:
+    """ext lists' cost trackers assert args[i].(traits.Lister): on an error that panics."""
+    if value is ERROR_ARGUMENT:
+        raise InternalError(_NOT_A_LISTER)
+    return value
+
+
+def _flatten_cost(args: Sequence[Any]) -> int:
+    if len(args) > 1 and args[1] is ERROR_ARGUMENT:
+        raise InternalError(_NOT_AN_INT)
+    return _allocating(size_of(args[0]), _int_arg(args, 1, 1))
+
+
 def _self_compare(items: Any) -> int:
     """ext lists trackListSelfCompare: worst-case n**2 comparisons."""
     n = size_of(items) if is_list(items) else 0
@@ -1175,12 +1204,12 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "max": (list_max, _receiver_traversal),
     "min": (list_min, _receiver_traversal),
     "slice": (list_slice, lambda args: _allocating(max(_int_arg(args, 2) - _int_arg(args, 1), 0))),
-    "flatten": (flatten, lambda args: _allocating(size_of(args[0]), _int_arg(args, 1, 1))),
-    "sort": (sort, lambda args: _self_compare(args[0])),
-    "@sortByAssociatedKeys": (sort_by_keys, lambda args: _self_compare(args[1])),
+    "flatten": (flatten, _flatten_cost),
+    "sort": (sort, lambda args: _self_compare(_lister(args[0]))),
+    "@sortByAssociatedKeys": (sort_by_keys, lambda args: _self_compare(_lister(args[1]))),
     "lists.range": (lists_range, lambda args: _allocating(max(_int_arg(args, 0), 0))),
     "reverse": (reverse, lambda args: _allocating(size_of(args[0]))),
-    "distinct": (distinct, lambda args: _self_compare(args[0])),
+    "distinct": (distinct, lambda args: _self_compare(_lister(args[0]))),
     "cel.@mapInsert": (map_insert, None),
     "sets.contains": (sets_contains, _sets(1)),
     "sets.equivalent": (sets_equivalent, _sets(2)),
@@ -1324,10 +1353,33 @@ OVERLOAD_COSTS: dict[str, CostFn] = {
     "contains_string": _contains,
     "matches_string": _regex,
 }
+# ext lists registers these trackers per overload id: a call on dyn elements has none.
+for _kind, _ in SORTABLE:
+    OVERLOAD_COSTS[f"list_{_kind}_sort"] = cast("CostFn", _IMPLEMENTATIONS["sort"][1])
+    OVERLOAD_COSTS[f"list_{_kind}_sortByAssociatedKeys"] = cast(
+        "CostFn", _IMPLEMENTATIONS["@sortByAssociatedKeys"][1]
+    )
+# Kubernetes' CallCost adds the parse of a string argument for the `_string` overload id only.
+OVERLOAD_COSTS["cidr_contains_ip_string"] = lambda args: network.contains_cost(args, of_cidr=False)
+OVERLOAD_COSTS["cidr_contains_ip_ip"] = lambda args: network.contains_cost(args, of_cidr=False, parse=False)
+OVERLOAD_COSTS["cidr_contains_cidr_string"] = lambda args: network.contains_cost(args, of_cidr=True)
+OVERLOAD_COSTS["cidr_contains_cidr"] = lambda args: network.contains_cost(args, of_cidr=True, parse=False)
 OVERLOAD_PRICED = frozenset(
     {"_+_", "_<_", "_<=_", "_>_", "_>=_", "@in", "bytes", "string", "startsWith", "endsWith"}
 )
-OVERLOAD_PRICED |= {"contains", "matches"}
+OVERLOAD_PRICED |= {"contains", "matches", "sort", "@sortByAssociatedKeys", "containsIP", "containsCIDR"}
+#: The cost of a call in OVERLOAD_PRICED whose overload the checker left open (no overload id).
+UNRESOLVED_COSTS: dict[str, CostFn] = {
+    "containsIP": lambda args: network.contains_cost(args, of_cidr=False, parse=False),
+    "containsCIDR": lambda args: network.contains_cost(args, of_cidr=True, parse=False),
+}
+#: The cost of a call whose result is an error, for the functions priced by their result's size
+#: (Kubernetes' join, ext lists' slice and lists.range): an error is of size 1.
+ERROR_RESULT_COSTS: dict[str, int] = {
+    "join": math.ceil(2 * STRING_TRAVERSAL_COST_FACTOR),
+    "slice": _allocating(1),
+    "lists.range": _allocating(1),
+}
 
 # Functions whose cost depends on their arguments; evaluation checks the budget before running them.
 SIZED = frozenset(name for name, (_, cost) in RUNTIME.items() if cost is not None) | OVERLOAD_PRICED

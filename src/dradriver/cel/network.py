@@ -394,11 +394,13 @@ def ip_cost(args: Any) -> int:
     return 1 if type(args[0]) is CIDR else _traversal(args[0])
 
 
-def contains_cost(args: Any, *, of_cidr: bool) -> int:
+def contains_cost(args: Any, *, of_cidr: bool, parse: bool = True) -> int:
+    """`parse`: the call's overload id is the `_string` one, whose argument is parsed (and sized
+    as 1 when it is an error)."""
     network = _size(args[0])
     cost = math.ceil(2 * network * STRING_TRAVERSAL_COST_FACTOR)
     if of_cidr:
         cost += math.ceil(network * STRING_TRAVERSAL_COST_FACTOR) + 1
-    if type(args[1]) is str:
+    if parse:
         cost += _traversal(args[1])
     return cost

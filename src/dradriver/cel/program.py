@@ -22,11 +22,14 @@ from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.functions import (
+    ERROR_ARGUMENT,
+    ERROR_RESULT_COSTS,
     OVERLOAD_COSTS,
     OVERLOAD_PRICED,
     RUNTIME,
     SIZED,
     STRING_TRAVERSAL_COST_FACTOR,
+    UNRESOLVED_COSTS,
     bound,
     compile_regex,
     matches,
@@ -40,6 +43,7 @@ from dradriver.cel.values import (
     Optional,
     TypeValue,
     UInt,
+    build_map,
     equal,
     format_value,
     is_list,
@@ -118,7 +122,8 @@ def index_value(obj: Any, key: Any) -> Any:
             return value
         if type(obj) is DefaultingMap:
             return EMPTY_MAP
-        raise EvalError(f"no such key: {format_value(key)}")
+        # Go's %v of a types.Uint: the bare number.
+        raise EvalError(f"no such key: {int(key) if type(key) is UInt else format_value(key)}")
     if is_list(obj):
         tk = type(key)
         if tk is int or tk is UInt:
@@ -245,7 +250,7 @@ class Compiler:
             if all(item is not _NOT_CONSTANT for item in items):
                 value = tuple(items)
         elif isinstance(e, ast.MapExpr) and not e.optional_entries:
-            pairs = [(self.constant(k), self._nested_constant(v)) for k, v in e.entries]
+            pairs = [(self._nested_constant(k), self._nested_constant(v)) for k, v in e.entries]
             if all(k is not _NOT_CONSTANT and v is not _NOT_CONSTANT for k, v in pairs):
                 value = _ConstantMap(pairs)
         elif isinstance(e, ast.Call) and e.target is None and len(e.args) == 1:
@@ -428,10 +433,20 @@ class Compiler:
             operand = self.compile(e.operand)
             name = e.field
 
-            def presence(a: Activation) -> bool:
-                return has_field(operand(a), name)
+            if self.attribute_shaped(e.operand):
 
-            return presence
+                def presence(a: Activation) -> bool:
+                    return has_field(operand(a), name)
+
+                return presence
+
+            def relative_presence(a: Activation) -> bool:
+                # A field test on a call's (or literal's) result is a relative attribute: one unit.
+                obj = operand(a)
+                a.cost += 1
+                return has_field(obj, name)
+
+            return relative_presence
         if t.unwrap_optional(self.check.types[e.operand])[1]:
             return self._qualifier(e, e.operand, None, (True, e.field, False))
         fused = self._fused_path(e)
@@ -503,7 +518,7 @@ class Compiler:
         impl, cost_fn = RUNTIME[name]
         if name in OVERLOAD_PRICED:
             ids = [overload.id for overload in self.check.overloads.get(e, [])]
-            cost_fn = OVERLOAD_COSTS.get(ids[0]) if len(ids) == 1 else None
+            cost_fn = OVERLOAD_COSTS.get(ids[0]) if len(ids) == 1 else UNRESOLVED_COSTS.get(name)
         if name == "sum":
             impl = _typed_sum(self.check.overloads.get(e, []))
         if name in ("matches", "find", "findAll") and len(args) == 2 and isinstance(args[1], ast.Literal):
@@ -520,13 +535,14 @@ class Compiler:
             return _folded(impl, cost_fn, constants)
         compiled = [self.compile(arg) for arg in args]
         sized = name in SIZED and cost_fn is not None
+        error_cost = ERROR_RESULT_COSTS.get(name)
         if (
             len(compiled) >= 3
             or name in _FUNCTION_BOUND
             or (len(self.check.overloads.get(e, [])) > 1 and not _singleton_bound(name))
             or (name in _REGEX_OPTIMIZED and len(args) == 2 and isinstance(self.constant(args[1]), str))
         ):
-            return _varargs(impl, cost_fn, compiled)
+            return _varargs(impl, cost_fn, compiled, error_cost)
         if len(compiled) == 1 and not sized:
             (only,) = compiled
 
@@ -558,7 +574,7 @@ class Compiler:
                 check_budget(a)
             return impl(*values)
 
-        return _charging_errors(call, compiled, cost_fn)
+        return _charging_errors(call, compiled, cost_fn, error_cost)
 
     def _set_membership(self, e: ast.Call, args: list[ast.Expr]) -> Eval | None:
         """maybeOptimizeSetMembership: `x in [constants]` is false for an empty list (x is never
@@ -764,13 +780,11 @@ class Compiler:
 
         optional = [i in e.optional_entries for i in range(len(entries))]
 
-        def make_map(a: Activation) -> dict[Any, Any]:
-            out: dict[Any, Any] = {}
+        def make_map(a: Activation) -> Mapping[Any, Any]:
+            out: list[tuple[Any, Any]] = []
             for (key_fn, value_fn), is_optional in zip(entries, optional, strict=True):
                 key = key_fn(a)
                 value = value_fn(a)
-                if type(key) not in (str, int, UInt, bool):
-                    raise EvalError(f"unsupported key type: {_runtime_type(key)}")
                 if is_optional:
                     if type(value) is not Optional:
                         raise EvalError(
@@ -780,8 +794,8 @@ class Compiler:
                     if not value.has_value:
                         continue
                     value = value.value
-                out[key] = value
-            return out
+                out.append((key, value))
+            return build_map(out)
 
         return _charging_constructor(make_map, MAP_CREATE_COST)
 
@@ -860,18 +874,11 @@ class Compiler:
 
 
 class _ConstantMap:
-    """A map literal of constants, built once while planning; invalid keys stay an error value."""
+    """A map literal of constants, built once while planning."""
 
     def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
-        self.value: dict[Any, Any] | None = None
+        self.value: Mapping[Any, Any] | None = build_map(pairs)
         self.error: str | None = None
-        out: dict[Any, Any] = {}
-        for key, value in pairs:
-            if type(key) not in (str, int, UInt, bool):
-                self.error = f"unsupported key type: {_runtime_type(key)}"
-                return
-            out[key] = value
-        self.value = out
 
     def evaluation(self) -> Eval:
         value, error = self.value, self.error
@@ -973,11 +980,17 @@ def _charge(a: Activation, cost_fn: Callable[[list[Any]], int] | None, values: l
         a.cost += 1
 
 
-def _varargs(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | None, args: list[Eval]) -> Eval:
+def _varargs(
+    impl: Callable[..., Any],
+    cost_fn: Callable[[list[Any]], int] | None,
+    args: list[Eval],
+    error_cost: int | None = None,
+) -> Eval:
     """cel-go's evalVarArgs (three or more arguments, a FunctionOp-only binding, a precompiled
     regex): the arguments are evaluated in order and the first error is returned at once. The
     observer charges a call only when every argument's value is on its stack, so an error in an
-    argument other than the last leaves the call (and the arguments after it) uncharged."""
+    argument other than the last leaves the call (and the arguments after it) uncharged.
+    `error_cost`: the call's cost when its result is an error (a cost priced by the result)."""
     last = len(args) - 1
 
     def call(a: Activation) -> Any:
@@ -987,12 +1000,22 @@ def _varargs(impl: Callable[..., Any], cost_fn: Callable[[list[Any]], int] | Non
                 values.append(arg(a))
             except EvalError:
                 if i == last:
-                    _charge(a, cost_fn, [*values, None])
+                    if error_cost is None:
+                        _charge(a, cost_fn, [*values, ERROR_ARGUMENT])
+                    else:
+                        a.cost += error_cost
                 raise
         # Charged before the call, so that work the budget forbids is never started.
+        before = a.cost
         _charge(a, cost_fn, values)
         check_budget(a)
-        return impl(*values)
+        if error_cost is None:
+            return impl(*values)
+        try:
+            return impl(*values)
+        except EvalError:
+            a.cost = before + error_cost
+            raise
 
     return call
 
@@ -1014,11 +1037,14 @@ def _charging_constructor(build: Eval, cost: int) -> Eval:
     return construct
 
 
-def _charging_errors(fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]], int] | None) -> Eval:
+def _charging_errors(
+    fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]], int] | None, error_cost: int | None = None
+) -> Eval:
     """cel-go evaluates every argument of a strict call and charges the call even when an argument
-    or the call itself fails (an error value counts as size 1); then the first error is returned.
-    `fast` handles the common case; after an error the arguments are evaluated again (they are
-    pure) to spend exactly what cel-go spends."""
+    or the call itself fails (an error value counts as size 1, and a call priced by its result's
+    size costs `error_cost`); then the first error is returned. `fast` handles the common case;
+    after an error the arguments are evaluated again (they are pure) to spend exactly what cel-go
+    spends. A cost tracker that asserts a type on an error argument panics (InternalError)."""
 
     def evaluate(a: Activation) -> Any:
         cost = a.cost
@@ -1033,11 +1059,14 @@ def _charging_errors(fast: Eval, args: list[Eval], cost_fn: Callable[[list[Any]]
                     values.append(arg(a))
                 except EvalError as err:
                     error = error or err
-                    values.append(None)
-            try:
-                a.cost += 1 if cost_fn is None else cost_fn(values)
-            except (TypeError, AttributeError, EvalError):
-                a.cost += 1
+                    values.append(ERROR_ARGUMENT)
+            if error_cost is not None:
+                a.cost += error_cost
+            else:
+                try:
+                    a.cost += 1 if cost_fn is None else cost_fn(values)
+                except (TypeError, AttributeError, EvalError):
+                    a.cost += 1
             raise (error or failure) from None
 
     return evaluate

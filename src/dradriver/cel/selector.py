@@ -30,6 +30,7 @@ from dradriver.cel.errors import (
     CELRuntimeError,
     CostLimitError,
     EvalError,
+    InternalError,
 )
 from dradriver.cel.functions import RUNTIME, compile_regex
 from dradriver.cel.parser import format_issue, parse
@@ -111,6 +112,8 @@ class Selector:
             raise CELRuntimeError(err.message) from None
         except CostLimitError:
             raise CELRuntimeError(COST_LIMIT_MESSAGE) from None
+        except InternalError as err:
+            raise CELRuntimeError(err.message) from None
         except RecursionError:
             raise CELRuntimeError("evaluation nests too deeply") from None
         if act.cost > act.limit:

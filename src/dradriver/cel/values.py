@@ -9,10 +9,10 @@ across types, Quantity vs string errors instead of being unequal).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from dradriver.cel import times
 from dradriver.cel.errors import EvalError
@@ -181,6 +181,8 @@ def _numeric_equal(a: int | float, b: int | float) -> bool:
 
 
 _NUMERIC = (int, UInt, float)
+#: Key types Go compares by value; other keys (lists, maps, quantities) are pointers.
+_VALUE_KEYS: tuple[type, ...] = (times.Timestamp, times.Duration, TypeValue, type(None))
 
 
 def equal(a: object, b: object) -> bool:
@@ -267,7 +269,8 @@ def _map_equal(a: dict[Any, Any], b: object) -> bool:
 
 
 def map_find(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
-    """Look a key up the way cel-go's maps do: numeric keys match across int, uint and double."""
+    """Look a key up the way cel-go's maps do (refValMapAccessor.Find): the key itself first, then
+    a double as the int or uint it equals, an int as a uint and a uint as an int."""
     tk = type(key)
     if tk is str:
         if key in mapping:
@@ -279,14 +282,67 @@ def map_find(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
                 return True, value
         return False, None
     if tk in _NUMERIC:
-        if tk is float and not float(key).is_integer():  # type: ignore[arg-type]
-            return False, None
-        number = int(key)  # type: ignore[call-overload]
         for candidate, value in mapping.items():
-            if type(candidate) in (int, UInt) and int(candidate) == number:
+            if type(candidate) is tk and candidate == key:
                 return True, value
+        if tk is float:
+            if not float(key).is_integer():  # type: ignore[arg-type]
+                return False, None
+            others: tuple[type, ...] = (int, UInt)
+        else:
+            others = (UInt,) if tk is int else (int,)
+        number = int(key)  # type: ignore[call-overload]
+        for other in others:
+            for candidate, value in mapping.items():
+                if type(candidate) is other and int(cast("int", candidate)) == number:
+                    return True, value
         return False, None
+    if tk in _VALUE_KEYS:
+        for candidate, value in mapping.items():
+            if type(candidate) is tk and candidate == key:
+                return True, value
     return False, None
+
+
+class KeyedMap(Mapping[Any, Any]):
+    """A map literal whose keys are of several runtime types (`{dyn(1.0): 1, dyn(1): 2}`): cel-go
+    keeps them in a Go map, where keys of different types never collide (1, 1u, 1.0 and true are
+    four keys) and values that Go compares by pointer are distinct keys."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, pairs: Iterable[tuple[Any, Any]]) -> None:
+        self._entries: dict[Any, tuple[Any, Any]] = {}
+        for key, value in pairs:
+            self._entries[_slot(key)] = (key, value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._entries[_slot(key)][1]
+
+    def __iter__(self) -> Iterator[Any]:
+        return (key for key, _ in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _slot(key: Any) -> Any:
+    tk = type(key)
+    if tk is str:
+        return key
+    if tk is float and math.isnan(key):
+        return (tk, id(key))
+    if tk in _NUMERIC or tk is bool or tk in _VALUE_KEYS:
+        return (tk, key)
+    return (tk, id(key))
+
+
+def build_map(pairs: list[tuple[Any, Any]]) -> Mapping[Any, Any]:
+    """A map literal's value: a dict while its keys are of one plain type, else a KeyedMap."""
+    kinds = {type(key) for key, _ in pairs}
+    if len(kinds) <= 1 and kinds <= {str, int, UInt, bool}:
+        return dict(pairs)
+    return KeyedMap(pairs)
 
 
 def _compare_numbers(a: int | float, b: int | float) -> int:
