@@ -215,6 +215,58 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
 @example(expression=f"[1].exists(x, [{FAILS}].distinct() == [])", device_indexes=[0])
 @example(expression=f"dyn({FAILS}).sort() == [] || true", device_indexes=[0])
 @example(expression=f"[{FAILS}].reverse() == [] || true", device_indexes=[0])
+# has() over a chain is one attribute: a qualifier before the test that fails ends the charges.
+@example(expression=f"has({ATTRS}productName.x.y) || true", device_indexes=[0])
+@example(expression=f"has({ATTRS}productName.x.y.z) || true", device_indexes=[0])
+@example(expression=f"has({ATTRS}x.y) || true", device_indexes=[0])
+@example(expression=f'has({ATTRS}productName["x"].y) || true', device_indexes=[0])
+@example(expression=f"has(dyn({ATTRS}productName).x.y) || true", device_indexes=[0])
+@example(expression="has(device.attributes.x.y.z) || true", device_indexes=[0])
+@example(expression=f"has({ATTRS[:-1]}[string(1/0)].x) || true", device_indexes=[0])
+@example(
+    expression=f'has({ATTRS[:-1]}[has({ATTRS}productName.x.y) ? "a" : "b"].x) || true', device_indexes=[0]
+)
+@example(expression=f"{ATTRS}productName.x.y.z == 1 || true", device_indexes=[0])
+@example(expression=f'{ATTRS}productName["x"]["y"] == 1 || true', device_indexes=[0])
+@example(expression=f"has(dyn({FAILS}).x.y) || true", device_indexes=[0])
+@example(expression=f"has(dyn({ATTRS[:-1]})[{FAILS}].x) || true", device_indexes=[0])
+@example(expression=f"has({ATTRS}productName[{ATTRS}parentMinor].x) || true", device_indexes=[0])
+# A relative attribute (an index or field of a call's result) is charged when its operand fails.
+@example(expression=f"[][{ATTRS}parentMinor] == 1 || true", device_indexes=[0])
+@example(expression=f"[1][{FAILS}.size()] == 1 || true", device_indexes=[0])
+@example(expression=f"dyn({FAILS})[0] == 1 || true", device_indexes=[0])
+@example(expression=f"dyn({FAILS}).x == 1 || true", device_indexes=[0])
+@example(expression=f"{ATTRS}productName[0 + {ATTRS}parentMinor] == 1 || true", device_indexes=[0])
+@example(expression=f"[1][(true ? {ATTRS[:-1]} : {ATTRS[:-1]}).parentMinor] == 1 || true", device_indexes=[0])
+# A constant index of a type cel-go cannot qualify with fails when the program is planned.
+@example(expression='{dyn(duration("1s")): 1}[dyn(duration("1s"))] == 1', device_indexes=[0])
+@example(expression="{dyn(null): 1}[dyn(null)] == 1", device_indexes=[0])
+@example(expression="[1][dyn(null)] == 1", device_indexes=[0])
+@example(expression="{null: 1}[null] == 1", device_indexes=[0])
+@example(
+    expression='{timestamp("2020-01-01T00:00:00Z"): 1}[timestamp("2020-01-01T00:00:00Z")] == 1',
+    device_indexes=[0],
+)
+@example(expression='[1][dyn(bytes("a"))] == 1', device_indexes=[0])
+@example(expression="[1][dyn([1])] == 1 || true", device_indexes=[0])
+@example(expression="[1][dyn({1: 2})] == 1", device_indexes=[0])
+@example(expression="[1][dyn({[1]: 2})] == 1", device_indexes=[0])
+@example(expression="[1][dyn(int)] == 1", device_indexes=[0])
+@example(expression="[1][?dyn(null)] == optional.of(1)", device_indexes=[0])
+@example(expression="false && [1][dyn(null)] == 1", device_indexes=[0])
+# A key computed at run time of a type no qualifier takes; a uint index out of bounds.
+@example(expression=f"[1][dyn({ATTRS}driverVersion)] == 1", device_indexes=[0])
+@example(expression='{"a": 1}[dyn(device.capacity["gpu.dradriver.dev"].memory)] == 1', device_indexes=[0])
+@example(expression=f'{{"a": 1}}[?dyn({ATTRS}driverVersion)] == optional.none()', device_indexes=[0])
+@example(expression="[1][dyn(optional.of(1))] == 1", device_indexes=[0])
+@example(expression="[1, 2][dyn(5u)] == 1", device_indexes=[0])
+# A root-scoped name that is not declared is reported as written.
+@example(expression="[1][.minor] == 1", device_indexes=[0])
+# A conditional cut off before ':': cel-go's visitor still builds (and reports) its first branch.
+@example(expression=f'true ? has({ATTRS[:-1]}["pciBusID"])', device_indexes=[0])
+@example(expression=f'(true ? has({ATTRS[:-1]}["x"])', device_indexes=[0])
+@example(expression='true ? [has(a["b"])', device_indexes=[0])
+@example(expression=f'true ? false ? has({ATTRS[:-1]}["x"])', device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

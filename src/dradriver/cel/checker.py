@@ -175,7 +175,8 @@ class Checker:
         found = self._lookup_ident(name)
         if found is None:
             self._set(e, t.ERROR)
-            self._error(f"undeclared reference to '{name}' (in container '')", e.pos)
+            # A root-scoped name (`.x`) is reported as written.
+            self._error(f"undeclared reference to '{e.name}' (in container '')", e.pos)
             return
         ty, is_type = found
         if is_type:

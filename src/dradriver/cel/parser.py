@@ -273,6 +273,8 @@ def _end_position(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
+#: What completes a conditional whose ':' and second branch are missing (it reports nothing).
+_ELSE_BRANCH = " : true"
 #: How many shorter token prefixes are tried for a whole expression before a mismatched input.
 _MAX_PREFIX_TRIES = 64
 
@@ -405,7 +407,11 @@ def _whole_prefix(parser: Any, text: str, end: int) -> _Repair | None:
             opened.pop()
         prefixes.append((token.end_pos, "".join(reversed(opened))))
     for stop, closers in reversed(prefixes[-_MAX_PREFIX_TRIES:]):
-        for candidate in dict.fromkeys((text[:stop], text[:stop] + closers)):
+        # A conditional cut off before its ':' keeps its condition and first branch in ANTLR's
+        # tree, which cel-go's visitor builds: a harmless second branch stands in for the rest.
+        # It goes inside as many of the open brackets as enclose the conditional.
+        branched = (closers[:i] + _ELSE_BRANCH + closers[i:] for i in range(len(closers) + 1))
+        for candidate in dict.fromkeys(text[:stop] + end for end in ("", closers, *branched)):
             if _parses(parser, candidate):
                 return _Repair(candidate, 0, 0)
     return None

@@ -34,7 +34,8 @@ from dradriver.cel.functions import (
     compile_regex,
     matches,
 )
-from dradriver.cel.times import Duration
+from dradriver.cel.semver import Semver
+from dradriver.cel.times import Duration, Timestamp
 from dradriver.cel.values import (
     EMPTY_MAP,
     OPTIONAL_NONE,
@@ -51,6 +52,7 @@ from dradriver.cel.values import (
     map_find,
     size_of,
 )
+from dradriver.quantity import Quantity
 
 # The runtime cost limit of DRA selectors (resourceapi.CELSelectorExpressionMaxCost).
 COST_LIMIT = 1_000_000
@@ -63,12 +65,14 @@ MAP_CREATE_COST = 30  # common.MapCreateBaseCost
 class Activation:
     """Per-evaluation state: variable slots and the cost spent so far."""
 
-    __slots__ = ("cost", "limit", "slots")
+    __slots__ = ("cost", "has_root", "limit", "slots")
 
     def __init__(self, slot_count: int, limit: int) -> None:
         self.slots: list[Any] = [None] * slot_count
         self.cost = 0
         self.limit = limit
+        # The has() whose attribute's root has been resolved (see Compiler._select).
+        self.has_root: object | None = None
 
 
 Eval = Callable[[Activation], Any]
@@ -116,6 +120,9 @@ def select_field(obj: Any, name: str) -> Any:
 def index_value(obj: Any, key: Any) -> Any:
     if type(key) is str:
         return select_field(obj, key)
+    if type(key) not in _QUALIFIER_KEY_TYPES:
+        # newQualifier, for a key computed at run time (constant ones fail when planned).
+        raise EvalError(f"invalid qualifier type: {qualifier_type_name(key)}")
     if isinstance(obj, Mapping):
         found, value = map_find(obj, key)
         if found:
@@ -136,7 +143,7 @@ def index_value(obj: Any, key: Any) -> Any:
             raise EvalError(f"unsupported index type '{_runtime_type(key)}' in list")
         if 0 <= i < len(obj):
             return obj[i]
-        raise EvalError(f"index out of bounds: {format_value(key)}")
+        raise EvalError(f"index out of bounds: {int(key) if tk is UInt else format_value(key)}")
     raise EvalError(f"no such key: {format_value(key)}")
 
 
@@ -148,6 +155,8 @@ _INDEXES = (ast.INDEX, ast.OPT_SELECT, ast.OPT_INDEX)
 def _present(obj: Any, key: Any) -> tuple[bool, Any]:
     """refQualify with a presence test: a missing map key or list index is absent, not an error,
     and so is any key of a value that has no keys at all."""
+    if type(key) is not str and type(key) not in _QUALIFIER_KEY_TYPES:
+        raise EvalError(f"invalid qualifier type: {qualifier_type_name(key)}")
     if type(obj) is DefaultingMap:
         return True, obj.get(key, EMPTY_MAP) if type(key) is str else index_value(obj, key)
     if isinstance(obj, Mapping):
@@ -222,10 +231,33 @@ _CONVERSIONS = frozenset(
 )
 
 
+#: How cel-go's newQualifier names the Go type of an index it cannot use (`%T`).
+_QUALIFIER_TYPE_NAMES: dict[type, str] = {
+    type(None): "types.Null",
+    bytes: "types.Bytes",
+    Duration: "types.Duration",
+    Timestamp: "types.Timestamp",
+    tuple: "*types.baseList",
+    TypeValue: "*types.Type",
+    Semver: "cel.Semver",
+    Quantity: "cel.Quantity",
+    Optional: "*types.Optional",
+}
+_QUALIFIER_KEY_TYPES = (int, UInt, bool, float)
+
+
+def qualifier_type_name(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "*types.baseMap"
+    return _QUALIFIER_TYPE_NAMES.get(type(value), f"types.{type(value).__name__}")
+
+
 class Compiler:
     def __init__(self, check: CheckResult, variables: dict[str, int]) -> None:
         self.check = check
         self._constants: dict[ast.Expr, Any] = {}
+        # Roots of the has() chains being compiled (by node id), each with its has()'s token.
+        self._has_roots: dict[int, object] = {}
         self.scope: dict[str, tuple[int, Eval | None]] = {
             name: (slot, None) for name, slot in variables.items()
         }
@@ -278,6 +310,20 @@ class Compiler:
         return value
 
     def compile(self, e: ast.Expr) -> Eval:
+        token = self._has_roots.get(id(e))
+        if token is not None:
+            del self._has_roots[id(e)]
+            try:
+                inner = self.compile(e)
+            finally:
+                self._has_roots[id(e)] = token
+
+            def root_resolved(a: Activation) -> Any:
+                value = inner(a)
+                a.has_root = token
+                return value
+
+            return root_resolved
         constant = self.constant(e)
         if isinstance(constant, _ConstantMap):
             return constant.evaluation()
@@ -364,7 +410,6 @@ class Compiler:
                 return qualify(a, root(a), steps)
 
             return optional_path
-        cost = len(steps)
         if all(is_field or type(key) is str for is_field, key, _ in steps):
             names = [key for _, key, _ in steps]
             if len(names) == 1:
@@ -378,9 +423,10 @@ class Compiler:
                 return one
 
             def fields(a: Activation) -> Any:
+                # Each qualifier is charged as it is applied: one that fails ends the charges.
                 obj = root(a)
-                a.cost += cost
                 for name in names:
+                    a.cost += 1
                     obj = select_field(obj, name)
                 return obj
 
@@ -388,8 +434,8 @@ class Compiler:
 
         def mixed(a: Activation) -> Any:
             obj = root(a)
-            a.cost += cost
             for is_field, key, _ in steps:
+                a.cost += 1
                 obj = select_field(obj, key) if is_field else index_value(obj, key)
             return obj
 
@@ -434,11 +480,14 @@ class Compiler:
             name = e.field
 
             if self.attribute_shaped(e.operand):
+                root = self._chain_root(e.operand)
+                if root is None:
 
-                def presence(a: Activation) -> bool:
-                    return has_field(operand(a), name)
+                    def presence(a: Activation) -> bool:
+                        return has_field(operand(a), name)
 
-                return presence
+                    return presence
+                return self._chain_presence(e.operand, root, name)
 
             def relative_presence(a: Activation) -> bool:
                 # A field test on a call's (or literal's) result is a relative attribute: one unit.
@@ -457,12 +506,74 @@ class Compiler:
         # A field of a call's (or literal's) result starts a relative attribute: one more unit.
         cost = 1 if self.attribute_shaped(e.operand) else 2
 
+        failure = cost - 1
+
         def select(a: Activation) -> Any:
-            obj = operand(a)
+            try:
+                obj = operand(a)
+            except EvalError:
+                # cel-go still observes the relative attribute whose operand failed.
+                a.cost += failure
+                raise
             a.cost += cost
             return select_field(obj, field_name)
 
         return select
+
+    @staticmethod
+    def _chain_root(e: ast.Expr) -> ast.Expr | None:
+        """The node a chain of field selections and indexes starts from; None without a chain."""
+        node = e
+        while (isinstance(node, ast.Select) and not node.test_only) or (
+            isinstance(node, ast.Call) and node.function in _INDEXES and node.target is None
+        ):
+            node = node.operand if isinstance(node, ast.Select) else node.args[0]
+        return None if node is e else node
+
+    def _chain_presence(self, operand_node: ast.Expr, root_node: ast.Expr, name: str) -> Eval:
+        """has() over a chain of qualifiers: cel-go plans it as one attribute whose last qualifier
+        is a presence test (evalTestOnly). Such an attribute costs nothing for itself, only one
+        unit per qualifier applied, the test included: when anything after its root fails (a
+        qualifier or an index key), or a relative root does, that is one unit less than what the
+        plain attribute charges."""
+        token = object()
+        node = operand_node
+        first = node
+        while node is not root_node:
+            first = node
+            if isinstance(node, ast.Select):
+                node = node.operand
+                continue
+            assert isinstance(node, ast.Call)
+            node = node.args[0]
+        # A relative root that fails is charged as its relative attribute (_select, _index): a
+        # has() attribute has no unit of its own.
+        root_failure = (
+            not self.attribute_shaped(root_node)
+            and (
+                isinstance(first, ast.Select) or (isinstance(first, ast.Call) and first.function == ast.INDEX)
+            )
+            and not t.unwrap_optional(self.check.types[root_node])[1]
+        )
+        self._has_roots[id(root_node)] = token
+        try:
+            operand = self.compile(operand_node)
+        finally:
+            del self._has_roots[id(root_node)]
+
+        def chain_presence(a: Activation) -> bool:
+            saved, a.has_root = a.has_root, None
+            try:
+                obj = operand(a)
+            except EvalError:
+                if a.has_root is token or (root_failure and a.has_root is None):
+                    a.cost -= 1
+                raise
+            finally:
+                a.has_root = saved
+            return has_field(obj, name)
+
+        return chain_presence
 
     def attribute_shaped(self, e: ast.Expr) -> bool:
         """Whether cel-go plans this node as an attribute (interpreter/planner.go): a variable,
@@ -472,16 +583,23 @@ class Compiler:
             return e not in self.check.type_idents and not (isinstance(e, ast.Select) and e.test_only)
         return isinstance(e, ast.Call) and e.target is None and e.function in (*_INDEXES, ast.CONDITIONAL)
 
-    def resolved(self, e: ast.Expr) -> Eval:
-        """An attribute that cel-go resolves directly (a conditional's branch, an index that is an
-        attribute): its own unit is never charged, only its qualifiers'."""
-        evaluate = self.compile(e)
+    def _discounted(self, e: ast.Expr) -> bool:
+        """Whether resolved() leaves out this node's own unit: an attribute not rooted in a
+        conditional."""
         root = e
         while isinstance(root, ast.Select) or (
             isinstance(root, ast.Call) and root.function in _INDEXES and root.target is None
         ):
             root = root.operand if isinstance(root, ast.Select) else root.args[0]
-        if not self.attribute_shaped(e) or (isinstance(root, ast.Call) and root.function == ast.CONDITIONAL):
+        return self.attribute_shaped(e) and not (
+            isinstance(root, ast.Call) and root.function == ast.CONDITIONAL
+        )
+
+    def resolved(self, e: ast.Expr) -> Eval:
+        """An attribute that cel-go resolves directly (a conditional's branch, an index that is an
+        attribute): its own unit is never charged, only its qualifiers'."""
+        evaluate = self.compile(e)
+        if not self._discounted(e):
             return evaluate
 
         def discounted(a: Activation) -> Any:
@@ -711,7 +829,17 @@ class Compiler:
     def _opt_select(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
         return self._qualifier(e, args[0], None, (True, cast(ast.Literal, args[1]).value, True))
 
+    def _check_qualifier(self, key: ast.Expr) -> None:
+        """interpreter/attributes.go newQualifier: a constant index of a type other than string,
+        int, uint, bool or double fails when the program is planned."""
+        value = self.constant(key)
+        if value is _NOT_CONSTANT or type(value) in (str, int, UInt, bool, float):
+            return
+        name = "*types.baseMap" if isinstance(value, _ConstantMap) else qualifier_type_name(value)
+        raise ProgramError(f"invalid qualifier type: {name}")
+
     def _opt_index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        self._check_qualifier(args[1])
         return self._qualifier(e, args[0], args[1], (False, None, True))
 
     def _optional_or(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
@@ -731,16 +859,31 @@ class Compiler:
         return optional_or
 
     def _index(self, e: ast.Call, args: list[ast.Expr]) -> Eval:
+        self._check_qualifier(args[1])
         if t.unwrap_optional(self.check.types[args[0]])[1]:
             return self._qualifier(e, args[0], args[1], (False, None, False))
         fused = self._fused_path(e)
         if fused is not None:
             return fused
         container, key = self.compile(args[0]), self.resolved(args[1])
-        cost = 1 if self.attribute_shaped(args[0]) else 2
+        relative = not self.attribute_shaped(args[0])
+        cost = 2 if relative else 1
+        # When the container or the key fails, cel-go still observes the relative attribute (one
+        # unit) and a key that is no discounted attribute (its qualifier: one unit).
+        container_failure = 1 if relative else 0
+        key_failure = container_failure + (0 if self._discounted(args[1]) else 1)
 
         def index(a: Activation) -> Any:
-            obj, k = container(a), key(a)
+            try:
+                obj = container(a)
+            except EvalError:
+                a.cost += container_failure
+                raise
+            try:
+                k = key(a)
+            except EvalError:
+                a.cost += key_failure
+                raise
             a.cost += cost
             return index_value(obj, k)
 
@@ -1082,9 +1225,6 @@ def _string_eq_cost(lhs: Any, rhs: Any) -> int:
 
 
 def _eq_cost(lhs: Any, rhs: Any) -> int:
-    from dradriver.cel.semver import Semver
-    from dradriver.quantity import Quantity
-
     if isinstance(lhs, Quantity | Semver | OpaqueValue):
         return 1
     import math
