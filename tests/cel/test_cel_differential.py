@@ -267,6 +267,13 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
 @example(expression=f'(true ? has({ATTRS[:-1]}["x"])', device_indexes=[0])
 @example(expression='true ? [has(a["b"])', device_indexes=[0])
 @example(expression=f'true ? false ? has({ATTRS[:-1]}["x"])', device_indexes=[0])
+# has() at the end of an optional chain, or of an optional operand, tests inside the optional.
+@example(expression='has(device.attributes[?"gpu.dradriver.dev"].minor)', device_indexes=[0])
+@example(expression='has(device.attributes[?"x"].y)', device_indexes=[0])
+@example(expression='has(dyn({"a": {"c": 1}})[?"a"].b)', device_indexes=[0])
+@example(expression='has({"a": {"b": 1}}.?x.b)', device_indexes=[0])
+@example(expression='has(dyn(optional.of({"b": 1})).b)', device_indexes=[0])
+@example(expression="has(dyn(optional.none()).b)", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

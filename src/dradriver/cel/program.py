@@ -202,6 +202,18 @@ def _runtime_type(value: Any) -> str:
     return type_name(value)
 
 
+def _test_field(a: Activation, obj: Any, name: str) -> bool:
+    """A presence test at the end of an attribute: an optional value (an optional qualifier on
+    the way, or an optional operand) is tested inside, and the test, like the optional
+    qualifiers, is charged only when it finds the field."""
+    if type(obj) is Optional:
+        if obj.has_value and has_field(obj.value, name):
+            return True
+        a.cost -= 1
+        return False
+    return has_field(obj, name)
+
+
 def has_field(obj: Any, name: str) -> bool:
     if type(obj) is DefaultingMap:
         return True
@@ -493,7 +505,7 @@ class Compiler:
                 # A field test on a call's (or literal's) result is a relative attribute: one unit.
                 obj = operand(a)
                 a.cost += 1
-                return has_field(obj, name)
+                return _test_field(a, obj, name)
 
             return relative_presence
         if t.unwrap_optional(self.check.types[e.operand])[1]:
@@ -571,7 +583,7 @@ class Compiler:
                 raise
             finally:
                 a.has_root = saved
-            return has_field(obj, name)
+            return _test_field(a, obj, name)
 
         return chain_presence
 
