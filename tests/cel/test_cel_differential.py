@@ -274,6 +274,12 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
 @example(expression='has({"a": {"b": 1}}.?x.b)', device_indexes=[0])
 @example(expression='has(dyn(optional.of({"b": 1})).b)', device_indexes=[0])
 @example(expression="has(dyn(optional.none()).b)", device_indexes=[0])
+# A token that cannot continue a whole operand in a list, map or call: ANTLR expects what may
+# follow the operand; a map entry's missing ':' is inserted.
+@example(expression="[].all(v0, true & true)", device_indexes=[0])
+@example(expression="[1, 2 3] == []", device_indexes=[0])
+@example(expression="{1: 2 3: 4} == {}", device_indexes=[0])
+@example(expression="{1 2} == {}", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

@@ -236,7 +236,10 @@ _CONTINUATIONS = frozenset(
     {"__ANON_0", "__ANON_1", "__ANON_2", "__ANON_3", "__ANON_4", "__ANON_5", "IN", "LESSTHAN", "MORETHAN"}
     | {"PLUS", "STAR", "SLASH", "PERCENT", "QMARK"}
 )
+# What continues an operand as a postfix (index, message fields, call, member) or binary minus.
+_POSTFIX = frozenset({"LSQB", "LBRACE", "LPAR", "DOT", "MINUS"})
 _CLOSERS = {"RPAR": ")", "RSQB": "]", "RBRACE": "}"}
+_INSERTABLE = {**_CLOSERS, "COLON": ":"}
 _OPENERS = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}
 _MAX_SYNTAX_ERRORS = 10
 
@@ -325,6 +328,10 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
             continue
         except UnexpectedToken as err:
             accepted: set[str] = set(err.interactive_parser.accepts())  # type: ignore[no-untyped-call]
+            if accepted & _CONTINUATIONS and accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
+                # After a whole operand that the token cannot continue, ANTLR has left the
+                # expression: only what may follow it is expected.
+                accepted -= _CONTINUATIONS | _POSTFIX
             if accepted == {"RPAR", "COMMA"}:
                 accepted = {"RPAR"}  # call arguments: the `(',' expr)*` loop has already exited
             if "$END" in accepted or not accepted:
@@ -370,9 +377,10 @@ def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[
                 )
                 text = rest
                 continue
-            if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
-                # ANTLR's single-token insertion: the one closer it expects, inserted, lets it go on.
-                closer = _CLOSERS[next(iter(accepted))]
+            if len(accepted) == 1 and next(iter(accepted)) in _INSERTABLE:
+                # ANTLR's single-token insertion: the one token it expects (a closer, a map
+                # entry's ':'), inserted, lets it go on.
+                closer = _INSERTABLE[next(iter(accepted))]
                 if _parses(parser, text[:start] + closer + text[start:]):
                     errors.append((f"Syntax error: missing '{closer}' at '{token}'", position))
                     return errors, _Repair(text[:start] + closer + text[start:], start, len(closer))
