@@ -7,15 +7,13 @@ new selector the API server's compile verdict and estimated cost; `validate` and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
+from tests.cel.test_cel_cli import dradriver
 from tests.oracle import Oracle
 
 DRIVER = "gpu.dradriver.dev"
@@ -121,7 +119,7 @@ def test_validate_follows_the_gate_as_the_api_server_does(
 ) -> None:
     path = tmp_path / "class.yaml"
     path.write_text(json.dumps(_class(LISTED_SELECTOR)))
-    result = run_cli(tmp_path, "validate", str(path), "-o", "json", *_gate_flag(gate))
+    result = dradriver(tmp_path / "cache", "validate", str(path), "-o", "json", *_gate_flag(gate))
     answer = cel_oracle.ask_ok(
         {"expression": LISTED_SELECTOR, "mode": "validate", "features": {"DRAListTypeAttributes": gate}}
     )
@@ -171,8 +169,8 @@ def test_dry_run_follows_the_gate_as_the_scheduler_does(
     files = {"class": _class(expression), "slices": slice_, "claim": claim}
     for name, obj in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(obj))
-    result = run_cli(
-        tmp_path,
+    result = dradriver(
+        tmp_path / "cache",
         "dry-run",
         "--claim",
         str(tmp_path / "claim.json"),
@@ -200,16 +198,3 @@ def test_dry_run_follows_the_gate_as_the_scheduler_does(
 
 def _gate_flag(gate: bool) -> tuple[str, ...]:
     return ("--feature-gates", f"DRAListTypeAttributes={str(gate).lower()}")
-
-
-def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("DRADRIVER_")}
-    environment["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    return subprocess.run(
-        [sys.executable, "-m", "dradriver", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=environment,
-        timeout=60,
-    )

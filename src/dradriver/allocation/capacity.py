@@ -76,15 +76,6 @@ class Capacity:
     step: Amount | None = None
     valid_values: tuple[Amount, ...] | None = None
 
-    @property
-    def has_policy(self) -> bool:
-        return (
-            self.default is not None
-            or self.minimum is not None
-            or self.maximum is not None
-            or self.valid_values is not None
-        )
-
 
 def device_capacities(body: Mapping[str, Any], where: str) -> dict[str, Capacity]:
     """A device's `capacity` map, parsed."""
@@ -170,7 +161,7 @@ def consumption(
     out: dict[str, Amount] = {}
     for name, capacity in capacities.items():
         amount, is_default = _consumed(requests.get(name), capacity)
-        if not is_default and capacity.has_policy and _violates(amount, capacity):
+        if not is_default and _violates(amount, capacity):
             return None
         out[name] = amount
     return out
