@@ -239,7 +239,7 @@ class Checker:
             global_name = name.removeprefix(".")
             overloads = self.functions.get(global_name)
             if overloads is None:
-                self._undeclared_function(e, global_name)
+                self._undeclared_function(e, name)  # cel-go names it as written
                 return
             self._resolve(e, global_name, overloads, None)
             return

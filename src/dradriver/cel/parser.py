@@ -5,24 +5,25 @@ cel-go's AST: literals are decoded with cel-go's rules (parser/unescape.go, Visi
 macros are expanded as cel-go expands them (parser/macro.go, ext/bindings.go,
 ext/comprehensions.go), double negations are elided as VisitLogicalNot/VisitNegate do,
 reserved identifiers are rejected, and nesting deeper than cel-go's 250 levels is refused.
+Text that does not parse gets the errors cel-go's ANTLR parser reports (see antlr.py).
 """
 
 from __future__ import annotations
 
 import copy
-import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from lark import Token, Tree
 
-from dradriver.cel import ast
+from dradriver.cel import antlr, ast
 from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError
 from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, UInt
 
 MAX_RECURSION_DEPTH = 250
+#: cel-go's common.Errors shows this many issues, then how many more there were.
+_MAX_ISSUES_SHOWN = 100
 
 _Tree = Tree[Token]
 _Node = Tree[Token] | Token
@@ -193,250 +194,6 @@ def _cache_file(grammar: str) -> str | bool:
     return str(directory / f"cel-grammar-lark-{lark.__version__}-{digest}.cache")
 
 
-# ANTLR's names for CEL.g4's tokens, in the grammar's token order (how it lists expected sets).
-_ANTLR_TOKENS = (
-    ("__ANON_4", "'=='"),
-    ("__ANON_5", "'!='"),
-    ("IN", "'in'"),
-    ("LESSTHAN", "'<'"),
-    ("__ANON_2", "'<='"),
-    ("__ANON_3", "'>='"),
-    ("MORETHAN", "'>'"),
-    ("__ANON_1", "'&&'"),
-    ("__ANON_0", "'||'"),
-    ("LSQB", "'['"),
-    ("RSQB", "']'"),
-    ("LBRACE", "'{'"),
-    ("RBRACE", "'}'"),
-    ("LPAR", "'('"),
-    ("RPAR", "')'"),
-    ("DOT", "'.'"),
-    ("COMMA", "','"),
-    ("MINUS", "'-'"),
-    ("BANG", "'!'"),
-    ("QMARK", "'?'"),
-    ("COLON", "':'"),
-    ("PLUS", "'+'"),
-    ("STAR", "'*'"),
-    ("SLASH", "'/'"),
-    ("PERCENT", "'%'"),
-    ("BOOL_LIT", "'true'"),
-    ("BOOL_LIT", "'false'"),
-    ("NULL_LIT", "'null'"),
-    ("FLOAT_LIT", "NUM_FLOAT"),
-    ("INT_LIT", "NUM_INT"),
-    ("UINT_LIT", "NUM_UINT"),
-    ("STRING_LIT", "STRING"),
-    ("BYTES_LIT", "BYTES"),
-    ("IDENT", "IDENTIFIER"),
-)
-# Operators that may continue a complete operand: ANTLR's loop decisions never list them when a
-# rule fails on the token after the operand.
-_CONTINUATIONS = frozenset(
-    {"__ANON_0", "__ANON_1", "__ANON_2", "__ANON_3", "__ANON_4", "__ANON_5", "IN", "LESSTHAN", "MORETHAN"}
-    | {"PLUS", "STAR", "SLASH", "PERCENT", "QMARK"}
-)
-# What continues an operand as a postfix (index, message fields, call, member) or binary minus.
-_POSTFIX = frozenset({"LSQB", "LBRACE", "LPAR", "DOT", "MINUS"})
-_CLOSERS = {"RPAR": ")", "RSQB": "]", "RBRACE": "}"}
-_INSERTABLE = {**_CLOSERS, "COLON": ":"}
-_OPENERS = {"LPAR": ")", "LSQB": "]", "LBRACE": "}"}
-_MAX_SYNTAX_ERRORS = 10
-
-
-def _expected(accepted: set[str]) -> str:
-    if accepted == {"IDENT"}:
-        return "{IDENTIFIER, ESC_IDENTIFIER}"  # CEL.g4 escapeIdent: IDENTIFIER | ESC_IDENTIFIER
-    if accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
-        accepted = accepted - _CONTINUATIONS
-    if "MLSTRING_LIT" in accepted:
-        accepted = accepted | {"STRING_LIT"}
-    names = [shown for name, shown in _ANTLR_TOKENS if name in accepted]
-    if not accepted or ("$END" in accepted and not names):
-        return "<EOF>"
-    if len(names) == 1:
-        return names[0]
-    return "{" + ", ".join(names) + "}"
-
-
-def _parses(parser: Any, text: str) -> bool:
-    from lark.exceptions import LarkError
-
-    try:
-        parser.parse(text)
-    except LarkError:
-        return False
-    return True
-
-
-def _end_position(text: str) -> tuple[int, int]:
-    if not text:
-        return 1, 0  # ANTLR's EOF token of an empty input sits before the first column
-    lines = text.split("\n")
-    return len(lines), len(lines[-1]) + 1
-
-
-#: What completes a conditional whose ':' and second branch are missing (it reports nothing).
-_ELSE_BRANCH = " : true"
-#: How many shorter token prefixes are tried for a whole expression before a mismatched input.
-_MAX_PREFIX_TRIES = 64
-
-
-@dataclass(frozen=True)
-class _Repair:
-    """Text that parses where the original did not, as ANTLR recovered from its errors (tokens and
-    characters dropped, a prefix kept, or `inserted` characters of a missing closer at `offset`)."""
-
-    text: str
-    offset: int
-    inserted: int
-
-
-def _syntax_errors(parser: Any, expression: str) -> tuple[list[tuple[str, tuple[int, int]]], _Repair | None]:
-    """The syntax errors ANTLR's default error strategy reports for CEL.g4, for the usual slips.
-
-    Lexer errors drop the character and go on; an extra token is reported as "extraneous input"
-    and dropped; a single missing closing token at the end as "missing"; anything else as
-    "mismatched input ... expecting ..." (ANTLR's sets are recomputed from the LALR parser).
-    Where the parse completes after dropping characters and tokens, or inserting a missing closer,
-    ANTLR's tree is whole and cel-go's visitor goes on to report its own errors: the repaired text
-    comes back for that.
-    """
-    from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
-
-    errors: list[tuple[str, tuple[int, int]]] = []
-    text = expression
-    while len(errors) < _MAX_SYNTAX_ERRORS:
-        try:
-            parser.parse(text)
-            # Characters and tokens dropped, the rest parses: ANTLR's tree is whole too.
-            return errors, _Repair(text, 0, 0)
-        except UnexpectedCharacters as err:
-            # ANTLR's lexer names what it consumed up to the character it failed on and goes on
-            # after it: '&' of an unfinished '&&' plus the next character; an unterminated string
-            # up to the end of its line (or of the input).
-            start = err.pos_in_stream or 0
-            end = start + 1
-            if err.char in "&|":
-                end = start + 2
-            elif err.char in "'\"":
-                newline = text.find("\n", start)
-                end = len(text) if newline < 0 else newline + 1
-            shown = text[start:end]
-            errors.append((f"Syntax error: token recognition error at: '{shown}'", (err.line, err.column)))
-            text = text[:start] + "".join(ch if ch == "\n" else " " for ch in text[start:end]) + text[end:]
-            continue
-        except UnexpectedToken as err:
-            accepted: set[str] = set(err.interactive_parser.accepts())  # type: ignore[no-untyped-call]
-            if accepted & _CONTINUATIONS and accepted & {"RPAR", "RSQB", "RBRACE", "COMMA", "COLON"}:
-                # After a whole operand that the token cannot continue, ANTLR has left the
-                # expression: only what may follow it is expected.
-                accepted -= _CONTINUATIONS | _POSTFIX
-            if accepted == {"RPAR", "COMMA"}:
-                accepted = {"RPAR"}  # call arguments: the `(',' expr)*` loop has already exited
-            if "$END" in accepted or not accepted:
-                accepted = {"$END"}  # after a whole expression, ANTLR's start rule wants EOF
-            token = err.token
-            start = token.start_pos or 0 if token.type != "$END" else len(text)
-            # After `.?` ANTLR expects a (possibly escaped) identifier, and the visitor adds an
-            # error of its own when it meets none.
-            optional_field = accepted == {"IDENT"} and re.search(r"\.\s*\?\s*$", text[:start]) is not None
-            dot = text.rfind(".", 0, start)
-            if (
-                token.type not in ("$END", "IDENT")
-                and "IDENT" in accepted <= {"IDENT", "QMARK"}
-                and dot >= 0
-                and not text[dot + 1 : start].strip()
-            ):
-                # A dot followed by no identifier: ANTLR's prediction fails on the pair.
-                position = (token.line or 1, token.column or 1)
-                shown = text[dot : start + len(str(token))]
-                errors.append((f"Syntax error: no viable alternative at input '{shown}'", position))
-                return errors, None
-            if token.type == "$END":
-                position = _end_position(text)
-                if accepted in ({"IDENT"}, {"IDENT", "QMARK"}) and text.rstrip().endswith("."):
-                    errors.append(("Syntax error: no viable alternative at input '.'", position))
-                    return errors, None
-                if len(accepted) == 1 and next(iter(accepted)) in _CLOSERS:
-                    closer = _CLOSERS[next(iter(accepted))]
-                    if _parses(parser, text + closer):
-                        errors.append((f"Syntax error: missing '{closer}' at '<EOF>'", position))
-                        return errors, _Repair(text + closer, len(text), len(closer))
-                errors.append(
-                    (f"Syntax error: mismatched input '<EOF>' expecting {_expected(accepted)}", position)
-                )
-                if optional_field:
-                    errors.append(("unsupported ident kind", position))
-                return errors, _whole_prefix(parser, text, start)
-            position = (token.line or 1, token.column or 1)
-            rest = text[:start] + " " * len(str(token)) + text[start + len(str(token)) :]
-            if _next_accepted(parser, text, token, accepted):
-                errors.append(
-                    (f"Syntax error: extraneous input '{token}' expecting {_expected(accepted)}", position)
-                )
-                text = rest
-                continue
-            if len(accepted) == 1 and next(iter(accepted)) in _INSERTABLE:
-                # ANTLR's single-token insertion: the one token it expects (a closer, a map
-                # entry's ':'), inserted, lets it go on.
-                closer = _INSERTABLE[next(iter(accepted))]
-                if _parses(parser, text[:start] + closer + text[start:]):
-                    errors.append((f"Syntax error: missing '{closer}' at '{token}'", position))
-                    return errors, _Repair(text[:start] + closer + text[start:], start, len(closer))
-            errors.append(
-                (f"Syntax error: mismatched input '{token}' expecting {_expected(accepted)}", position)
-            )
-            if optional_field:
-                errors.append(("unsupported ident kind", position))
-            return errors, _whole_prefix(parser, text, start)
-        except UnexpectedInput as err:
-            errors.append(("Syntax error: " + str(err).splitlines()[0], (err.line or 1, err.column or 1)))
-            return errors, None
-    return errors, None
-
-
-def _whole_prefix(parser: Any, text: str, end: int) -> _Repair | None:
-    """The longest run of whole tokens before `end` that parses, with the brackets it leaves open
-    closed: what of ANTLR's partial tree cel-go's visitor still builds (and reports macro errors
-    in) after a mismatched input."""
-    from lark.exceptions import LarkError
-
-    try:
-        tokens = list(parser.lex(text[:end]))
-    except LarkError:
-        return None
-    prefixes: list[tuple[int, str]] = []  # (end, the closers of the brackets still open there)
-    opened: list[str] = []
-    for token in tokens:
-        if token.type in _OPENERS:
-            opened.append(_OPENERS[token.type])
-        elif token.type in _CLOSERS and opened:
-            opened.pop()
-        prefixes.append((token.end_pos, "".join(reversed(opened))))
-    for stop, closers in reversed(prefixes[-_MAX_PREFIX_TRIES:]):
-        # A conditional cut off before its ':' keeps its condition and first branch in ANTLR's
-        # tree, which cel-go's visitor builds: a harmless second branch stands in for the rest.
-        # It goes inside as many of the open brackets as enclose the conditional.
-        branched = (closers[:i] + _ELSE_BRANCH + closers[i:] for i in range(len(closers) + 1))
-        for candidate in dict.fromkeys(text[:stop] + end for end in ("", closers, *branched)):
-            if _parses(parser, candidate):
-                return _Repair(candidate, 0, 0)
-    return None
-
-
-def _next_accepted(parser: Any, text: str, token: Any, expected: set[str]) -> bool:
-    """ANTLR's single-token deletion: the token after the offending one is one it expected."""
-    from lark.exceptions import LarkError
-
-    start = token.start_pos or 0
-    try:
-        following = next(iter(parser.lex(text[start + len(str(token)) :])), None)
-    except LarkError:
-        return False
-    return ("$END" if following is None else following.type) in expected
-
-
 class CELSyntaxError(Exception):
     """A syntax error at a position; becomes a CELCompileError with cel-go's layout."""
 
@@ -476,6 +233,9 @@ def parse(expression: str) -> ast.Expr:
         builder = _Builder(expression)
         built = builder.build(tree)
         if builder.errors:
+            if antlr.parse(expression).errors:
+                # Text that cel-python's grammar takes and CEL.g4 does not: ANTLR's own errors.
+                raise _syntax_failure(parser, expression)
             issues = sorted(builder.errors, key=lambda issue: issue.pos)
             raise CELCompileError(
                 COMPILATION_FAILED + "\n".join(format_issue(expression, i.message, i.pos) for i in issues),
@@ -508,37 +268,43 @@ def lex(expression: str) -> list[Token]:
 
 
 def _syntax_failure(parser: Any, expression: str) -> CELCompileError:
-    """The compile error cel-go reports for text that does not parse (every issue, ANTLR's words)."""
-    with _parser_lock:
-        errors, repair = _syntax_errors(parser, expression)
-    if repair is not None:
-        errors = sorted(errors + _visitor_errors(parser, repair), key=lambda error: error[1])
-    errors = errors or [("Syntax error", (1, 1))]
-    return CELCompileError(
-        COMPILATION_FAILED + "\n".join(format_issue(expression, message, pos) for message, pos in errors),
-        expression=expression,
-    )
+    """The compile error cel-go reports for text that does not parse: ANTLR's syntax errors, then
+    what cel-go's visitor reports on the partial tree, shown as cel-go shows at most 100 issues."""
+    result = antlr.parse(expression)
+    errors = result.errors or [("Syntax error", (1, 1))]
+    if result.finished:
+        errors = errors + result.visitor_errors + _visitor_errors(parser, result)
+    errors.sort(key=lambda error: error[1])  # stable: at one position, syntax errors come first
+    shown = [format_issue(expression, message, pos) for message, pos in errors[:_MAX_ISSUES_SHOWN]]
+    if len(errors) > _MAX_ISSUES_SHOWN:
+        shown.append(f"{len(errors) - _MAX_ISSUES_SHOWN} more errors were truncated")
+    return CELCompileError(COMPILATION_FAILED + "\n".join(shown), expression=expression)
 
 
-def _visitor_errors(parser: Any, repair: _Repair) -> list[tuple[str, tuple[int, int]]]:
-    """What building the repaired text reports (macro errors), at the original text's positions."""
-    with _parser_lock:
-        tree = parser.parse(repair.text)
-    builder = _Builder(repair.text)
+def _visitor_errors(parser: Any, result: antlr.Parse) -> list[tuple[str, tuple[int, int]]]:
+    """What building ANTLR's partial tree reports (macro errors), at the expression's positions."""
+    from lark.exceptions import LarkError
+
+    text = result.tree_text
+    try:
+        with _parser_lock:
+            tree = parser.parse(text)
+    except LarkError:
+        return []
+    builder = _Builder(text)
     try:
         builder.build(tree)
     except CELSyntaxError as issue:
         builder.errors.append(issue)
     except RecursionError:
         return []
-    line = repair.text.count("\n", 0, repair.offset) + 1
-    column = repair.offset - (repair.text.rfind("\n", 0, repair.offset) + 1) + 1
+    line_starts = [0] + [i + 1 for i, char in enumerate(text) if char == "\n"]
     shifted = []
     for error in builder.errors:
-        at_line, at_column = error.pos
-        if at_line == line and at_column > column:
-            at_column -= repair.inserted
-        shifted.append((error.message, (at_line, at_column)))
+        line, column = error.pos
+        offset = result.original_offset(line_starts[line - 1] + column - 1)
+        # An empty expression in cel-go's tree has no location: it shows as 1:0.
+        shifted.append((error.message, (1, 0) if offset is None else antlr.position(result.text, offset)))
     return shifted
 
 
@@ -709,7 +475,12 @@ class _Builder:
             )
         if ops == ["unary_neg"] and literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
             ops.pop()
-            operand: ast.Expr = ast.Literal(_decode_literal(literal, sign="-"), pos=_pos(literal))
+            # The sign is the literal's own: cel-go places the literal there (`- 3` too).
+            sign = self._operator_position(node, 1)
+            try:
+                operand: ast.Expr = ast.Literal(_decode_literal(literal, sign="-"), pos=sign)
+            except CELSyntaxError as issue:
+                raise CELSyntaxError(issue.message, sign) from None
         elif literal is not None and literal.type in ("INT_LIT", "FLOAT_LIT"):
             operand = ast.Literal(_decode_literal(literal), pos=_pos(literal))
         else:
@@ -780,7 +551,7 @@ class _Builder:
     def _member_object(self, tree: _Tree) -> ast.Expr:
         operand, *rest = tree.children
         type_name = _qualified_name(self.visit(operand))
-        if type_name is None:
+        if type_name is None or not _is_name(operand):
             raise CELSyntaxError("expected a message type name before '{'", _pos(tree))
         fields: list[tuple[str, ast.Expr]] = []
         if rest:
@@ -788,7 +559,8 @@ class _Builder:
             assert isinstance(inits, Tree)
             for name, value in zip(inits.children[::2], inits.children[1::2], strict=True):
                 fields.append((str(name), self.visit(value)))
-        return ast.StructExpr(type_name, fields, pos=_pos(tree))
+        # cel-go places a message literal at its '{'.
+        return ast.StructExpr(type_name, fields, pos=self._token_after(operand, "{"))
 
     # -- primaries ----------------------------------------------------------------------
 
@@ -819,7 +591,7 @@ class _Builder:
         name, *rest = tree.children
         assert isinstance(name, Token)
         args = self._exprlist(rest[0]) if rest else []
-        return ast.Call("." + str(name), args, pos=_pos(name))
+        return ast.Call("." + str(name), args, pos=self._token_after(name, "("))
 
     def _paren_expr(self, tree: _Tree) -> ast.Expr:
         self.depth -= 1  # parentheses do not count towards cel-go's visitor depth ...
@@ -902,6 +674,16 @@ def _bare_literal(node: _Node, *, signed: bool = False) -> Token | None:
         if isinstance(token, Token) and (signed or not token.startswith("-")):
             return token
     return None
+
+
+def _is_name(node: _Node) -> bool:
+    """Whether a message literal's operand is CEL.g4's `.? IDENTIFIER ('.' IDENTIFIER)*` (cel-python's
+    grammar also takes a parenthesized one)."""
+    while isinstance(node, Tree) and node.data in _PASSTHROUGH and len(node.children) == 1:
+        node = node.children[0]
+    if isinstance(node, Tree) and node.data == "member_dot":
+        return _is_name(node.children[0])
+    return isinstance(node, Tree) and node.data in ("ident", "dot_ident")
 
 
 def _qualified_name(expr: ast.Expr) -> str | None:
