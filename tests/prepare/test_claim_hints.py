@@ -4,6 +4,7 @@ the fetched claim confirms them, and the checkpoint written once where once is s
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,35 @@ def test_a_copy_that_trails_a_reallocation_is_never_answered(node: Node) -> None
     assert stored_devices(node, ref) == ["gpu-5"]
     other = node.add(one_gpu(3, "gpu-1"))
     assert driver.prepare([other])[other.uid].error == ""  # nothing was left holding gpu-1
+    driver.close()
+
+
+def test_the_copy_is_written_down_while_its_claim_is_fetched(node: Node) -> None:
+    """The checkpoint write overlaps the API server's answer instead of following it."""
+    written = threading.Event()
+
+    class Store(CountingStore):
+        def save(self, checkpoint: CheckpointData) -> None:
+            super().save(checkpoint)
+            written.set()
+
+    class Answers(Fetches):
+        def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+            self.waited = written.wait(timeout=10)
+            return super().get(namespace, name)
+
+    node.store = Store(node.root / "state")
+    copies, source = WatchCopies(), Answers(node.claims_dir)
+    driver = node.driver(claims=source, hints=copies)
+    claim = one_gpu(13, "gpu-4")
+    ref = node.add(claim)
+    copies.put(claim)
+    written.clear()  # the driver's start-up wrote it once
+
+    (device,) = driver.prepare([ref])[ref.uid].devices
+    assert source.waited  # the record was on disk before the claim came back
+    assert device.device_name == "gpu-4"
+    assert stored_devices(node, ref) == ["gpu-4"]
     driver.close()
 
 

@@ -176,7 +176,10 @@ class GpuDriver:
         self._state_lock = threading.Lock()
         self._locks_guard = threading.Lock()
         self._claim_locks_by_uid: dict[str, list[Any]] = {}
-        self._fetcher = ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY, thread_name_prefix="fetch-claim")
+        # One more: a call's work from the watch's copies runs beside its fetches.
+        self._fetcher = ThreadPoolExecutor(
+            max_workers=FETCH_CONCURRENCY + 1, thread_name_prefix="fetch-claim"
+        )
         self._serialize = serialize
         #: Called after an unprepare released devices (the live inventory drops vanished ones).
         self.on_released: Callable[[], None] = lambda: None
@@ -407,40 +410,55 @@ class GpuDriver:
         """Prepare from the watch's copies while the claims are fetched, so the fetch overlaps
         the file writes; answer from a copy only if the fetched claim has the same UID and
         allocation (the kubelet names neither, and a watch may trail a reallocation), else
-        prepare what was fetched. A failed fetch fails the call, undoing what it prepared."""
-        fetches = [self._fetcher.submit(self._fetch, ref) for ref in refs]
+        prepare what was fetched. A failed fetch fails the call, undoing what it prepared.
+
+        This thread fetches (its request goes out at once, while the copies' work would hold
+        the interpreter lock) and a worker prepares the copies under this call's locks."""
         results: dict[str, PrepareResult] = {}
         with self._exclusive(), self._claim_locks([ref.uid for ref in refs]):
-            early = _Batch()
+            early_work = self._fetcher.submit(
+                self._prepare_early, [(ref, copies[ref.uid]) for ref in refs if ref.uid in copies]
+            )
+            unsaved = False
             try:
-                early = self._prepare_batch(
-                    [(ref, copies[ref.uid]) for ref in refs if ref.uid in copies], copy=True
-                )
                 try:
-                    fetched = [f.result() for f in fetches]
-                except CallError:
-                    self._discard(early.prepared)
-                    raise
-                confirmed: list[tuple[ClaimRef, ResourceClaim]] = []
-                for ref, claim in zip(refs, fetched, strict=True):
-                    result = early.results.get(ref.uid)
-                    if isinstance(claim, str):
-                        results[ref.uid] = PrepareResult(error=claim)
-                    elif result is not None and claim.status.allocation == copies[ref.uid].status.allocation:
-                        results[ref.uid] = result
-                    else:
-                        confirmed.append((ref, claim))
-                batch = self._prepare_batch(confirmed)
-                early.write = early.write or batch.write
-                results.update(batch.results)
+                    fetched = self._fetch_all(refs)
+                finally:
+                    early = early_work.result()
+            except CallError:
+                unsaved = bool(early.prepared)
+                self._discard(early.prepared)
+                raise
             finally:
-                if early.write:
+                if unsaved:
                     self._persist()
+            confirmed: list[tuple[ClaimRef, ResourceClaim]] = []
+            for ref, claim in zip(refs, fetched, strict=True):
+                result = early.results.get(ref.uid)
+                if isinstance(claim, str):
+                    results[ref.uid] = PrepareResult(error=claim)
+                elif result is not None and claim.status.allocation == copies[ref.uid].status.allocation:
+                    results[ref.uid] = result
+                else:
+                    confirmed.append((ref, claim))
+            batch = self._prepare_batch(confirmed)
+            if batch.write:
+                self._persist()
+            results.update(batch.results)
         return results
 
+    def _prepare_early(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> _Batch:
+        """The copies' part of `_prepare_watched`, written to the checkpoint while the fetch is
+        in flight: a record made from a copy that trails is prepared again when the kubelet
+        asks again, so it may reach the disk first."""
+        early = self._prepare_batch(claims, copy=True)
+        if early.write:
+            self._persist()
+        return early
+
     def _persist(self) -> None:
-        """The one checkpoint write of a call, before it answers: the spec files of the claims it
-        prepared exist already, and a crash before this write leaves only orphans to remove."""
+        """A checkpoint write before the call answers: the spec files of the claims it prepared
+        exist already, and a crash before this write leaves only orphans to remove."""
         with self._state_lock:
             self._store.save(self._state)
 
