@@ -441,10 +441,11 @@ class GpuDriver:
                     results[ref.uid] = result
                 else:
                     confirmed.append((ref, claim))
-            batch = self._prepare_batch(confirmed)
-            if batch.write:
-                self._persist()
-            results.update(batch.results)
+            if confirmed:
+                batch = self._prepare_batch(confirmed)
+                if batch.write:
+                    self._persist()
+                results.update(batch.results)
         return results
 
     def _prepare_early(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> _Batch:
