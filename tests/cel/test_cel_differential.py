@@ -308,6 +308,70 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
 @example(expression="has(x{a: 1}) || true", device_indexes=[0])
 @example(expression=f"- 3 == {ATTRS}minor", device_indexes=[0])
 @example(expression="- 9223372036854775809 == 0", device_indexes=[0])
+# CEL.g4's NUM_FLOAT needs digits after the point: `1.e5` selects a field of `1`, `0.size()` calls
+# a function on `0`; `null`, like `in`, is a token of its own, never a field name.
+@example(expression="1.e5 == 1", device_indexes=[0])
+@example(expression="0.size() == 0", device_indexes=[0])
+@example(expression="-1.e+5 == 1", device_indexes=[0])
+@example(expression="1.x() == 1.e", device_indexes=[0])
+@example(expression="device.null == 1", device_indexes=[0])
+@example(expression="device.?null == 1", device_indexes=[0])
+# kubernetes.Quantity and kubernetes.Semver are no type identifiers in the Kubernetes environment.
+@example(expression='type(quantity("1")) == kubernetes.Quantity', device_indexes=[0])
+# Message literals of the protobuf wrapper types are their primitive values (the zero value when
+# unset), of type wrapper(T) to the checker; a field value converts to the field's Go type.
+@example(expression="google.protobuf.Int64Value{vue: 1} == 1", device_indexes=[0])
+@example(expression=".google.protobuf.Int64Value{value: 1} == 1", device_indexes=[0])
+@example(expression="google.protobuf.Int32Value{value: 1u, ?value: 2} == 1", device_indexes=[0])
+@example(expression="google.protobuf.Int32Value{value: 2147483648} == 1", device_indexes=[0])
+@example(expression="google.protobuf.UInt32Value{value: 4294967296u} == 1u", device_indexes=[0])
+@example(expression="google.protobuf.FloatValue{value: 1.1} == 1.1", device_indexes=[0])
+@example(expression="google.protobuf.FloatValue{value: -1e39} < 1.0", device_indexes=[0])
+@example(expression="google.protobuf.BoolValue{value: true}", device_indexes=[0])
+@example(expression="google.protobuf.Int64Value{?value: optional.none(), } == 0", device_indexes=[0])
+@example(
+    expression="google.protobuf.Int64Value{,} != google.protobuf.Int64Value{?value: dyn(1)}",
+    device_indexes=[0],
+)
+@example(expression="google.protobuf.BytesValue{value: dyn([1u, 256u])} == b''", device_indexes=[0])
+@example(expression=f"google.protobuf.StringValue{{value: dyn({NAME})}} == {NAME}", device_indexes=[0])
+@example(expression=f"google.protobuf.Int64Value{{value: dyn({NAME})}} == 1 || true", device_indexes=[0])
+@example(expression="google.protobuf.DoubleValue{value: dyn(optional.of(1))} == 1.0", device_indexes=[0])
+@example(expression="google.protobuf.UInt64Value{value: dyn(optional.none())} == 1u", device_indexes=[0])
+@example(expression="google.protobuf.StringValue{value: dyn(semver('1.0.0'))} == '1.0.0'", device_indexes=[0])
+@example(expression="google.protobuf.Int64Value{value: dyn(duration('1s'))} == 1", device_indexes=[0])
+@example(expression="null == google.protobuf.Int64Value{value: 1}", device_indexes=[0])
+@example(expression="(true ? google.protobuf.Int64Value{} : null) == 0", device_indexes=[0])
+@example(expression="[google.protobuf.Int64Value{}, null].size() == 1", device_indexes=[0])
+@example(expression="{'a': google.protobuf.Int64Value{}}['a'] == 0", device_indexes=[0])
+@example(expression="google.protobuf.Int64Value{value: 1}.value == 1", device_indexes=[0])
+@example(expression="google.protobuf.Int64Value{value: 1} == 1.0", device_indexes=[0])
+@example(expression="google.protobuf.UInt32Value == uint", device_indexes=[0])
+# A message literal of a name that is no message type, or no type.
+@example(expression="int{a: y} == 1", device_indexes=[0])
+@example(expression="net.IP{a: 1} == 1 || map{a: 1} == 1", device_indexes=[0])
+@example(expression="device{} == 1", device_indexes=[0])
+@example(expression="null_type{} == null", device_indexes=[0])
+@example(expression="x{a: y} == 1", device_indexes=[0])
+# Timestamp and Duration literals: nanoseconds carry into the seconds; a Duration saturates.
+@example(
+    expression="google.protobuf.Timestamp{seconds: 1, nanos: -1} < timestamp('1970-01-01T00:00:01Z')",
+    device_indexes=[0],
+)
+@example(
+    expression="google.protobuf.Timestamp{nanos: 3000000000} == timestamp('1970-01-01T00:00:01Z')",
+    device_indexes=[0],
+)
+@example(
+    expression="google.protobuf.Timestamp{seconds: dyn(1u)} == timestamp('1970-01-01T00:00:01Z')",
+    device_indexes=[0],
+)
+@example(expression="google.protobuf.Duration{seconds: 9223372037} > duration('1s')", device_indexes=[0])
+@example(
+    expression="google.protobuf.Duration{seconds: -1, nanos: 1} == duration('-999999999ns')",
+    device_indexes=[0],
+)
+@example(expression="google.protobuf.Duration{a: 1} == duration('1s')", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

@@ -52,11 +52,21 @@ class MapExpr(Expr):
 
 
 @dataclass(eq=False)
+class StructField:
+    """`name: value` in a message literal, placed at its ':'; `?name:` takes an optional value."""
+
+    name: str
+    value: Expr
+    pos: tuple[int, int]
+    optional: bool = False
+
+
+@dataclass(eq=False)
 class StructExpr(Expr):
-    """`Type{field: value}`: message construction, which the DRA environment has no types for."""
+    """`Type{field: value}`: message construction (protobuf wrappers, Timestamp, Duration)."""
 
     type_name: str
-    fields: list[tuple[str, Expr]]
+    fields: list[StructField]
 
 
 @dataclass(eq=False)

@@ -55,11 +55,47 @@ TYPE_IDENTS: dict[str, t.Type] = {
     "google.protobuf.Timestamp": t.TIMESTAMP,
     "type": t.TYPE,
     "uint": t.UINT,
-    "kubernetes.Quantity": t.QUANTITY,
-    "kubernetes.Semver": t.SEMVER,
     "net.IP": t.IP,
     "net.CIDR": t.CIDR,
     "optional_type": t.optional_of(t.param("A")),
+}
+# The protobuf wrapper messages of cel-go's default registry: wrapper(T), built by message literals.
+WRAPPER_TYPES: dict[str, t.Type] = {
+    "google.protobuf.BoolValue": t.BOOL,
+    "google.protobuf.BytesValue": t.BYTES,
+    "google.protobuf.DoubleValue": t.DOUBLE,
+    "google.protobuf.FloatValue": t.DOUBLE,
+    "google.protobuf.Int32Value": t.INT,
+    "google.protobuf.Int64Value": t.INT,
+    "google.protobuf.StringValue": t.STRING,
+    "google.protobuf.UInt32Value": t.UINT,
+    "google.protobuf.UInt64Value": t.UINT,
+}
+TYPE_IDENTS.update({name: t.wrapper_of(primitive) for name, primitive in WRAPPER_TYPES.items()})
+# checker.go getWellKnownTypeName: a message literal of a wrapper type looks its fields up in the
+# message named by the kind (an Int32Value's in Int64Value).
+_WELL_KNOWN_MESSAGES = {
+    t.Kind.BOOL: "google.protobuf.BoolValue",
+    t.Kind.BYTES: "google.protobuf.BytesValue",
+    t.Kind.DOUBLE: "google.protobuf.DoubleValue",
+    t.Kind.INT: "google.protobuf.Int64Value",
+    t.Kind.STRING: "google.protobuf.StringValue",
+    t.Kind.UINT: "google.protobuf.UInt64Value",
+    t.Kind.NULL: "google.protobuf.NullValue",
+    t.Kind.TIMESTAMP: "google.protobuf.Timestamp",
+    t.Kind.DURATION: "google.protobuf.Duration",
+}
+# What the type provider's FindStructFieldType answers for a message literal's field (as probed on
+# Kubernetes): the wrappers' `value`, a Timestamp's or Duration's `seconds` and `nanos`; the
+# primitive types are found but have no fields; `map` takes any field; any other name is not found
+# ("unexpected failed resolution").
+_MESSAGE_FIELDS: dict[str, dict[str, t.Type]] = {
+    **{_WELL_KNOWN_MESSAGES[p.kind]: {"value": p} for p in set(WRAPPER_TYPES.values())},
+    **{
+        _WELL_KNOWN_MESSAGES[k]: {"seconds": t.INT, "nanos": t.INT}
+        for k in (t.Kind.TIMESTAMP, t.Kind.DURATION)
+    },
+    **{name: {} for name in ("bool", "bytes", "double", "int", "uint", "string", "list")},
 }
 
 
@@ -161,10 +197,7 @@ class Checker:
         elif isinstance(e, ast.MapExpr):
             self._check_map(e)
         elif isinstance(e, ast.StructExpr):
-            for _, value in e.fields:
-                self._check(value)
-            self._error(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
-            self._set(e, t.ERROR)
+            self._check_struct(e)
         elif isinstance(e, ast.Comprehension):
             self._check_comprehension(e)
         else:  # pragma: no cover - the parser produces no other node kinds
@@ -184,7 +217,7 @@ class Checker:
         self._set(e, ty)
 
     def _check_select(self, e: ast.Select) -> None:
-        qualified = _qualified_name(e)
+        qualified = qualified_name(e)
         if qualified is not None and not e.test_only:
             found = self._lookup_ident(qualified)
             if found is not None and found[1]:
@@ -243,7 +276,7 @@ class Checker:
                 return
             self._resolve(e, global_name, overloads, None)
             return
-        qualified = _qualified_name(e.target)
+        qualified = qualified_name(e.target)
         if qualified is not None:
             candidate = f"{qualified}.{name}"
             if candidate in self.functions:
@@ -329,6 +362,54 @@ class Checker:
             elem = self._join(element, elem, element_type)
         self._set(e, t.list_of(elem if elem is not None else self._new_type_var()))
 
+    def _check_struct(self, e: ast.StructExpr) -> None:
+        """checker.go checkCreateStruct, for the message types the checker knows (the wrappers,
+        Timestamp and Duration)."""
+        found = self._lookup_ident(e.type_name.removeprefix("."))
+        if found is None:
+            self._error(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
+            self._set(e, t.ERROR)
+            return
+        declared, is_type = found
+        type_name = e.type_name.removeprefix(".")
+        result = t.ERROR
+        if not is_type:
+            if declared.kind is not t.Kind.ERROR:
+                self._error(f"'{t.declared_name(declared)}' is not a type", e.pos)
+        else:
+            result = declared.params[0]
+            if result.nullable or result.kind in (t.Kind.NULL, t.Kind.TIMESTAMP, t.Kind.DURATION):
+                type_name = _WELL_KNOWN_MESSAGES[result.kind]
+            else:
+                self._error(f"'{t.declared_name(result)}' is not a message type", e.pos)
+                result = t.ERROR
+        self._set(e, result)
+        for f in e.fields:
+            self._check(f.value)
+            field_type = self._message_field(type_name, f)
+            value_type = self._get(f.value)
+            if f.optional:
+                value_type = self._optional_value(f.value, value_type)
+            if not self._is_assignable(field_type, value_type):
+                self._error(
+                    f"expected type of field '{f.name}' is '{t.format_type(field_type)}' "
+                    f"but provided type is '{t.format_type(value_type)}'",
+                    f.pos,
+                )
+
+    def _message_field(self, type_name: str, f: ast.StructField) -> t.Type:
+        """checker.go lookupFieldType."""
+        if type_name == "map":
+            return t.DYN
+        fields = _MESSAGE_FIELDS.get(type_name)
+        if fields is None:
+            self._error(f"unexpected failed resolution of '{type_name}'", f.pos)
+            return t.ERROR
+        if f.name not in fields:
+            self._error(f"undefined field '{f.name}'", f.pos)
+            return t.ERROR
+        return fields[f.name]
+
     def _check_map(self, e: ast.MapExpr) -> None:
         key_type: t.Type | None = None
         value_type: t.Type | None = None
@@ -405,11 +486,11 @@ class Checker:
             )
 
 
-def _qualified_name(e: ast.Expr) -> str | None:
+def qualified_name(e: ast.Expr) -> str | None:
     if isinstance(e, ast.Ident):
         return e.name.removeprefix(".")
     if isinstance(e, ast.Select) and not e.test_only:
-        prefix = _qualified_name(e.operand)
+        prefix = qualified_name(e.operand)
         return None if prefix is None else f"{prefix}.{e.field}"
     return None
 
@@ -546,7 +627,7 @@ def children(node: ast.Expr) -> list[ast.Expr]:
     if isinstance(node, ast.MapExpr):
         return [x for entry in node.entries for x in entry]
     if isinstance(node, ast.StructExpr):
-        return [value for _, value in node.fields]
+        return [f.value for f in node.fields]
     if isinstance(node, ast.Comprehension):
         return [node.iter_range, node.accu_init, node.loop_condition, node.loop_step, node.result]
     return []

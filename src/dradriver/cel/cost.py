@@ -290,8 +290,8 @@ class Coster:
             return self._map(e)
         if isinstance(e, ast.StructExpr):
             total = ZERO
-            for _, value in e.fields:
-                total = total.add(self.cost(value))
+            for f in e.fields:
+                total = total.add(self.cost(f.value))
             return total.add(fixed(STRUCT_CREATE))
         if isinstance(e, ast.Comprehension):
             return self._bind(e) if _is_bind(e) else self._comprehension(e)

@@ -167,6 +167,24 @@ _GRAMMAR_PATCHES = (
         'member_opt_dot : member "." "?" IDENT\n'
         'member_opt_index : member "[" "?" expr "]"',
     ),
+    # Message literals as in CEL.g4: `?name:` optional fields, a trailing comma, `T{,}`; the ':' is
+    # kept in the tree, where cel-go places a field.
+    (
+        'member_object  : member "{" [fieldinits] "}"',
+        'member_object  : member "{" "}" | member "{" "," "}" | member "{" fieldinits "}"',
+    ),
+    (
+        'fieldinits     : IDENT ":" expr ("," IDENT ":" expr)*',
+        'fieldinits     : fieldinit ("," fieldinit)* [","]\n'
+        "fieldinit      : (IDENT | opt_field) COLON expr\n"
+        'opt_field      : "?" IDENT\n'
+        'COLON          : ":"',
+    ),
+    # CEL.g4's NUM_FLOAT needs digits after the point: `1.e5` is `1` then `.e5` (a selection).
+    (
+        'FLOAT_LIT      : /-?/ DIGIT+ "." DIGIT* EXPONENT? | /-?/ DIGIT* "." DIGIT+ EXPONENT?',
+        'FLOAT_LIT      : /-?/ DIGIT* "." DIGIT+ EXPONENT?',
+    ),
 )
 
 
@@ -553,12 +571,15 @@ class _Builder:
         type_name = _qualified_name(self.visit(operand))
         if type_name is None or not _is_name(operand):
             raise CELSyntaxError("expected a message type name before '{'", _pos(tree))
-        fields: list[tuple[str, ast.Expr]] = []
-        if rest:
-            inits = rest[0]
-            assert isinstance(inits, Tree)
-            for name, value in zip(inits.children[::2], inits.children[1::2], strict=True):
-                fields.append((str(name), self.visit(value)))
+        fields: list[ast.StructField] = []
+        for init in _children(rest[0]) if rest else []:
+            name, colon, value = _children(init)
+            optional = isinstance(name, Tree)
+            if isinstance(name, Tree):
+                name = name.children[0]
+            assert isinstance(name, Token)
+            _check_field_name(name)
+            fields.append(ast.StructField(str(name), self.nested(value), _pos(colon), optional))
         # cel-go places a message literal at its '{'.
         return ast.StructExpr(type_name, fields, pos=self._token_after(operand, "{"))
 
@@ -659,9 +680,10 @@ def _children(node: _Node) -> list[_Node]:
 
 
 def _check_field_name(name: Token) -> None:
-    # In cel-go `in` is its own token, never an IDENTIFIER: `x.in` is a syntax error there.
-    if name == "in":
-        raise CELSyntaxError("Syntax error: mismatched input 'in' expecting IDENTIFIER", _pos(name))
+    # In cel-go `in` and `null` are tokens of their own, never an IDENTIFIER: `x.in` is a syntax
+    # error there (ANTLR's error replaces this one).
+    if name in ("in", "null"):
+        raise CELSyntaxError(f"Syntax error: mismatched input '{name}' expecting IDENTIFIER", _pos(name))
 
 
 def _bare_literal(node: _Node, *, signed: bool = False) -> Token | None:
@@ -739,12 +761,6 @@ def _uint_literal(text: str, pos: tuple[int, int]) -> UInt:
 
 
 def _float_literal(text: str, pos: tuple[int, int]) -> float:
-    body = text.lstrip("-")
-    _, dot, rest = body.partition(".")
-    fraction = rest.split("e")[0].split("E")[0] if dot else ""
-    if dot and not fraction:
-        # cel-go's NUM_FLOAT needs digits after the point: `1.` and `1.e5` do not lex.
-        raise CELSyntaxError("Syntax error: mismatched input '.'", pos)
     try:
         return float(text)
     except ValueError:

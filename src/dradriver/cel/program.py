@@ -19,7 +19,8 @@ from typing import Any, cast
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.checker import CheckResult
+from dradriver.cel.checker import CheckResult, qualified_name
+from dradriver.cel.cost import STRUCT_CREATE
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.functions import (
     ERROR_ARGUMENT,
@@ -34,6 +35,7 @@ from dradriver.cel.functions import (
     compile_regex,
     matches,
 )
+from dradriver.cel.messages import new_message
 from dradriver.cel.semver import Semver
 from dradriver.cel.times import Duration, Timestamp
 from dradriver.cel.values import (
@@ -275,6 +277,13 @@ class Compiler:
         }
         self.slot_count = max(variables.values(), default=-1) + 1
 
+    def _type_value(self, e: ast.Ident | ast.Select) -> TypeValue:
+        ty = self.check.type_idents[e]
+        if ty.nullable:
+            # A wrapper message's name is no runtime type (its values have the primitive's type).
+            raise ProgramError(f"reference to undefined type: {qualified_name(e)}")
+        return TypeValue(_type_value_name(ty))
+
     def new_slot(self) -> int:
         self.slot_count += 1
         return self.slot_count - 1
@@ -288,7 +297,7 @@ class Compiler:
         if isinstance(e, ast.Literal):
             value = e.value
         elif isinstance(e, ast.Ident | ast.Select) and e in self.check.type_idents:
-            value = TypeValue(_type_value_name(self.check.type_idents[e]))
+            value = self._type_value(e)
         elif isinstance(e, ast.ListExpr) and not e.optional_indices:
             items = [self._nested_constant(el) for el in e.elements]
             if all(item is not _NOT_CONSTANT for item in items):
@@ -351,6 +360,8 @@ class Compiler:
             return self._list(e)
         if isinstance(e, ast.MapExpr):
             return self._map(e)
+        if isinstance(e, ast.StructExpr):
+            return self._struct(e)
         if isinstance(e, ast.Comprehension):
             return self._comprehension(e)
         raise TypeError(f"cannot compile {type(e).__name__}")  # pragma: no cover
@@ -358,9 +369,8 @@ class Compiler:
     # -- variables and attribute paths ------------------------------------------------------------
 
     def _ident(self, e: ast.Ident) -> Eval:
-        type_ident = self.check.type_idents.get(e)
-        if type_ident is not None:
-            value = TypeValue(_type_value_name(type_ident))
+        if e in self.check.type_idents:
+            value = self._type_value(e)
             return lambda _a: value
         slot, init = self.scope[e.name.removeprefix(".")]
         if init is None:
@@ -483,9 +493,8 @@ class Compiler:
         return qualified
 
     def _select(self, e: ast.Select) -> Eval:
-        type_ident = self.check.type_idents.get(e)
-        if type_ident is not None:
-            value = TypeValue(_type_value_name(type_ident))
+        if e in self.check.type_idents:
+            value = self._type_value(e)
             return lambda _a: value
         if e.test_only:
             operand = self.compile(e.operand)
@@ -954,6 +963,30 @@ class Compiler:
 
         return _charging_constructor(make_map, MAP_CREATE_COST)
 
+    def _struct(self, e: ast.StructExpr) -> Eval:
+        """evalObj: the field values in order (an optional one set only when it holds a value), a
+        repeated field's last value wins, then the message is built."""
+        type_name = e.type_name.removeprefix(".")
+        fields = [(f.name, self.compile(f.value), f.optional) for f in e.fields]
+
+        def make_message(a: Activation) -> Any:
+            values: dict[str, Any] = {}
+            for name, value_fn, is_optional in fields:
+                value = value_fn(a)
+                if is_optional:
+                    if type(value) is not Optional:
+                        raise EvalError(
+                            f"cannot initialize optional entry '{name}' from non-optional value "
+                            f"{format_value(value)}"
+                        )
+                    if not value.has_value:
+                        continue
+                    value = value.value
+                values[name] = value
+            return new_message(type_name, values)
+
+        return _charging_constructor(make_message, STRUCT_CREATE)
+
     # -- comprehensions -------------------------------------------------------------------------------
 
     def _comprehension(self, e: ast.Comprehension) -> Eval:
@@ -1176,9 +1209,9 @@ def _varargs(
 
 
 def _charging_constructor(build: Eval, cost: int) -> Eval:
-    """A list or map literal (evalList, evalMap): the elements are evaluated in order and the
-    first error ends the evaluation, but the observer charges the literal's base cost whatever
-    value (an error included) it produced."""
+    """A list, map or message literal (evalList, evalMap, evalObj): the elements are evaluated in
+    order and the first error ends the evaluation, but the observer charges the literal's base
+    cost whatever value (an error included) it produced."""
 
     def construct(a: Activation) -> Any:
         try:

@@ -203,7 +203,10 @@ def _compile(
         raise CELCompileError(COMPILATION_FAILED + issues_text(expression, issues), expression=expression)
     result_type = checked.types[root]
     # CompileCELExpression: bool, or exactly the attribute type (any; dyn with the gate).
-    if result_type.kind not in (t.Kind.BOOL, t.Kind.DYN if list_type_attributes else t.Kind.ANY):
+    if result_type.nullable or result_type.kind not in (
+        t.Kind.BOOL,
+        t.Kind.DYN if list_type_attributes else t.Kind.ANY,
+    ):
         raise CELCompileError(
             f"must evaluate to bool or the unknown type, not {_type_string(result_type)}",
             expression=expression,
@@ -234,7 +237,7 @@ def _type_string(ty: t.Type) -> str:
     if ty.kind is t.Kind.TYPE_PARAM:
         return f"<{ty.name}>"
     if not ty.params:
-        return ty.name
+        return t.declared_name(ty)
     return f"{ty.name}({', '.join(_type_string(p) for p in ty.params)})"
 
 

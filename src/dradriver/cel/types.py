@@ -39,19 +39,25 @@ class Type:
     Immutable; the hash is computed once because the checker hashes types constantly.
     """
 
-    __slots__ = ("_hash", "free", "kind", "name", "params")
+    __slots__ = ("_hash", "free", "kind", "name", "nullable", "params")
 
     kind: Kind
     name: str
     params: tuple[Type, ...]
+    #: A protobuf wrapper type (cel-go NewNullableType): the primitive's kind and name, but null
+    #: is assignable to it.
+    nullable: bool
     free: bool
     _hash: int
 
-    def __init__(self, kind: Kind, name: str, params: tuple[Type, ...] = ()) -> None:
+    def __init__(
+        self, kind: Kind, name: str, params: tuple[Type, ...] = (), *, nullable: bool = False
+    ) -> None:
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "params", params)
-        object.__setattr__(self, "_hash", hash((kind.value, name, params)))
+        object.__setattr__(self, "nullable", nullable)
+        object.__setattr__(self, "_hash", hash((kind.value, name, params, nullable)))
         # Whether a type parameter occurs inside: substitution leaves other types untouched.
         object.__setattr__(self, "free", kind is Kind.TYPE_PARAM or any(p.free for p in params))
 
@@ -68,6 +74,7 @@ class Type:
             and self.kind is other.kind
             and self.name == other.name
             and self.params == other.params
+            and self.nullable == other.nullable
         )
 
     def __hash__(self) -> int:
@@ -127,6 +134,11 @@ def unwrap_optional(ty: Type) -> tuple[Type, bool]:
     return ty, False
 
 
+def wrapper_of(primitive: Type) -> Type:
+    """wrapper(T): the type of a google.protobuf wrapper message (e.g. Int64Value for int)."""
+    return Type(primitive.kind, primitive.name, primitive.params, nullable=True)
+
+
 def type_of(param: Type) -> Type:
     """The type of a type value, e.g. `type(int)`."""
     return Type(Kind.TYPE, "type", (param,))
@@ -140,8 +152,25 @@ def opaque(name: str, *params: Type) -> Type:
     return Type(Kind.OPAQUE, name, params)
 
 
+def declared_name(t: Type) -> str:
+    """cel-go Type.DeclaredTypeName: the runtime type name, or `wrapper(T)` for a wrapper type."""
+    return f"wrapper({t.name})" if t.nullable else t.name
+
+
+def is_exact(t1: Type, t2: Type) -> bool:
+    """cel-go Type.IsExactType: kinds, names and parameters agree (a wrapper is its primitive)."""
+    return (
+        t1.kind is t2.kind
+        and t1.name == t2.name
+        and len(t1.params) == len(t2.params)
+        and all(is_exact(p1, p2) for p1, p2 in zip(t1.params, t2.params, strict=True))
+    )
+
+
 def format_type(t: Type) -> str:
     """Render a type the way cel-go's FormatCELType does in checker messages."""
+    if t.nullable:
+        return declared_name(t)
     if t.kind is Kind.ANY:
         return "any"
     if t.kind is Kind.DURATION:
@@ -191,7 +220,10 @@ def _type_is_dyn_like(t: Type) -> bool:
 
 
 def _is_assignable_type(target: Type, from_type: Type) -> bool:
-    """cel-go's Type.defaultIsAssignableType."""
+    """cel-go's Type.IsAssignableType (defaultIsAssignableType, or NewNullableType's)."""
+    if target.nullable:
+        primitive = Type(target.kind, target.name, target.params)
+        return from_type.kind is Kind.NULL or _is_assignable_type(primitive, from_type)
     if target == from_type or _type_is_dyn_like(target):
         return True
     if target.kind is not from_type.kind or target.name != from_type.name:
@@ -220,7 +252,7 @@ def _is_equal_or_less_specific(t1: Type, t2: Type) -> bool:
         )
     if t1.kind is Kind.TYPE:
         return True
-    return t1 == t2
+    return is_exact(t1, t2)
 
 
 def most_general(t1: Type, t2: Type) -> Type:
@@ -228,7 +260,7 @@ def most_general(t1: Type, t2: Type) -> Type:
 
 
 def _not_referenced_in(m: Mapping, t: Type, within: Type) -> bool:
-    if t == within:
+    if is_exact(t, within):
         return False
     if within.kind is Kind.TYPE_PARAM:
         sub = m.find(within)
@@ -239,11 +271,11 @@ def _not_referenced_in(m: Mapping, t: Type, within: Type) -> bool:
 
 
 def _is_valid_type_substitution(m: Mapping, t1: Type, t2: Type) -> tuple[bool, bool]:
-    if t1 == t2:
+    if is_exact(t1, t2):
         return True, True
     sub = m.find(t2)
     if sub is not None:
-        if t1 == sub:
+        if is_exact(t1, sub):
             return True, True
         if _internal_is_assignable(m, t1, sub):
             new = most_general(t1, sub)
@@ -261,6 +293,10 @@ def _is_legacy_nullable(t: Type) -> bool:
     return t.kind in (Kind.OPAQUE, Kind.STRUCT, Kind.ANY, Kind.DURATION, Kind.TIMESTAMP)
 
 
+def _is_assignable_null(t: Type) -> bool:
+    return _is_legacy_nullable(t) or _is_assignable_type(t, NULL)
+
+
 def _internal_is_assignable(m: Mapping, t1: Type, t2: Type) -> bool:
     if t2.kind is Kind.TYPE_PARAM:
         valid, has_sub = _is_valid_type_substitution(m, t1, t2)
@@ -274,9 +310,9 @@ def _internal_is_assignable(m: Mapping, t1: Type, t2: Type) -> bool:
     if is_dyn_or_error(t1) or is_dyn_or_error(t2):
         return True
     if t1.kind is Kind.NULL:
-        return _is_legacy_nullable(t2) or t2.kind is Kind.NULL
+        return _is_assignable_null(t2)
     if t2.kind is Kind.NULL:
-        return _is_legacy_nullable(t1)
+        return _is_assignable_null(t1)
     if t1.kind in (
         Kind.BOOL,
         Kind.BYTES,
