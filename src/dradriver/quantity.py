@@ -35,6 +35,11 @@ _DECIMAL_EXPONENT = "DecimalExponent"
 
 _DEC_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BIN_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+# Go's suffixer has no suffix for other (base, exponent) pairs and then prints none.
+_SUFFIX_OF = {
+    **{(10, exponent): suffix for suffix, exponent in _DEC_SUFFIXES.items()},
+    **{(2, exponent): suffix for suffix, exponent in _BIN_SUFFIXES.items()},
+}
 _SUFFIX_CHARS = frozenset("eEinumkKMGTP")
 _DIGITS = frozenset("0123456789")
 
@@ -129,13 +134,17 @@ def _ceil_to_nano(unscaled: int, exponent: int) -> tuple[int, int]:
 class Quantity:
     """An immutable resource quantity. Compare with `compare`; arithmetic returns new values."""
 
-    __slots__ = ("_dec", "_exp", "_unscaled")
+    __slots__ = ("_dec", "_exp", "_format", "_text", "_unscaled")
 
-    def __init__(self, unscaled: int, exponent: int, *, dec: bool) -> None:
-        # value = unscaled * 10**exponent; `dec` marks Go's inf.Dec representation.
+    def __init__(self, unscaled: int, exponent: int, *, dec: bool, fmt: str, text: str | None = None) -> None:
+        # value = unscaled * 10**exponent; `dec` marks Go's inf.Dec representation; `fmt` is the
+        # Format the quantity prints in (the one it was parsed with); `text` the string Go keeps
+        # as the printed form when the parsed one looked canonical.
         self._unscaled = unscaled
         self._exp = exponent
         self._dec = dec
+        self._format = fmt
+        self._text = text
 
     @classmethod
     def parse(cls, text: str) -> Quantity:
@@ -143,7 +152,7 @@ class Quantity:
         if not text:
             raise QuantityError(ERR_FORMAT_WRONG)
         if text == "0":
-            return cls(0, 0, dec=False)
+            return cls(0, 0, dec=False, fmt=_DECIMAL_SI, text=text)
         positive, value, num, denom, suffix = _split(text)
         base, exponent, fmt = _interpret_suffix(suffix)
         precision = 0
@@ -160,10 +169,22 @@ class Quantity:
         if precision >= 0:
             scale -= len(denom)
             if scale >= _NANO:
-                shifted = int(num + denom)
+                digits = num + denom
+                shifted = int(digits)
                 result = shifted * mantissa
                 if _fits_int64(result) and _fits_int64(shifted):
-                    return cls(result if positive else -result, scale, dec=False)
+                    # ParseQuantity reuses the string as is when it looks canonical (`+1Ki`, `1E3`).
+                    if fmt == _BINARY_SI:
+                        kept = shifted & 7 != 0
+                    else:
+                        kept = scale % 3 == 0 and not digits.endswith("000") and digits[0] != "0"
+                    return cls(
+                        result if positive else -result,
+                        scale,
+                        dec=False,
+                        fmt=fmt,
+                        text=text if kept else None,
+                    )
         return cls._parse_big(value, base, exponent, fmt)
 
     @classmethod
@@ -179,12 +200,22 @@ class Quantity:
             unscaled, exp = _ceil_to_nano(unscaled, exp)
         if fmt == _BINARY_SI and _compare_exact(unscaled, exp, _MAX_ALLOWED, 0) > 0:
             unscaled, exp = _MAX_ALLOWED, 0
-        return cls(-unscaled if negative else unscaled, exp, dec=True)
+        if fmt == _BINARY_SI and unscaled and _compare_exact(unscaled, exp, 1, 0) < 0:
+            fmt = _DECIMAL_SI  # a binary fraction below 1 (`0.5Ki`) is decimal
+        return cls(-unscaled if negative else unscaled, exp, dec=True, fmt=fmt)
+
+    @classmethod
+    def in_nanos(cls, value: Fraction, *, binary: bool = False, exponent: bool = False) -> Quantity:
+        """`value` rounded up to whole nano units (the finest Kubernetes keeps), printing in
+        BinarySI, DecimalExponent or else DecimalSI."""
+        fmt = _BINARY_SI if binary else _DECIMAL_EXPONENT if exponent else _DECIMAL_SI
+        nanos = value * 10**9
+        return cls(-(-nanos.numerator // nanos.denominator), -9, dec=True, fmt=fmt)
 
     @classmethod
     def from_int(cls, value: int) -> Quantity:
         """resource.NewQuantity(value, DecimalExponent)."""
-        return cls(value, 0, dec=False)
+        return cls(value, 0, dec=False, fmt=_DECIMAL_EXPONENT)
 
     # -- comparisons -----------------------------------------------------------------------
 
@@ -197,18 +228,22 @@ class Quantity:
     # -- arithmetic (Quantity.Add / Quantity.Sub) --------------------------------------------
 
     def add(self, other: Quantity) -> Quantity:
-        if not self._dec and not other._dec:
-            summed = _int64_amount_add(self._unscaled, self._exp, other._unscaled, other._exp)
-            if summed is not None:
-                return Quantity(summed[0], summed[1], dec=False)
-        return _dec_add(self, other._unscaled, other._exp)
+        return self._add(other, other._unscaled)
 
     def sub(self, other: Quantity) -> Quantity:
+        return self._add(other, -other._unscaled)
+
+    def _add(self, other: Quantity, unscaled: int) -> Quantity:
+        """int64Amount.Add while both are int64 and the sum fits, else inf.Dec.Add (exact, with
+        the smaller exponent). A zero quantity takes the other operand's format."""
+        fmt = other._format if self._unscaled == 0 else self._format
         if not self._dec and not other._dec:
-            summed = _int64_amount_add(self._unscaled, self._exp, -other._unscaled, other._exp)
+            summed = _int64_amount_add(self._unscaled, self._exp, unscaled, other._exp)
             if summed is not None:
-                return Quantity(summed[0], summed[1], dec=False)
-        return _dec_add(self, -other._unscaled, other._exp)
+                return Quantity(summed[0], summed[1], dec=False, fmt=fmt)
+        low = min(self._exp, other._exp)
+        total = self._unscaled * 10 ** (self._exp - low) + unscaled * 10 ** (other._exp - low)
+        return Quantity(total, low, dec=True, fmt=fmt)
 
     # -- conversions -------------------------------------------------------------------------
 
@@ -233,6 +268,29 @@ class Quantity:
         if self._exp == 0:
             return base
         return base * _pow10(self._exp)
+
+    def canonical(self) -> str:
+        """Quantity.String(): CanonicalizeBytes in the quantity's format (`1k` for `1000`)."""
+        if self._text is not None:
+            return self._text
+        if not self._unscaled:
+            return "0"
+        fmt = self._format
+        if fmt == _BINARY_SI and (abs(self.exact()) < 1024 or self.exact().denominator != 1):
+            fmt = _DECIMAL_SI  # small or fractional binary quantities print in decimal
+        if fmt == _BINARY_SI:
+            number, power = int(self.exact()), 0
+            while abs(number) >= 1024 and number % 1024 == 0:
+                number, power = number // 1024, power + 10
+            return f"{number}{_SUFFIX_OF.get((2, power), '')}"
+        # AsCanonicalBytes: the factors of ten moved into an exponent that is a multiple of three.
+        number, exponent = self._unscaled, self._exp
+        while number % 10 == 0:
+            number, exponent = number // 10, exponent + 1
+        number, exponent = number * 10 ** (exponent % 3), exponent - exponent % 3
+        if fmt == _DECIMAL_EXPONENT:
+            return f"{number}e{exponent}" if exponent else str(number)
+        return f"{number}{_SUFFIX_OF.get((10, exponent), '')}"
 
     def __str__(self) -> str:
         value = self._unscaled * 10**self._exp if self._exp >= 0 else None
@@ -287,13 +345,6 @@ def _int64_amount_add(a: int, a_scale: int, b: int, b_scale: int) -> tuple[int, 
             return None
         total, scale = a + scaled, a_scale
     return (total, scale) if _fits_int64(total) else None
-
-
-def _dec_add(left: Quantity, unscaled: int, exponent: int) -> Quantity:
-    """inf.Dec.Add: exact, with the larger of the two scales (the smaller exponent)."""
-    low = min(left._exp, exponent)
-    total = left._unscaled * 10 ** (left._exp - low) + unscaled * 10 ** (exponent - low)
-    return Quantity(total, low, dec=True)
 
 
 def quantity_error(value: object) -> str | None:

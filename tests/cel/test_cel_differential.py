@@ -372,6 +372,100 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
     device_indexes=[0],
 )
 @example(expression="google.protobuf.Duration{a: 1} == duration('1s')", device_indexes=[0])
+# A Timestamp's seconds since year 1 wrap near int64's maximum, as Go's time.Time's do.
+@example(
+    expression="google.protobuf.Timestamp{seconds: 9223372036854775807} > timestamp('2000-01-01T00:00:00Z')",
+    device_indexes=[0],
+)
+@example(
+    expression=(
+        "google.protobuf.Timestamp{seconds: 9223372036854775807 - 62135596800} > "
+        "timestamp('2000-01-01T00:00:00Z')"
+    ),
+    device_indexes=[0],
+)
+# A quantity converts to a string in its canonical form, in the format it was parsed with (a
+# canonical-looking input as written).
+@example(expression="google.protobuf.StringValue{value: dyn(quantity('1000'))} == '1k'", device_indexes=[0])
+@example(
+    expression=(
+        "[quantity('1Ki'), quantity('1.5Gi'), quantity('0.1'), quantity('1E3'), quantity('+5'), "
+        "quantity('0.5Ki'), quantity('1.5e-3'), quantity('1000000000000000000000')]"
+        ".map(q, google.protobuf.StringValue{value: dyn(q)}) == "
+        "['1Ki', '1536Mi', '100m', '1E3', '+5', '512', '1500e-6', '1']"
+    ),
+    device_indexes=[0],
+)
+@example(
+    expression=(
+        "[quantity('1k').add(quantity('1Ki')), quantity('0').sub(quantity('2Ki')), quantity('1Ki').add(1024)]"
+        ".map(q, google.protobuf.StringValue{value: dyn(q)}) == ['2024', '-2Ki', '2Ki']"
+    ),
+    device_indexes=[0],
+)
+# Escaped (backquoted) names are off in Kubernetes: reported at the backquote, or where a message
+# literal's fields start (whose value then goes unvisited).
+@example(expression="x.`a` && has(y.`b`)", device_indexes=[0])
+@example(expression="T{a: x.`g`, `h`: y.`i`, ?`j`: z}", device_indexes=[0])
+@example(expression="device.attributes.?`dradriver.dev`", device_indexes=[0])
+@example(expression="x.`a`)", device_indexes=[0])
+# The other well-known types: Empty is a message, Struct, ListValue and Value are JSON values, Any
+# unpacks what it packs, NullValue.NULL_VALUE is 0.
+@example(expression="google.protobuf.Empty{} == google.protobuf.Empty{}", device_indexes=[0])
+@example(expression="type(google.protobuf.Empty{}) == google.protobuf.Empty", device_indexes=[0])
+@example(expression="google.protobuf.Empty{}.a == 1", device_indexes=[0])
+@example(expression="google.protobuf.Struct == map", device_indexes=[0])
+@example(
+    expression=(
+        "google.protobuf.Struct{fields: {'a': dyn(9007199254740993), 'b': dyn(b'ab'), "
+        "'c': dyn(duration('1s')), 'd': dyn(google.protobuf.Empty{})}} == "
+        "{'a': dyn('9007199254740993'), 'b': dyn('YWI='), 'c': dyn('1s'), 'd': dyn({})}"
+    ),
+    device_indexes=[0],
+)
+@example(expression="google.protobuf.Struct{fields: dyn({1: 1})} == {}", device_indexes=[0])
+@example(expression="google.protobuf.Struct{fields: {'a': quantity('1')}} == {}", device_indexes=[0])
+@example(expression="google.protobuf.ListValue{values: dyn('x')} == []", device_indexes=[0])
+@example(
+    expression="google.protobuf.ListValue{values: [1, optional.of(2u)]} == [1.0, 2.0]", device_indexes=[0]
+)
+@example(
+    expression=(
+        "google.protobuf.Value{} == null && google.protobuf.Value{string_value: dyn(quantity('1k'))} == '1k'"
+    ),
+    device_indexes=[0],
+)
+@example(expression="google.protobuf.Value{number_value: 1}", device_indexes=[0])
+@example(expression="google.protobuf.Value{list_value: dyn({'values': [1]})} == [1.0]", device_indexes=[0])
+@example(expression="google.protobuf.Value{null_value: 5000000000} == null", device_indexes=[0])
+@example(expression="google.protobuf.NullValue.NULL_VALUE + 1 == 1", device_indexes=[0])
+@example(expression="has(google.protobuf.NullValue.NULL_VALUE)", device_indexes=[0])
+@example(expression="google.protobuf.Any{} == 1", device_indexes=[0])
+@example(
+    expression=(
+        r"google.protobuf.Any{type_url: 'x/google.protobuf.Int64Value', value: b'\x08\xff\x01'}"
+        " == 255"
+    ),
+    device_indexes=[0],
+)
+@example(
+    expression=r"google.protobuf.Any{type_url: 'x\"y', value: b'\x0b\x08\x01\x0c\xff'} == 0",
+    device_indexes=[0],
+)
+@example(
+    expression=(
+        r"google.protobuf.Any{type_url: 'x/google.protobuf.Empty', value: b'\x08\x01\x10\x01'} == "
+        r"google.protobuf.Any{type_url: 'x/google.protobuf.Empty', value: b'\x10\x01\x08\x01'}"
+    ),
+    device_indexes=[0],
+)
+@example(
+    expression=(
+        "google.protobuf.Any{type_url: 'x/google.protobuf.Struct', "
+        r"value: b'\x0a\x0a\x0a\x01a\x12\x05\x1a\x03abc'} == {'a': 'abc'}"
+    ),
+    device_indexes=[0],
+)
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

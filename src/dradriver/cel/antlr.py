@@ -388,7 +388,7 @@ class _Parser:
             return
         self.mismatch(tokens)
 
-    def call(self, rule: str, follow: frozenset[int], eps: bool, *args: int) -> None:
+    def call(self, rule: str, follow: frozenset[int], eps: bool, *args: object) -> None:
         """Invoke a rule; if it fails, report and recover as its generated errorExit does."""
         frame = _Frame(follow, eps)
         self.frames.append(frame)
@@ -613,37 +613,50 @@ class _Parser:
         self.entries("opt_expr", 220, FIRST_OPT_EXPR)
 
     def field_initializer_list(self) -> None:
-        self.entries("opt_field", 202, FIRST_OPT_FIELD)
+        self.entries("opt_field", 202, FIRST_OPT_FIELD, self.lt())
 
-    def entries(self, key: str, state: int, first: frozenset[int]) -> None:
+    def entries(self, key: str, state: int, first: frozenset[int], *args: object) -> None:
         """`key ':' expr (',' key ':' expr)*` (the two rules differ in their keys only)."""
-        frame = self.frames[-1]
-        self.call(key, frozenset({COLON}), False)
-        frame.pending.append(f": {OPERAND}")
-        self.match(COLON, state + 1, FIRST_EXPR)
-        frame.pending.pop()
-        self.call("expr", frozenset({COMMA}), True)
+        self.entry(key, state + 1, *args)
         while self.la() == COMMA and self.la(2) in first:
             self.match(COMMA, state + 3, first)
-            self.call(key, frozenset({COLON}), False)
-            frame.pending.append(f": {OPERAND}")
-            self.match(COLON, state + 5, FIRST_EXPR)
-            frame.pending.pop()
-            self.call("expr", frozenset({COMMA}), True)
+            self.entry(key, state + 5, *args)
 
-    def opt_field(self) -> None:
+    def entry(self, key: str, colon_state: int, *args: object) -> None:
+        frame = self.frames[-1]
+        reported = len(self.visitor_errors)
+        self.call(key, frozenset({COLON}), False, *args)
+        # cel-go's visitor skips the value of a field it reported (an escaped name).
+        skipped = key == "opt_field" and len(self.visitor_errors) > reported
+        frame.pending.append(f": {OPERAND}")
+        self.match(COLON, colon_state, FIRST_EXPR)
+        frame.pending.pop()
+        reported, emitted = len(self.visitor_errors), len(self.out)
+        self.call("expr", frozenset({COMMA}), True)
+        if skipped:
+            del self.visitor_errors[reported:]
+            self.out[emitted:] = [(OPERAND, None, False)]
+
+    def opt_field(self, fields: Token) -> None:
         self.sync(216, FIRST_OPT_FIELD)
         if self.la() == QMARK:
             self.match(QMARK, 215, frozenset({IDENT, ESC_IDENT}))
-        self.call("escape_ident", NOTHING, True)
+        self.call("escape_ident", NOTHING, True, fields)
 
-    def escape_ident(self) -> None:
+    def escape_ident(self, fields: Token | None = None) -> None:
+        """A field name; `fields` is where the field list of a message literal starts."""
         self.frames[-1].pending.append(PLACEHOLDER)
         self.sync(235, frozenset({IDENT, ESC_IDENT}))
         if self.la() not in (IDENT, ESC_IDENT):
             self.no_viable(self.lt(), self.lt())
         self.frames[-1].pending.pop()
+        token = self.lt()
         self.match(self.la(), 233, NOTHING, True)
+        if token.type == ESC_IDENT:
+            # Kubernetes leaves cel-go's escaped identifiers off: its visitor reports each one, at
+            # the backquote or, in a message literal, where the field list starts.
+            self.visitor_errors.append(("unsupported syntax: '`'", self.where(fields or token)))
+            self.out[-1] = (PLACEHOLDER, token.start, False)
 
     def opt_expr(self) -> None:
         self.sync(238, FIRST_OPT_EXPR)

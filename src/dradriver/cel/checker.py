@@ -72,6 +72,20 @@ WRAPPER_TYPES: dict[str, t.Type] = {
     "google.protobuf.UInt64Value": t.UINT,
 }
 TYPE_IDENTS.update({name: t.wrapper_of(primitive) for name, primitive in WRAPPER_TYPES.items()})
+_JSON_OBJECT = t.map_of(t.STRING, t.DYN)
+_JSON_LIST = t.list_of(t.DYN)
+# The other well-known messages of the registry, by what their literals build: Any the message it
+# packs, the JSON messages JSON values (cel-go's checker maps them to these types), Empty itself.
+MESSAGE_TYPES: dict[str, t.Type] = {
+    "google.protobuf.Any": t.ANY,
+    "google.protobuf.Struct": _JSON_OBJECT,
+    "google.protobuf.ListValue": _JSON_LIST,
+    "google.protobuf.Value": t.DYN,
+    "google.protobuf.Empty": t.EMPTY,
+}
+TYPE_IDENTS.update(MESSAGE_TYPES)
+# Enum values are int constants (the registry's only enum: NullValue).
+ENUM_VALUES = {"google.protobuf.NullValue.NULL_VALUE": 0}
 # checker.go getWellKnownTypeName: a message literal of a wrapper type looks its fields up in the
 # message named by the kind (an Int32Value's in Int64Value).
 _WELL_KNOWN_MESSAGES = {
@@ -96,6 +110,18 @@ _MESSAGE_FIELDS: dict[str, dict[str, t.Type]] = {
         for k in (t.Kind.TIMESTAMP, t.Kind.DURATION)
     },
     **{name: {} for name in ("bool", "bytes", "double", "int", "uint", "string", "list")},
+    "google.protobuf.Any": {"type_url": t.STRING, "value": t.BYTES},
+    "google.protobuf.Struct": {"fields": _JSON_OBJECT},
+    "google.protobuf.ListValue": {"values": _JSON_LIST},
+    "google.protobuf.Value": {
+        "null_value": t.INT,
+        "number_value": t.DOUBLE,
+        "string_value": t.STRING,
+        "bool_value": t.BOOL,
+        "struct_value": _JSON_OBJECT,
+        "list_value": _JSON_LIST,
+    },
+    "google.protobuf.Empty": {},
 }
 
 
@@ -105,6 +131,8 @@ class CheckResult:
     overloads: dict[ast.Expr, list[Overload]] = field(default_factory=dict)
     # Names that resolve to a type identifier (e.g. `int` in `type(x) == int`).
     type_idents: dict[ast.Expr, t.Type] = field(default_factory=dict)
+    # Names that resolve to an enum value (the planner makes them constants).
+    enum_values: dict[ast.Expr, int] = field(default_factory=dict)
     # Calls written as `ns.fn(...)` that resolved to the global function `ns.fn`.
     qualified_calls: dict[ast.Expr, str] = field(default_factory=dict)
 
@@ -219,6 +247,10 @@ class Checker:
     def _check_select(self, e: ast.Select) -> None:
         qualified = qualified_name(e)
         if qualified is not None and not e.test_only:
+            if qualified.removeprefix(".") in ENUM_VALUES:
+                self.result.enum_values[e] = ENUM_VALUES[qualified.removeprefix(".")]
+                self._set(e, t.INT)
+                return
             found = self._lookup_ident(qualified)
             if found is not None and found[1]:
                 self.result.type_idents[e] = TYPE_IDENTS[qualified]
@@ -242,7 +274,7 @@ class Checker:
         if operand_type.kind is t.Kind.MAP:
             return operand_type.params[1]
         if operand_type.kind is t.Kind.STRUCT:
-            fields = self.struct_fields.get(operand_type.name)
+            fields = self.struct_fields.get(operand_type.name, _MESSAGE_FIELDS.get(operand_type.name))
             if fields is None:
                 self._error(f"unexpected failed resolution of '{operand_type.name}'", e.pos)
                 return t.ERROR
@@ -363,8 +395,8 @@ class Checker:
         self._set(e, t.list_of(elem if elem is not None else self._new_type_var()))
 
     def _check_struct(self, e: ast.StructExpr) -> None:
-        """checker.go checkCreateStruct, for the message types the checker knows (the wrappers,
-        Timestamp and Duration)."""
+        """checker.go checkCreateStruct, for the message types the checker knows (the
+        well-known types)."""
         found = self._lookup_ident(e.type_name.removeprefix("."))
         if found is None:
             self._error(f"undeclared reference to '{e.type_name}' (in container '')", e.pos)
@@ -378,7 +410,9 @@ class Checker:
                 self._error(f"'{t.declared_name(declared)}' is not a type", e.pos)
         else:
             result = declared.params[0]
-            if result.nullable or result.kind in (t.Kind.NULL, t.Kind.TIMESTAMP, t.Kind.DURATION):
+            if type_name in MESSAGE_TYPES:
+                result = MESSAGE_TYPES[type_name]
+            elif result.nullable or result.kind in (t.Kind.NULL, t.Kind.TIMESTAMP, t.Kind.DURATION):
                 type_name = _WELL_KNOWN_MESSAGES[result.kind]
             else:
                 self._error(f"'{t.declared_name(result)}' is not a message type", e.pos)

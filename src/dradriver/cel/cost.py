@@ -278,7 +278,9 @@ class Coster:
     def cost(self, e: ast.Expr) -> Estimate:
         if isinstance(e, ast.Literal):
             return ZERO
-        if isinstance(e, ast.Ident) or (isinstance(e, ast.Select) and e in self.checked.type_idents):
+        if isinstance(e, ast.Ident) or (
+            isinstance(e, ast.Select) and (e in self.checked.type_idents or e in self.checked.enum_values)
+        ):
             return self._ident(e)
         if isinstance(e, ast.Select):
             return self._select(e)

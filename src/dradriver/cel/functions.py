@@ -1009,7 +1009,7 @@ def _is_zero(value: Any) -> bool:
     if type(value) is times.Duration:
         return value.nanos == 0
     if type(value) is times.Timestamp:
-        return value.key() == (times.MIN_UNIX, 0)  # Go's zero time, 0001-01-01T00:00:00Z
+        return value.key() == (0, 0)  # Go's zero time, 0001-01-01T00:00:00Z
     return False
 
 

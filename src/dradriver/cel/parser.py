@@ -289,7 +289,7 @@ def _syntax_failure(parser: Any, expression: str) -> CELCompileError:
     """The compile error cel-go reports for text that does not parse: ANTLR's syntax errors, then
     what cel-go's visitor reports on the partial tree, shown as cel-go shows at most 100 issues."""
     result = antlr.parse(expression)
-    errors = result.errors or [("Syntax error", (1, 1))]
+    errors = result.errors or ([] if result.visitor_errors else [("Syntax error", (1, 1))])
     if result.finished:
         errors = errors + result.visitor_errors + _visitor_errors(parser, result)
     errors.sort(key=lambda error: error[1])  # stable: at one position, syntax errors come first

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from dradriver.cel import ast
 from dradriver.cel import types as t
-from dradriver.cel.checker import CheckResult, qualified_name
+from dradriver.cel.checker import MESSAGE_TYPES, CheckResult, qualified_name
 from dradriver.cel.cost import STRUCT_CREATE
 from dradriver.cel.errors import CostLimitError, EvalError
 from dradriver.cel.functions import (
@@ -279,8 +279,10 @@ class Compiler:
 
     def _type_value(self, e: ast.Ident | ast.Select) -> TypeValue:
         ty = self.check.type_idents[e]
-        if ty.nullable:
-            # A wrapper message's name is no runtime type (its values have the primitive's type).
+        name = str(qualified_name(e)).removeprefix(".")
+        if ty.nullable or (name in MESSAGE_TYPES and ty is not t.EMPTY):
+            # A wrapper's or JSON message's name is no runtime type (its values have the type of
+            # the value they hold), nor is Any's.
             raise ProgramError(f"reference to undefined type: {qualified_name(e)}")
         return TypeValue(_type_value_name(ty))
 
@@ -298,6 +300,8 @@ class Compiler:
             value = e.value
         elif isinstance(e, ast.Ident | ast.Select) and e in self.check.type_idents:
             value = self._type_value(e)
+        elif e in self.check.enum_values:
+            value = self.check.enum_values[e]
         elif isinstance(e, ast.ListExpr) and not e.optional_indices:
             items = [self._nested_constant(el) for el in e.elements]
             if all(item is not _NOT_CONSTANT for item in items):
@@ -601,7 +605,11 @@ class Compiler:
         a field selection, an index or a conditional. An attribute costs one unit for itself plus
         one per qualifier; other nodes start a new (relative) attribute when qualified."""
         if isinstance(e, ast.Ident | ast.Select):
-            return e not in self.check.type_idents and not (isinstance(e, ast.Select) and e.test_only)
+            return (
+                e not in self.check.type_idents
+                and e not in self.check.enum_values
+                and not (isinstance(e, ast.Select) and e.test_only)
+            )
         return isinstance(e, ast.Call) and e.target is None and e.function in (*_INDEXES, ast.CONDITIONAL)
 
     def _discounted(self, e: ast.Expr) -> bool:

@@ -30,7 +30,10 @@ class Timestamp:
         self.seconds, self.nanos, self.offset = seconds, nanos, offset
 
     def key(self) -> tuple[int, int]:
-        return (self.seconds, self.nanos)
+        """What Go's time.Time compares: its seconds since year 1, an int64 that wraps for Unix
+        seconds within 62135596800 of int64's maximum (a Timestamp message literal's)."""
+        seconds = self.seconds - MIN_UNIX
+        return ((seconds - INT64_MIN) % 2**64 + INT64_MIN, self.nanos)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Timestamp) and self.key() == other.key()

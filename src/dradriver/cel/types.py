@@ -106,6 +106,7 @@ UINT = _simple(Kind.UINT, "uint")
 TYPE = _simple(Kind.TYPE, "type")
 
 OPTIONAL_NAME = "optional_type"
+EMPTY = Type(Kind.STRUCT, "google.protobuf.Empty")
 QUANTITY = Type(Kind.STRUCT, "kubernetes.Quantity")
 SEMVER = Type(Kind.STRUCT, "kubernetes.Semver")
 URL = Type(Kind.STRUCT, "kubernetes.URL")

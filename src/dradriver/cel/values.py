@@ -100,6 +100,25 @@ class ComputedQuantity(Quantity):
         return out
 
 
+class EmptyMessage:
+    """A `google.protobuf.Empty` message: a message value of its own type. One unpacked from an
+    Any keeps the unknown fields it was decoded with, which proto.Equal compares."""
+
+    __slots__ = ("unknown",)
+
+    def __init__(self, unknown: tuple[Any, ...] = ()) -> None:
+        self.unknown = unknown
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EmptyMessage) and self.unknown == other.unknown
+
+    def __hash__(self) -> int:
+        return hash(self.unknown)
+
+    def __repr__(self) -> str:
+        return "google.protobuf.Empty{}"
+
+
 EMPTY_MAP: Mapping[str, Any] = {}
 
 TYPE_NAMES: dict[type, str] = {
@@ -121,6 +140,7 @@ TYPE_NAMES: dict[type, str] = {
     Optional: "optional_type",
     times.Timestamp: times.TIMESTAMP_TYPE,
     times.Duration: times.DURATION_TYPE,
+    EmptyMessage: "google.protobuf.Empty",
 }
 
 
