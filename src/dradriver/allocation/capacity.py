@@ -17,11 +17,6 @@ from typing import Any
 
 from dradriver.quantity import Quantity, QuantityError
 
-_BINARY_BASE = 1024
-_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL_SUFFIXES = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
-_MAX_EXPONENT = 18
-
 
 class CapacityError(ValueError):
     """A capacity or request that is not a quantity; the message names it."""
@@ -37,23 +32,7 @@ class Amount:
 
     def __str__(self) -> str:
         """Quantity.String(): the canonical form in the quantity's own format."""
-        value = self.value
-        if self.binary and value.denominator == 1 and abs(value) >= _BINARY_BASE:
-            number, power = value.numerator, 0
-            while power < len(_BINARY_SUFFIXES) and number % _BINARY_BASE == 0:
-                number //= _BINARY_BASE
-                power += 1
-            return f"{number}{_BINARY_SUFFIXES[power - 1]}" if power else str(number)
-        # Decimal: the largest exponent, a multiple of 3, that leaves a whole mantissa.
-        number, exponent = _ceil(value * 10**9), -9
-        while number and number % 1000 == 0 and exponent < _MAX_EXPONENT:
-            number //= 1000
-            exponent += 3
-        if not number:
-            return "0"
-        if self.exponent:
-            return f"{number}e{exponent}" if exponent else str(number)
-        return f"{number}{_DECIMAL_SUFFIXES[exponent]}"
+        return Quantity.in_nanos(self.value, binary=self.binary, exponent=self.exponent).canonical()
 
 
 def parse_amount(text: Any, where: str) -> Amount:
