@@ -466,6 +466,10 @@ ATTRS = 'device.attributes["gpu.dradriver.dev"].'
     ),
     device_indexes=[0],
 )
+@example(expression="{'a': 1, 'b': b'ab', 'c': duration('1s')} == {}", device_indexes=[0])
+@example(expression="{1: 1, 'a': 'b', 2.0: 3.0} == {}", device_indexes=[0])
+@example(expression="{1: 1, 2: 'b', 'a': 3.0} == {}", device_indexes=[0])
+@example(expression="[1, 'x', string(1)] == []", device_indexes=[0])
 def test_generated_selectors_agree_with_kubernetes(
     cel_oracle: Oracle, expression: str, device_indexes: list[int]
 ) -> None:

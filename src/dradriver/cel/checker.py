@@ -621,6 +621,7 @@ def _validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError
                 if key_type is None or value_type is None:
                     key_type, value_type = kt, vt
                     continue
+                # Unlike a list's, every key and value of a map that differs is reported.
                 if not is_equivalent(key_type, kt):
                     errors.append(
                         CheckError(
@@ -628,7 +629,6 @@ def _validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError
                             key.pos,
                         )
                     )
-                    break
                 if not is_equivalent(value_type, vt):
                     errors.append(
                         CheckError(
@@ -636,7 +636,6 @@ def _validate_aggregates(root: ast.Expr, result: CheckResult) -> list[CheckError
                             value.pos,
                         )
                     )
-                    break
     return errors
 
 
