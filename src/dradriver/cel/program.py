@@ -958,12 +958,7 @@ class Compiler:
                 key = key_fn(a)
                 value = value_fn(a)
                 if is_optional:
-                    if type(value) is not Optional:
-                        raise EvalError(
-                            f"cannot initialize optional entry '{format_value(key)}' "
-                            f"from non-optional value {format_value(value)}"
-                        )
-                    if not value.has_value:
+                    if not _optional_entry(format_value(key), value).has_value:
                         continue
                     value = value.value
                 out.append((key, value))
@@ -982,12 +977,7 @@ class Compiler:
             for name, value_fn, is_optional in fields:
                 value = value_fn(a)
                 if is_optional:
-                    if type(value) is not Optional:
-                        raise EvalError(
-                            f"cannot initialize optional entry '{name}' from non-optional value "
-                            f"{format_value(value)}"
-                        )
-                    if not value.has_value:
+                    if not _optional_entry(name, value).has_value:
                         continue
                     value = value.value
                 values[name] = value
@@ -1214,6 +1204,15 @@ def _varargs(
             raise
 
     return call
+
+
+def _optional_entry(name: str, value: Any) -> Optional:
+    """The value of an optional map entry or message field (`?k: v`), which must be an optional."""
+    if type(value) is not Optional:
+        raise EvalError(
+            f"cannot initialize optional entry '{name}' from non-optional value {format_value(value)}"
+        )
+    return value
 
 
 def _charging_constructor(build: Eval, cost: int) -> Eval:
