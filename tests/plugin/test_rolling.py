@@ -118,11 +118,16 @@ def test_two_instances_register_side_by_side_with_their_own_sockets() -> None:
 
 def test_the_instance_lock_is_per_pod() -> None:
     with two_instances() as (old, _new):
+        assert old.proc is not None
+        assert old.proc.poll() is None, old.log()
         again = ServeProcess(old.root, pod_uid=OLD_POD)
         again.log_path = old.root / "again.log"
         again.start(wait=False)
         assert again.proc is not None
-        assert again.proc.wait(30) == 1
+        try:
+            assert again.proc.wait(30) == 1, f"{again.log()}\nthe first instance: {old.log()}"
+        finally:
+            again.kill()  # never left serving when the assertion fails
         assert f"holds {old.lock_file}" in again.log()
 
 
