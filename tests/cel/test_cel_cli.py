@@ -31,8 +31,8 @@ DEVICE_CLASS = {
 }
 
 
-def claim(*selectors: str, count: int = 1, name: str = "c") -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "count": count}
+def claim(*selectors: str, count: int = 1, name: str = "c", device_class: str = DRIVER) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     return {
@@ -49,6 +49,11 @@ def resource_slice(count: int = 3) -> dict[str, Any]:
         device = gpu_device(f"gpu-{i}")
         device["attributes"]["minor"] = {"int": i}
         devices.append(device)
+    return slice_of(devices)
+
+
+def slice_of(devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """node-a's one ResourceSlice of DRIVER, holding `devices`."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

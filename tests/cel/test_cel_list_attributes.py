@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
-from tests.cel.test_cel_cli import dradriver
+from tests.cel.test_cel_cli import claim as cli_claim
+from tests.cel.test_cel_cli import dradriver, slice_of
 from tests.oracle import Oracle
 
 DRIVER = "gpu.dradriver.dev"
@@ -140,23 +141,8 @@ def test_dry_run_follows_the_gate_as_the_scheduler_does(
     # One list attribute only: with the gate off the scheduler names the first it meets in Go's
     # map order.
     device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "ids": ATTRIBUTES["ids"]}}
-    slice_ = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "node-a"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": "node-a",
-            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-            "devices": [device],
-        },
-    }
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "listed"}}]}},
-    }
+    slice_ = slice_of([device])
+    claim = cli_claim(device_class="listed")
     answer = allocate_oracle.ask(
         {
             "node": {"metadata": {"name": "node-a"}},
