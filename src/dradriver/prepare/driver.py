@@ -419,19 +419,18 @@ class GpuDriver:
             early_work = self._fetcher.submit(
                 self._prepare_early, [(ref, copies[ref.uid]) for ref in refs if ref.uid in copies]
             )
-            unsaved = False
             try:
                 try:
                     fetched = self._fetch_all(refs)
                 finally:
                     early = early_work.result()
             except CallError:
-                unsaved = bool(early.prepared)
-                self._discard(early.prepared)
+                try:
+                    self._discard(early.prepared)
+                finally:
+                    if early.prepared:
+                        self._persist()
                 raise
-            finally:
-                if unsaved:
-                    self._persist()
             confirmed: list[tuple[ClaimRef, ResourceClaim]] = []
             for ref, claim in zip(refs, fetched, strict=True):
                 result = early.results.get(ref.uid)
