@@ -209,8 +209,8 @@ class Quantity:
         """`value` rounded up to whole nano units (the finest Kubernetes keeps), printing in
         BinarySI, DecimalExponent or else DecimalSI."""
         fmt = _BINARY_SI if binary else _DECIMAL_EXPONENT if exponent else _DECIMAL_SI
-        nanos = value * 10**9
-        return cls(-(-nanos.numerator // nanos.denominator), -9, dec=True, fmt=fmt)
+        nanos = value * 10**-_NANO
+        return cls(-(-nanos.numerator // nanos.denominator), _NANO, dec=True, fmt=fmt)
 
     @classmethod
     def from_int(cls, value: int) -> Quantity:
