@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from dradriver.prepare.checkpoint import ClaimState
+import pytest
+
+from dradriver.prepare.checkpoint import CheckpointData, ClaimState
 from tests.helpers import allocated_claim, opaque, uid
 from tests.prepare.node import Node
 from tests.prepare.test_driver import TIME_SLICING_LONG, one_gpu
@@ -98,3 +101,47 @@ def test_a_reboot_clears_prepared_state(tmp_path: Path) -> None:
     assert rebooted.records() == []
     assert node.cdi.claim_uids() == []
     assert rebooted.prepare([ref])[ref.uid].error == ""  # and the kubelet can prepare it afresh
+
+
+@pytest.mark.parametrize("left", ["empty file", "no file"])
+def test_a_checkpoint_lost_in_a_power_failure_takes_its_specs_along(tmp_path: Path, left: str) -> None:
+    """Saves are not fsynced: after a power failure the checkpoint may be empty or missing, and
+    the specs it named are the previous boot's, not claims to rebuild."""
+    node = Node(tmp_path, "dgx-h100")
+    ref = node.add(one_gpu(8, "gpu-6"))
+    node.driver().prepare([ref])
+    if left == "empty file":
+        node.store.path.write_bytes(b"")
+    else:
+        node.store.path.unlink()
+    node.boot_id = "boot-2"
+    report = node.driver(recover=False).recover()
+    assert report.cleared_after_reboot == [ref.uid]
+    assert report.rebuilt_from_cdi == []
+    assert node.cdi.claim_uids() == []
+    assert node.store.load() == CheckpointData(boot_id="boot-2")
+    assert node.store.last_boot() == "boot-2"
+
+
+def test_the_boot_marker_is_the_only_fsynced_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A boot's first start writes its marker durably; checkpoint saves and specs wait for no disk."""
+    fsynced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    node = Node(tmp_path, "dgx-h100")
+    driver = node.driver()
+    marker = node.store.path.with_name("boot_id")
+    assert marker.read_text() == "boot-1\n"
+    # The marker's temp file, then the directory that the marker was renamed in.
+    assert [Path(p).parent if p.endswith(".tmp") else Path(p) for p in fsynced] == [marker.parent] * 2
+    fsynced.clear()
+    ref = node.add(one_gpu(9, "gpu-7"))
+    assert driver.prepare([ref])[ref.uid].error == ""
+    assert driver.unprepare([ref]) == {ref.uid: ""}
+    node.driver()  # a restart in the same boot leaves the marker alone
+    assert fsynced == []

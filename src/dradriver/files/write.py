@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 #: The longest unix socket path bind() takes on Linux (sun_path is 108 bytes with its NUL).
@@ -56,13 +55,8 @@ def _open_directory(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-#: Files of one batch are written (and fsynced) this many at a time: the filesystem commits
-#: concurrent fsyncs together, so a batch costs far less than its files one by one.
-BATCH_WORKERS = 8
-
-
-def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
-    """A new temp file beside `name` holding `data`, fsynced; returns its name."""
+def _write_temp(dir_fd: int, name: str, data: bytes, mode: int, durable: bool) -> str:
+    """A new temp file beside `name` holding `data` (fsynced if `durable`); returns its name."""
     while True:
         tmp = temp_name(name)
         try:
@@ -77,7 +71,8 @@ def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
@@ -86,8 +81,8 @@ def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
     return tmp
 
 
-def _replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    tmp = _write_temp(dir_fd, name, data, mode)
+def _replace(dir_fd: int, name: str, data: bytes, mode: int, durable: bool) -> None:
+    tmp = _write_temp(dir_fd, name, data, mode, durable)
     try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
@@ -95,45 +90,34 @@ def _replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
         raise
 
 
-def write_atomically(target: Path, data: bytes, *, mode: int, sync_directory: bool = True) -> None:
+def write_atomically(target: Path, data: bytes, *, mode: int, durable: bool = True) -> None:
     """Replace `target` with `data` so that readers see the old or the new content, never a mix,
-    even after a power failure (the data is fsynced before the rename). The rename itself is
-    durable only with `sync_directory` (an fsync of the directory)."""
+    also when the process is killed at any instant (temp file, then rename). With `durable` the
+    content and the rename are fsynced, so that a power failure leaves one whole version; without,
+    a power failure may leave the old version or, on some filesystems, an empty file."""
     dir_fd = _open_directory(target.parent)
     try:
-        _replace(dir_fd, target.name, data, mode)
-        if sync_directory:
+        _replace(dir_fd, target.name, data, mode, durable)
+        if durable:
             os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
-def write_files_atomically(
-    directory: Path, files: Mapping[str, bytes], *, mode: int, sync_directory: bool = True
-) -> dict[str, OSError]:
-    """`write_atomically` for many files of one directory, in parallel, with (`sync_directory`)
-    one fsync of the directory at the end. Returns the error of each file that could not be written."""
+def write_files_atomically(directory: Path, files: Mapping[str, bytes], *, mode: int) -> dict[str, OSError]:
+    """`write_atomically` without `durable` for many files of one directory, one after the other
+    (with nothing to wait for, threads would only add their own cost). Returns the error of each
+    file that could not be written."""
     if not files:
         return {}
     dir_fd = _open_directory(directory)
     errors: dict[str, OSError] = {}
-
-    def write(name: str) -> None:
-        try:
-            _replace(dir_fd, name, files[name], mode)
-        except OSError as err:
-            errors[name] = err
-
     try:
-        if len(files) == 1:  # a thread for one file costs ten times its write on a tmpfs
-            write(next(iter(files)))
-        else:
-            with ThreadPoolExecutor(
-                max_workers=min(BATCH_WORKERS, len(files)), thread_name_prefix="write"
-            ) as pool:
-                list(pool.map(write, files))
-        if sync_directory:
-            os.fsync(dir_fd)
+        for name, data in files.items():
+            try:
+                _replace(dir_fd, name, data, mode, durable=False)
+            except OSError as err:
+                errors[name] = err
     finally:
         os.close(dir_fd)
     return errors

@@ -226,8 +226,8 @@ class CdiDirectory:
 
     Runtimes watch the directory and re-read it on every change, and some fail every injection on
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
-    fsync, rename) and only after validation. Renames and removals are not fsynced: a spec only
-    matters until the next reboot, after which recovery removes every spec of the previous boot.
+    then rename) and only after validation. Nothing is fsynced: a spec only matters until the next
+    reboot, after which recovery removes every spec of the previous boot (see `CheckpointStore`).
     See `dradriver.files.write` for why a symlink planted in the directory is never followed.
     """
 
@@ -264,10 +264,7 @@ class CdiDirectory:
             return errors | dict.fromkeys(files, err)
         names = {self.file_for(uid).name: uid for uid in files}
         failed = write_files_atomically(
-            self.path,
-            {name: files[uid] for name, uid in names.items()},
-            mode=SPEC_FILE_MODE,
-            sync_directory=False,
+            self.path, {name: files[uid] for name, uid in names.items()}, mode=SPEC_FILE_MODE
         )
         return errors | {names[name]: err for name, err in failed.items()}
 

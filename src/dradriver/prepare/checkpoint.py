@@ -14,10 +14,13 @@ aside, never fatal.
 During a rolling update two instances share the file (taking turns under `serialize.lock`):
 `changed_on_disk` tells an instance that the other one wrote it since it last read or wrote.
 
-Durability: each save fsyncs the new content before renaming it into place, so after a power
-failure the file holds one complete version. Only the first save of a process also fsyncs the
-directory (the file then surely exists); later renames need not be durable, because the claims
-of a previous boot are dropped at start whichever version survived (`read_boot_id`).
+Durability: saves are not fsynced. A save that returned survives `kill -9` (the page cache is the
+kernel's); only a power failure or a kernel crash can lose it, and after the reboot that follows
+every prepared claim is void anyway (`read_boot_id`). Such a failure may leave an older version or,
+on some filesystems, an empty file, and then the claims must not be rebuilt from the CDI directory
+(its specs are the previous boot's): so each boot's first start writes the boot marker (`boot_id`,
+fsynced with its directory) once recovery is done and before this boot's first save, and a
+checkpoint missing or unreadable at a start in another boot than the marker's is known to be lost.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from dradriver.files.write import ensure_directory, is_temp_name, write_atomical
 
 CHECKPOINT_VERSION = 1
 FILE_NAME = "checkpoint.json"
+#: The boot id of the last boot that started here, beside the checkpoint (see Durability).
+BOOT_MARKER = "boot_id"
 FILE_MODE = 0o600
 #: About 600 bytes a claim: room for 100,000 prepared claims, and a bound on what recovery reads.
 MAX_BYTES = 64 * 1024 * 1024
@@ -167,7 +172,7 @@ class CheckpointStore:
         self._fragments: dict[str, tuple[ClaimRecord, bytes]] = {}
         #: Identity of the file as we last read or wrote it (every write is a rename: a new inode).
         self._seen: tuple[int, int, int] | None = None
-        self._directory_synced = False
+        self._marker = state_dir / BOOT_MARKER
 
     def load(self) -> CheckpointData | None:
         """The stored checkpoint, or None if there is none. Raises CheckpointError if untrustworthy
@@ -217,11 +222,21 @@ class CheckpointStore:
         fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
         data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
         ensure_directory(self.path.parent)
-        write_atomically(
-            self.path, _document(data), mode=FILE_MODE, sync_directory=not self._directory_synced
-        )
-        self._directory_synced = True
+        write_atomically(self.path, _document(data), mode=FILE_MODE, durable=False)
         self._seen = _identity(os.stat(self.path))
+
+    def last_boot(self) -> str | None:
+        """The boot id `mark_boot` last wrote, or None (never written, or unreadable)."""
+        try:
+            return read_bytes(self._marker, 1024, follow_symlinks=False).decode().strip() or None
+        except (FileReadError, UnicodeDecodeError):
+            return None
+
+    def mark_boot(self, boot_id: str) -> None:
+        """Durably note that this boot's saves begin (once per boot: the marker changes only then)."""
+        if boot_id and self.last_boot() != boot_id:
+            ensure_directory(self.path.parent)
+            write_atomically(self._marker, boot_id.encode() + b"\n", mode=FILE_MODE)
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""

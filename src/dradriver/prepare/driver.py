@@ -213,22 +213,32 @@ class GpuDriver:
 
     def _recover(self) -> Recovery:
         report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
+        last_boot = self._store.last_boot()
+        # A checkpoint lost in a power failure (saves are not fsynced): the specs are that boot's.
+        lost_in_reboot = bool(self._boot_id and last_boot and last_boot != self._boot_id)
         try:
             loaded = self._store.load()
         except CheckpointError as err:
             report.quarantined = self._store.quarantine()
-            log.error(
-                "checkpoint unusable: moved aside, rebuilding prepared claims from the CDI directory",
-                error=str(err),
-                moved_to=str(report.quarantined),
-            )
+            if lost_in_reboot:  # expected after a power failure
+                log.warning(
+                    "checkpoint of a previous boot unusable: moved aside (its claims are void now)",
+                    error=str(err),
+                    moved_to=str(report.quarantined),
+                )
+            else:
+                log.error(
+                    "checkpoint unusable: moved aside, rebuilding prepared claims from the CDI directory",
+                    error=str(err),
+                    moved_to=str(report.quarantined),
+                )
             loaded = None
-        if loaded is None:
+        if loaded is None and not lost_in_reboot:
             state = self._rebuild_from_cdi()
             report.rebuilt_from_cdi = sorted(state.claims)
-        elif loaded.boot_id and self._boot_id and loaded.boot_id != self._boot_id:
-            report.cleared_after_reboot = sorted(loaded.claims)
-            for uid in loaded.claims:
+        elif loaded is None or (loaded.boot_id and self._boot_id and loaded.boot_id != self._boot_id):
+            report.cleared_after_reboot = sorted(self._cdi.claim_uids() if loaded is None else loaded.claims)
+            for uid in report.cleared_after_reboot:
                 self._cdi.remove(uid)
             state = CheckpointData(boot_id=self._boot_id)
         else:
@@ -254,6 +264,7 @@ class GpuDriver:
         with self._state_lock:
             # A model_copy keeps the fields a newer version wrote at the top level.
             self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
+            self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
             self._store.save(self._state)
         return report
 
