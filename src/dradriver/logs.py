@@ -11,6 +11,9 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Literal, TextIO, cast
 
@@ -136,6 +139,50 @@ def _logger_name(_logger: Any, _method: str, event: Any) -> Any:
     return event
 
 
+class HeldRecords:
+    """Records a thread logged inside `holding`, to be rendered and written by `write`."""
+
+    def __init__(self) -> None:
+        self._records: list[dict[str, Any]] = []
+
+    def add(self, event: dict[str, Any]) -> None:
+        self._records.append(event)
+
+    def write(self) -> None:
+        """Render and write the held records (any thread; once the answer they waited for is out)."""
+        records, self._records = self._records, []
+        for event in records:
+            _write_finished(event)
+
+
+_holding: ContextVar[HeldRecords | None] = ContextVar("held_log_records", default=None)
+#: Set by `configure`: renders an event past `_hold` and writes it.
+_write_finished: Any = None
+
+
+@contextmanager
+def holding(held: HeldRecords) -> Iterator[None]:
+    """Hold what this thread logs with structlog until `held.write()`: a gRPC handler answers
+    first and has its records written after the answer went out. Timestamps are taken at once."""
+    token = _holding.set(held)
+    try:
+        yield
+    finally:
+        _holding.reset(token)
+
+
+def _hold(_logger: Any, _method: str, event: Any) -> Any:
+    held = _holding.get()
+    if held is None:
+        return event
+    import structlog
+
+    if event.get("exc_info") is True:  # the exception being handled now, not at write time
+        event["exc_info"] = sys.exc_info()
+    held.add(event)
+    raise structlog.DropEvent
+
+
 def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
     """Route structlog, stdlib logging (grpc, kubernetes, urllib3), warnings and uncaught
     exceptions to `stream` (stderr), all in one format: JSON lines or readable console text.
@@ -170,8 +217,17 @@ def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
         renderer = structlog.dev.ConsoleRenderer(
             colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
         )
+    global _write_finished  # noqa: PLW0603 - set with the rest of the configuration
+    finish, printer = [*tail, renderer], structlog.PrintLogger(out)
+
+    def write_finished(event: Any) -> None:
+        for processor in finish:
+            event = processor(None, "info", event)
+        printer.msg(event)
+
+    _write_finished = write_finished
     structlog.configure(
-        processors=[*shared, *tail, renderer],
+        processors=[*shared, _hold, *tail, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from dradriver import logs
 from dradriver.daemon import DeferredDriver
 from dradriver.health.board import Health, HealthBoard
 from dradriver.kubeletclient import DRAClient
@@ -208,3 +212,60 @@ def test_deferred_driver_waits_for_initialization_and_reports_failure() -> None:
     slow = DeferredDriver(wait_seconds=0.1)
     with pytest.raises(CallError, match="still initializing"):
         slow.prepare([A])
+
+
+class RecordStream(io.StringIO):
+    """A JSON log whose readers can wait for a number of records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.changed:
+            written = super().write(text)
+            self.changed.notify_all()
+        return written
+
+    def records(self, count: int) -> list[dict[str, Any]]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.getvalue().count("\n") >= count, timeout=10)
+            return [json.loads(line) for line in self.getvalue().splitlines()]
+
+
+@pytest.fixture
+def json_log() -> Iterator[RecordStream]:
+    stream = RecordStream()
+    logs.configure("json", 0, stream)
+    yield stream
+    logs.configure("console")
+
+
+def test_a_calls_records_are_written_once_it_has_answered(
+    plugin: InProcessPlugin, driver: ScriptedDriver, json_log: RecordStream
+) -> None:
+    written_during_the_call: list[str] = []
+
+    def prepare(claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        logs.get_logger(component="test").info("prepared", claim=str(claims[0]))
+        written_during_the_call.append(json_log.getvalue())
+        return {A.uid: PrepareResult()}
+
+    driver.prepare = prepare  # type: ignore[method-assign]
+    with DRAClient(plugin.paths.dra_socket) as client:
+        assert client.prepare([A]).claims[A.uid].error == ""
+    inside, done = json_log.records(2)
+    assert written_during_the_call == [""]
+    assert (inside["event"], inside["claim"], done["event"]) == ("prepared", "ns/a", "NodePrepareResources")
+    assert inside["timestamp"] <= done["timestamp"]  # taken when logged, not when written
+
+
+def test_a_failed_calls_records_are_written_too(
+    plugin: InProcessPlugin, driver: ScriptedDriver, json_log: RecordStream
+) -> None:
+    driver.raise_error = CallError("get resource claims: claim ns/a got replaced")
+    with DRAClient(plugin.paths.dra_socket) as client, pytest.raises(grpc.RpcError):
+        client.prepare([A])
+    [failed] = json_log.records(1)
+    assert (failed["level"], failed["event"]) == ("warning", "NodePrepareResources failed")
+    assert failed["error"] == "get resource claims: claim ns/a got replaced"

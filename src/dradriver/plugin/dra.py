@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -108,6 +109,14 @@ class _DRAPluginAdapter:
         self._share_ids = pb is v1  # share_id exists only on the v1 wire
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        with _logged_after_answer(context):
+            return self._prepare(request, context)
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        with _logged_after_answer(context):
+            return self._unprepare(request, context)
+
+    def _prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         claims = _claim_refs(request)
         self._trace("NodePrepareResources request", request)
         started = time.perf_counter()
@@ -129,7 +138,7 @@ class _DRAPluginAdapter:
         self._trace("NodePrepareResources response", response)
         return response
 
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def _unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         claims = _claim_refs(request)
         self._trace("NodeUnprepareResources request", request)
         started = time.perf_counter()
@@ -177,6 +186,18 @@ class _DRAPluginAdapter:
             log.info(
                 what, api=self._version, message=MessageToDict(message, preserving_proto_field_name=True)
             )
+
+
+@contextmanager
+def _logged_after_answer(context: grpc.ServicerContext) -> Iterator[None]:
+    """The call's log records are written once its answer is out (by the server's thread, when
+    the call ends): a pod waits for the answer, not for the log."""
+    held = logs.HeldRecords()
+    if not context.add_callback(held.write):  # the call is over already: nothing to wait for
+        yield
+        return
+    with logs.holding(held):
+        yield
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:
