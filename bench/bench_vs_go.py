@@ -24,6 +24,11 @@ the order of the two plugins; each round starts every plugin twice:
   NodePrepareResources / NodeUnprepareResources, 100 prepares by 100 back-to-back calls, 64
   claims in one call.
 
+Beside them (unless --no-floor) runs `bench.grpc_floor`, the Python gRPC floor: a plugin on
+grpcio that GETs each claim and answers with no work of its own, driven the same way (GetInfo and
+the prepare phase; it publishes nothing). dradriver's cost beyond it is dradriver's; its cost
+beyond the Go reference is the Python runtime's.
+
 The Go plugin runs with its client rate limit raised (--kube-api-qps/burst 1000) in every
 phase; `--go-default-limit` adds the back-to-back figures with its default limit (5 QPS,
 burst 10), once. Figures are medians over rounds, with the range over rounds.
@@ -38,6 +43,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -75,6 +81,8 @@ class Plugin:
     prefix: str
     argv: Callable[[Path, Path, int], list[str]]
     sockets: Callable[[Path], tuple[Path, Path]]
+    #: Whether it publishes ResourceSlices (the start-up and idle figures are a plugin's).
+    publishes: bool = True
 
 
 def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
@@ -117,6 +125,23 @@ def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
     if baseline:
         return Plugin("dradriver baseline", driver, "base", argv, sockets)
     return Plugin("dradriver", driver, "dr", argv, sockets)
+
+
+def floor_plugin() -> Plugin:
+    """bench.grpc_floor: what a Python plugin on grpcio costs before doing any work of its own."""
+    driver = "floor.dradriver.dev"
+
+    def argv(root: Path, kubeconfig: Path, _devices: int) -> list[str]:
+        registration, dra = sockets(root)
+        return [
+            sys.executable, "-m", "bench.grpc_floor", "--registration", str(registration),
+            "--dra", str(dra), "--kubeconfig", str(kubeconfig), "--driver", driver, "--pool", NODE,
+        ]  # fmt: skip
+
+    def sockets(root: Path) -> tuple[Path, Path]:
+        return root / "reg" / f"{driver}-reg.sock", root / "plugins" / driver / "dra.sock"
+
+    return Plugin("Python gRPC floor", driver, "floor", argv, sockets, publishes=False)
 
 
 # --- the API server side -------------------------------------------------------------------------
@@ -322,15 +347,18 @@ def start_phase(
     with contextlib.ExitStack() as stack:
         running: dict[str, Running] = {}
         for plugin in plugins:
-            delete_node_slices(admin, driver_name=plugin.driver, node_name=NODE)
-            stack.callback(delete_node_slices, admin, driver_name=plugin.driver, node_name=NODE)
-            watch = SliceWatch(admin, plugin.driver)
-            stack.callback(watch.close)
+            watch = None
+            if plugin.publishes:
+                delete_node_slices(admin, driver_name=plugin.driver, node_name=NODE)
+                stack.callback(delete_node_slices, admin, driver_name=plugin.driver, node_name=NODE)
+                watch = SliceWatch(admin, plugin.driver)
+                stack.callback(watch.close)
             launched = stack.enter_context(launch(plugin, kubeconfigs[plugin.prefix], START_DEVICES, opts))
-            figures = out[plugin.prefix]
-            figures.set("start_getinfo", get_info_answered(launched))
+            answered = get_info_answered(launched)
             kubeletclient.register(launched.registration)
-            figures.set("first_slice", watch.wait(60) - launched.started)
+            if watch is not None:
+                out[plugin.prefix].set("start_getinfo", answered)
+                out[plugin.prefix].set("first_slice", watch.wait(60) - launched.started)
             running[plugin.prefix] = launched
         samples: dict[str, list[float]] = {p.prefix: [] for p in plugins}
         stubs = {}
@@ -350,9 +378,10 @@ def start_phase(
             out[prefix].set("getinfo_p50", statistics.median(values))
             out[prefix].set("getinfo_p99", percentile(values, 99))
         time.sleep(opts.settle)
-        before = {prefix: cpu_seconds(r.process.pid) for prefix, r in running.items()}
+        publishing = {prefix: r for prefix, r in running.items() if r.plugin.publishes}
+        before = {prefix: cpu_seconds(r.process.pid) for prefix, r in publishing.items()}
         time.sleep(opts.idle_seconds)
-        for prefix, launched in running.items():
+        for prefix, launched in publishing.items():
             pid = launched.process.pid
             out[prefix].set("idle_cpu", (cpu_seconds(pid) - before[prefix]) / opts.idle_seconds)
             out[prefix].set("idle_rss_mb", rss_mb(pid))
@@ -461,21 +490,27 @@ def cell(rounds: list[Figures], key: str, unit: str) -> tuple[str, float | None]
 
 
 def report(results: dict[str, list[Figures]], go_default: Figures | None, loads: list[str]) -> str:
-    go, ours, baseline = results.get("go", []), results.get("dr", []), results.get("base")
-    extra = " dradriver baseline |" if baseline is not None else ""
+    go, ours = results.get("go", []), results.get("dr", [])
+    baseline, floor = results.get("base"), results.get("floor")
+    extra = (" dradriver baseline |" if baseline is not None else "") + (
+        " Python gRPC floor | floor / Go |" if floor is not None else ""
+    )
+    columns = 5 + (baseline is not None) + 2 * (floor is not None)
     lines = [
         f"| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |{extra}",
-        "| --- | --- | --- | --- | --- |" + (" --- |" if baseline is not None else ""),
+        "|" + " --- |" * columns,
     ]
     for key, label, unit, factor in ROWS:
         go_text, go_value = cell(go, key, unit)
         our_text, our_value = cell(ours, key, unit)
-        ratio = f"{our_value / go_value:.2f}" if go_value and our_value is not None else "-"
         target = f"<= {factor:g} x Go" if factor is not None else ""
         unit_label = f" ({unit})" if unit else ""
-        row = f"| {label}{unit_label} | {go_text} | {our_text} | {ratio} | {target} |"
+        row = f"| {label}{unit_label} | {go_text} | {our_text} | {ratio(our_value, go_value)} | {target} |"
         if baseline is not None:
             row += f" {cell(baseline, key, unit)[0]} |"
+        if floor is not None:
+            floor_text, floor_value = cell(floor, key, unit)
+            row += f" {floor_text} | {ratio(floor_value, go_value)} |"
         lines.append(row)
     if go_default is not None:
         for key, label in (
@@ -483,11 +518,16 @@ def report(results: dict[str, list[Figures]], go_default: Figures | None, loads:
             ("one_call_64", "64 claims in one call"),
         ):
             lines.append(
-                f"| {label}, Go's default client limit (ms) | {fmt(go_default.values[key], 'ms')} | | | |"
+                f"| {label}, Go's default client limit (ms) | {fmt(go_default.values[key], 'ms')} |"
+                + " |" * (columns - 2)
             )
     lines.append("")
     lines.append("load average (1 min) at each round's start and end: " + ", ".join(loads))
     return "\n".join(lines)
+
+
+def ratio(value: float | None, go_value: float | None) -> str:
+    return f"{value / go_value:.2f}" if go_value and value is not None else "-"
 
 
 def main() -> None:
@@ -507,6 +547,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--cdi-on-disk", action="store_true", help="CDI specs on disk instead of a tmpfs")
     parser.add_argument("--go-default-limit", action="store_true")
+    parser.add_argument(
+        "--no-floor", action="store_true", help="leave out the Python gRPC floor (bench.grpc_floor)"
+    )
     parser.add_argument("--only", choices=["go", "dradriver"], help="drive one plugin only (profiling)")
     opts = parser.parse_args()
     if opts.k8s_bin is None:
@@ -529,8 +572,10 @@ def main() -> None:
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))
+        if not opts.no_floor:
+            plugins.append(floor_plugin())
         if opts.only:
-            plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go")]
+            plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go") and p.publishes]
         kubeconfigs, claims = {}, {}
         for plugin in plugins:
             user = f"bench-{plugin.prefix}-plugin"
