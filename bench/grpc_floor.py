@@ -4,7 +4,7 @@ the Go reference and dradriver.
 It registers like a plugin and answers the kubelet's calls with no work of its own: GetInfo from
 a constant; NodePrepareResources GETs each claim through dradriver's API client (the Go helper's
 rule: the kubelet names a claim by namespace, name and UID only) and answers one constant device
-per claim; NodeUnprepareResources answers success. No files, no checkpoint, no logging, the same
+per claim; NodeUnprepareResources answers success. No files, no checkpoint, no log lines, the same
 gRPC server set-up as `dradriver serve`. What dradriver costs beyond this is dradriver's; what
 this costs beyond the Go reference is the Python runtime's (grpcio's server, the HTTP client).
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from dradriver import logs
 from dradriver.kube import load_client
 from dradriver.kubeletapi.dra.v1 import api_pb2 as v1
 from dradriver.kubeletapi.dra.v1 import api_pb2_grpc as v1_grpc
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--driver", required=True)
     parser.add_argument("--pool", default="node")
     opts = parser.parse_args()
+    logs.configure("json")  # as serve: info and up (the registration servicer's debug line is dropped)
     opts.dra.parent.mkdir(parents=True, exist_ok=True)
     dra = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS))
     v1_grpc.add_DRAPluginServicer_to_server(FloorPlugin(opts.kubeconfig, opts.pool), dra)
