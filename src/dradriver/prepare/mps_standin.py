@@ -122,16 +122,16 @@ def run_daemon() -> int:
     signal.signal(signal.SIGTERM, _on_term)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        daemon.save()  # before the socket, which is what says the daemon is ready
         Path(CONTROL_SOCKET).unlink(missing_ok=True)
         server.bind(CONTROL_SOCKET)
         server.listen()
-        daemon.save()
         _serve(daemon, server, log_dir / "control.log")
     except _StopRequestedError:
         pass
     finally:
         server.close()
-        for name in (CONTROL_SOCKET, STATE_FILE):
+        for name in (CONTROL_SOCKET, STATE_FILE, f".{STATE_FILE}.tmp"):  # a save SIGTERM cut short
             Path(name).unlink(missing_ok=True)
     return 0
 
