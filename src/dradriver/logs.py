@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -26,13 +27,15 @@ VERBOSITY_DEBUG = 4
 
 
 class _LazyLogger:
-    """Stands in for a structlog logger until the first call, then becomes a real one."""
+    """Stands in for a structlog logger until the first call, then becomes a real one (again
+    after each `configure`: structlog's loggers keep the configuration of their first use)."""
 
-    __slots__ = ("_bound", "_initial")
+    __slots__ = ("__weakref__", "_bound", "_initial")
 
     def __init__(self, initial: dict[str, Any]) -> None:
         self._initial = initial
         self._bound: Any = None
+        _lazy_loggers.add(self)
 
     def __getattr__(self, name: str) -> Any:
         if self._bound is None:
@@ -40,6 +43,9 @@ class _LazyLogger:
 
             self._bound = structlog.get_logger(**self._initial)
         return getattr(self._bound, name)
+
+
+_lazy_loggers: weakref.WeakSet[_LazyLogger] = weakref.WeakSet()
 
 
 def get_logger(**initial: Any) -> Any:
@@ -162,8 +168,10 @@ _write_finished: Any = None
 
 @contextmanager
 def holding(held: HeldRecords) -> Iterator[None]:
-    """Hold what this thread logs with structlog until `held.write()`: a gRPC handler answers
-    first and has its records written after the answer went out. Timestamps are taken at once."""
+    """Hold what this thread logs at info level until `held.write()`: a gRPC handler answers
+    first and has its records written after the answer went out. Timestamps are taken at once.
+    Warnings, errors and debug lines are written as they come (after what is held, in order):
+    they are what explains a call that hangs or a process that dies in one."""
     token = _holding.set(held)
     try:
         yield
@@ -174,6 +182,9 @@ def holding(held: HeldRecords) -> Iterator[None]:
 def _hold(_logger: Any, _method: str, event: Any) -> Any:
     held = _holding.get()
     if held is None:
+        return event
+    if event.get("level") != "info":
+        held.write()
         return event
     import structlog
 
@@ -195,6 +206,8 @@ def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
 
     global _verbosity  # noqa: PLW0603 - one process-wide setting, set once at start-up
     _verbosity = level
+    for lazy in list(_lazy_loggers):
+        lazy._bound = None
     out: TextIO = stream if stream is not None else cast(TextIO, _CurrentStderr())
     min_level = logging.DEBUG if level >= VERBOSITY_DEBUG else logging.INFO
     shared: list[Any] = [

@@ -260,6 +260,25 @@ def test_a_calls_records_are_written_once_it_has_answered(
     assert inside["timestamp"] <= done["timestamp"]  # taken when logged, not when written
 
 
+def test_a_warning_is_written_at_once_after_what_was_held(
+    plugin: InProcessPlugin, driver: ScriptedDriver, json_log: RecordStream
+) -> None:
+    written_during_the_call: list[list[str]] = []
+
+    def prepare(claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        log = logs.get_logger(component="test")
+        log.info("created MIG device")
+        log.warning("the spec cannot be written yet")
+        written_during_the_call.append([r["event"] for r in json_log.records(2)])
+        return {A.uid: PrepareResult()}
+
+    driver.prepare = prepare  # type: ignore[method-assign]
+    with DRAClient(plugin.paths.dra_socket) as client:
+        client.prepare([A])
+    assert written_during_the_call == [["created MIG device", "the spec cannot be written yet"]]
+    assert json_log.records(3)[2]["event"] == "NodePrepareResources"
+
+
 def test_a_failed_calls_records_are_written_too(
     plugin: InProcessPlugin, driver: ScriptedDriver, json_log: RecordStream
 ) -> None:
