@@ -123,25 +123,46 @@ def test_a_checkpoint_lost_in_a_power_failure_takes_its_specs_along(tmp_path: Pa
     assert node.store.last_boot() == "boot-2"
 
 
-def test_the_boot_marker_is_the_only_fsynced_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A boot's first start writes its marker durably; checkpoint saves and specs wait for no disk."""
-    fsynced: list[str] = []
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the files and directories fsynced from now on (they are, for real)."""
+    paths: list[str] = []
     real_fsync = os.fsync
 
     def recording_fsync(fd: int) -> None:
-        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    return paths
+
+
+def synced_in(paths: list[str]) -> list[Path]:
+    """The directory of each fsynced path: a temp file's, or the directory itself."""
+    return [Path(p).parent if p.endswith(".tmp") else Path(p) for p in paths]
+
+
+def test_the_boot_marker_is_the_only_fsynced_write(tmp_path: Path, fsynced: list[str]) -> None:
+    """A boot's first start writes its marker durably; checkpoint saves and specs wait for no disk."""
     node = Node(tmp_path, "dgx-h100")
     driver = node.driver()
     marker = node.store.path.with_name("boot_id")
     assert marker.read_text() == "boot-1\n"
-    # The marker's temp file, then the directory that the marker was renamed in.
-    assert [Path(p).parent if p.endswith(".tmp") else Path(p) for p in fsynced] == [marker.parent] * 2
+    assert synced_in(fsynced) == [marker.parent] * 2  # the marker's temp file, then its directory
     fsynced.clear()
     ref = node.add(one_gpu(9, "gpu-7"))
     assert driver.prepare([ref])[ref.uid].error == ""
     assert driver.unprepare([ref]) == {ref.uid: ""}
     node.driver()  # a restart in the same boot leaves the marker alone
     assert fsynced == []
+
+
+def test_without_a_boot_id_every_save_is_fsynced(tmp_path: Path, fsynced: list[str]) -> None:
+    """Nothing would tell a later boot that the state is void: the checkpoint must survive it."""
+    node = Node(tmp_path, "dgx-h100", boot_id="")
+    driver = node.driver()
+    fsynced.clear()
+    ref = node.add(one_gpu(10, "gpu-0"))
+    assert driver.prepare([ref])[ref.uid].error == ""
+    assert synced_in(fsynced) == [node.store.path.parent] * 2  # the checkpoint's temp file, its directory
+    assert not node.store.path.with_name("boot_id").exists()

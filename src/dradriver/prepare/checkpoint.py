@@ -21,6 +21,7 @@ on some filesystems, an empty file, and then the claims must not be rebuilt from
 (its specs are the previous boot's): so each boot's first start writes the boot marker (`boot_id`,
 fsynced with its directory) once recovery is done and before this boot's first save, and a
 checkpoint missing or unreadable at a start in another boot than the marker's is known to be lost.
+Where the kernel gives no boot id, every save is fsynced as before.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ class CheckpointStore:
         fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
         data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
         ensure_directory(self.path.parent)
-        write_atomically(self.path, _document(data), mode=FILE_MODE, durable=False)
+        # Without a boot id nothing tells a later boot that this state is void: it must be durable.
+        write_atomically(self.path, _document(data), mode=FILE_MODE, durable=not checkpoint.boot_id)
         self._seen = _identity(os.stat(self.path))
 
     def last_boot(self) -> str | None:
