@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
@@ -146,19 +146,24 @@ def _logger_name(_logger: Any, _method: str, event: Any) -> Any:
 
 
 class HeldRecords:
-    """Records a thread logged inside `holding`, to be rendered and written by `write`."""
+    """Records a thread logged inside `holding`, and work it left for `later`, in order, to be
+    rendered, written and done by `write`."""
 
     def __init__(self) -> None:
-        self._records: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any] | Callable[[], None]] = []
 
-    def add(self, event: dict[str, Any]) -> None:
-        self._records.append(event)
+    def add(self, entry: dict[str, Any] | Callable[[], None]) -> None:
+        self._records.append(entry)
 
     def write(self) -> None:
-        """Render and write the held records (any thread; once the answer they waited for is out)."""
+        """Render and write the held records and do the held work (any thread; once the answer
+        they waited for is out)."""
         records, self._records = self._records, []
-        for event in records:
-            _write_finished(event)
+        for entry in records:
+            if callable(entry):
+                entry()
+            else:
+                _write_finished(entry)
 
 
 _holding: ContextVar[HeldRecords | None] = ContextVar("held_log_records", default=None)
@@ -177,6 +182,16 @@ def holding(held: HeldRecords) -> Iterator[None]:
         yield
     finally:
         _holding.reset(token)
+
+
+def later(work: Callable[[], None]) -> None:
+    """Do `work` (a log line, a metric) when this thread's held records are written, or now if
+    none are held."""
+    held = _holding.get()
+    if held is None:
+        work()
+    else:
+        held.add(work)
 
 
 def _hold(_logger: Any, _method: str, event: Any) -> Any:

@@ -168,16 +168,21 @@ class _DRAPluginAdapter:
             context.abort(grpc.StatusCode.INTERNAL, _clipped(f"internal error in {method}: {err}"))
 
     def _log_done(self, method: str, outcomes: Any, started: float, error_of: Any) -> None:
+        seconds = time.perf_counter() - started
         failed = [error_of(o) for o in outcomes if error_of(o)]
-        self._service.recorder.record(method, self._version, time.perf_counter() - started, failed, None)
-        log.info(
-            method,
-            api=self._version,
-            claims=len(outcomes),
-            failed=len(failed),
-            ms=round((time.perf_counter() - started) * 1000, 2),
-            **({"errors": failed[:5]} if failed else {}),
-        )
+
+        def done() -> None:
+            self._service.recorder.record(method, self._version, seconds, failed, None)
+            log.info(
+                method,
+                api=self._version,
+                claims=len(outcomes),
+                failed=len(failed),
+                ms=round(seconds * 1000, 2),
+                **({"errors": failed[:5]} if failed else {}),
+            )
+
+        logs.later(done)
 
     def _trace(self, what: str, message: Any) -> None:
         if logs.verbosity() >= logs.VERBOSITY_TRACE_GRPC:
