@@ -195,8 +195,8 @@ class _DRAPluginAdapter:
 
 @contextmanager
 def _logged_after_answer(context: grpc.ServicerContext) -> Iterator[None]:
-    """The call's log records are written once its answer is out (by the server's thread, when
-    the call ends): a pod waits for the answer, not for the log."""
+    """The call's info lines, its own line and its metrics are done once its answer is out (by
+    the server's thread, when the call ends): a pod waits for the answer, not for the log."""
     held = logs.HeldRecords()
     if not context.add_callback(held.write):  # the call is over already: nothing to wait for
         yield
