@@ -13,9 +13,9 @@ _MARKS = pytest.StashKey[dict[str, int]]()
 
 
 @pytest.fixture(scope="session")
-def real_cluster() -> Iterator[RealCluster]:
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     """A real Kubernetes cluster (started from DRADRIVER_E2E_BIN, or DRADRIVER_E2E_KUBECONFIG)."""
-    with real_cluster_session() as cluster:
+    with real_cluster_session(lambda: request.session.testsfailed > 0) as cluster:
         yield cluster
 
 

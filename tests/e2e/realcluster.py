@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -135,16 +136,19 @@ def _first_ready_node(kubeconfig: Path) -> str:
     pytest.fail(f"{KUBECONFIG_ENV}: the cluster has no Ready, schedulable node (set {NODE_ENV})")
 
 
-def _work_dir() -> Path:
+def _work_dir() -> tuple[Path, bool]:
+    """The local cluster's directory, and whether it is ours to remove (not named by WORK_ENV)."""
     if configured := os.environ.get(WORK_ENV):
         path = Path(configured)
         path.mkdir(parents=True, exist_ok=True)
-        return path
-    return Path(tempfile.mkdtemp(prefix="dradriver-e2e-", dir="/var/tmp"))
+        return path, False
+    return Path(tempfile.mkdtemp(prefix="dradriver-e2e-", dir="/var/tmp")), True
 
 
 @contextmanager
-def real_cluster_session() -> Iterator[RealCluster]:
+def real_cluster_session(failed: Callable[[], bool]) -> Iterator[RealCluster]:
+    """The session's cluster. A local cluster's directory (its logs) is removed after a session
+    in which nothing `failed`, and kept, saying where, otherwise."""
     if kubeconfig := os.environ.get(KUBECONFIG_ENV):
         path = Path(kubeconfig)
         yield RealCluster(path, os.environ.get(NODE_ENV) or _first_ready_node(path))
@@ -154,12 +158,19 @@ def real_cluster_session() -> Iterator[RealCluster]:
         pytest.skip(SKIP_REASON)
     if missing := missing_binaries(Path(bin_dir)):
         pytest.fail(f"{BIN_ENV}={bin_dir} lacks {', '.join(missing)}")
-    local = LocalCluster(Path(bin_dir), _work_dir(), feature_gates=os.environ.get(GATES_ENV, DEFAULT_GATES))
-    local.start()
+    work_dir, ours = _work_dir()
+    local = LocalCluster(Path(bin_dir), work_dir, feature_gates=os.environ.get(GATES_ENV, DEFAULT_GATES))
+    passed = False
     try:
+        local.start()
         yield RealCluster(local.kubeconfig, local.node_name, local)
+        passed = not failed()
     finally:
         local.stop()
+        if ours and passed:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        else:
+            print(f"\nthe local cluster's logs are kept in {local.logs}")
 
 
 @contextmanager
