@@ -235,10 +235,9 @@ class CheckpointStore:
             return None
 
     def mark_boot(self, boot_id: str) -> None:
-        """Durably note that this boot's saves begin (once per boot: the marker changes only then)."""
-        if boot_id and self.last_boot() != boot_id:
-            ensure_directory(self.path.parent)
-            write_atomically(self._marker, boot_id.encode() + b"\n", mode=FILE_MODE)
+        """Durably note that this boot's saves begin (once a boot, when `last_boot` is another)."""
+        ensure_directory(self.path.parent)
+        write_atomically(self._marker, boot_id.encode() + b"\n", mode=FILE_MODE)
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""

@@ -214,13 +214,11 @@ class GpuDriver:
     def _recover(self) -> Recovery:
         report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
         last_boot = self._store.last_boot()
-        # A checkpoint lost in a power failure (saves are not fsynced): the specs are that boot's.
-        lost_in_reboot = bool(self._boot_id and last_boot and last_boot != self._boot_id)
         try:
             loaded = self._store.load()
         except CheckpointError as err:
             report.quarantined = self._store.quarantine()
-            if lost_in_reboot:  # expected after a power failure
+            if self._before_this_boot(last_boot):  # expected after a power failure
                 log.warning(
                     "checkpoint of a previous boot unusable: moved aside (its claims are void now)",
                     error=str(err),
@@ -233,14 +231,16 @@ class GpuDriver:
                     moved_to=str(report.quarantined),
                 )
             loaded = None
-        if loaded is None and not lost_in_reboot:
-            state = self._rebuild_from_cdi()
-            report.rebuilt_from_cdi = sorted(state.claims)
-        elif loaded is None or (loaded.boot_id and self._boot_id and loaded.boot_id != self._boot_id):
+        # The boot of what is on disk: the checkpoint's, or with none readable the marker's (saves
+        # are not fsynced, so a power failure may cost the checkpoint; the specs are that boot's).
+        if self._before_this_boot(loaded.boot_id if loaded is not None else last_boot):
             report.cleared_after_reboot = sorted(self._cdi.claim_uids() if loaded is None else loaded.claims)
             for uid in report.cleared_after_reboot:
                 self._cdi.remove(uid)
             state = CheckpointData(boot_id=self._boot_id)
+        elif loaded is None:
+            state = self._rebuild_from_cdi()
+            report.rebuilt_from_cdi = sorted(state.claims)
         else:
             state = loaded.model_copy(update={"boot_id": self._boot_id})
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
@@ -264,9 +264,13 @@ class GpuDriver:
         with self._state_lock:
             # A model_copy keeps the fields a newer version wrote at the top level.
             self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
-            self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
+            if self._boot_id and last_boot != self._boot_id:
+                self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
             self._store.save(self._state)
         return report
+
+    def _before_this_boot(self, boot_id: str | None) -> bool:
+        return bool(boot_id and self._boot_id and boot_id != self._boot_id)
 
     def _rebuild_from_cdi(self) -> CheckpointData:
         """Our spec files say which claims are prepared and with which devices; names are lost."""
