@@ -80,9 +80,12 @@ class Plugin:
     #: Claim names are `<prefix>-<i>`.
     prefix: str
     argv: Callable[[Path, Path, int], list[str]]
-    sockets: Callable[[Path], tuple[Path, Path]]
     #: Whether it publishes ResourceSlices (the start-up and idle figures are a plugin's).
     publishes: bool = True
+
+    def sockets(self, root: Path) -> tuple[Path, Path]:
+        """Its registration and DRA sockets under `root`'s kubelet directories (every plugin's layout)."""
+        return root / "reg" / f"{self.driver}-reg.sock", root / "plugins" / self.driver / "dra.sock"
 
 
 def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
@@ -98,11 +101,8 @@ def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
             *limit,
         ]  # fmt: skip
 
-    def sockets(root: Path) -> tuple[Path, Path]:
-        return root / "reg" / f"{driver}-reg.sock", root / "plugins" / driver / "dra.sock"
-
     label = "Go reference" if raised_limit else "Go reference (default client limit)"
-    return Plugin(label, driver, "go", argv, sockets)
+    return Plugin(label, driver, "go", argv)
 
 
 def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
@@ -119,12 +119,9 @@ def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
             "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
         ]  # fmt: skip
 
-    def sockets(root: Path) -> tuple[Path, Path]:
-        return root / "reg" / f"{driver}-reg.sock", root / "plugins" / driver / "dra.sock"
-
     if baseline:
-        return Plugin("dradriver baseline", driver, "base", argv, sockets)
-    return Plugin("dradriver", driver, "dr", argv, sockets)
+        return Plugin("dradriver baseline", driver, "base", argv)
+    return Plugin("dradriver", driver, "dr", argv)
 
 
 def floor_plugin() -> Plugin:
@@ -132,16 +129,14 @@ def floor_plugin() -> Plugin:
     driver = "floor.dradriver.dev"
 
     def argv(root: Path, kubeconfig: Path, _devices: int) -> list[str]:
-        registration, dra = sockets(root)
+        registration, dra = floor.sockets(root)
         return [
             sys.executable, "-m", "bench.grpc_floor", "--registration", str(registration),
             "--dra", str(dra), "--kubeconfig", str(kubeconfig), "--driver", driver, "--pool", NODE,
         ]  # fmt: skip
 
-    def sockets(root: Path) -> tuple[Path, Path]:
-        return root / "reg" / f"{driver}-reg.sock", root / "plugins" / driver / "dra.sock"
-
-    return Plugin("Python gRPC floor", driver, "floor", argv, sockets, publishes=False)
+    floor = Plugin("Python gRPC floor", driver, "floor", argv, publishes=False)
+    return floor
 
 
 # --- the API server side -------------------------------------------------------------------------
