@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,46 @@ def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[
         yield deployment
     finally:
         local.stop()
+
+
+#: One sample of a Prometheus text exposition: (metric name, sorted label pairs) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> Samples:
+    """The samples of a Prometheus text exposition (comments skipped)."""
+    samples: Samples = {}
+    for line in text.splitlines():
+        match = SAMPLE_LINE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        samples[name, tuple(sorted(LABEL.findall(labels or "")))] = float(value)
+    return samples
+
+
+def metric_sum(
+    samples: Samples, name: str, by: Sequence[str] = (), **where: str
+) -> dict[tuple[str, ...], float]:
+    """Sum of `name`'s samples whose labels match `where`, grouped by the labels `by`."""
+    sums: dict[tuple[str, ...], float] = {}
+    for (metric, labels), value in samples.items():
+        if metric != name:
+            continue
+        found = dict(labels)
+        if all(found.get(k) == v for k, v in where.items()):
+            key = tuple(found.get(label, "") for label in by)
+            sums[key] = sums.get(key, 0.0) + value
+    return sums
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The slope of the least-squares line through the points (xs[i], ys[i])."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
 def proc_status(pid: int) -> dict[str, str]:
