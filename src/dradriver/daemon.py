@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.cdi import ContainerEdits
-    from dradriver.prepare.claims import ClaimSource, ClaimWatch
+    from dradriver.prepare.claims import ClaimSource
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
@@ -81,8 +81,6 @@ class ServeConfig:
     pod_uid: str = ""
     #: Seconds between rescans of the node's devices; 0: only on events.
     rescan_interval: float = 0.0
-    #: Keep this node's allocated claims from a watch, so prepare need not wait for each GET.
-    claim_watch: bool = True
 
 
 class DeferredDriver:
@@ -501,13 +499,6 @@ class Daemon:
         # taints are read at each sync, and a change of health triggers a resync.
         if client is not None:
             self._publish(client, desired)
-        claim_watch: ClaimWatch | None = None
-        if client is not None and config.claim_watch and config.claims_dir is None:
-            from dradriver.prepare.claims import ClaimWatch
-
-            claim_watch = ClaimWatch(client, driver_name=config.driver_name, pool_name=config.node_name)
-            claim_watch.start()
-            self._started("claim-watch", claim_watch.stop)
         self._taints = self._start_health(library, devices, client)
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory
@@ -538,7 +529,6 @@ class Daemon:
             caps_major=inventory.nvidia_caps_major,
             sharing=sharing,
             boot_id=read_boot_id(),
-            hints=claim_watch,
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
             serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
         )

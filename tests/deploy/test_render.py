@@ -36,7 +36,7 @@ EXPECTED_OBJECTS = {
 #: to document in deploy/base/rbac.yaml and the README, not something to slip in.
 EXPECTED_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
-    ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+    ("resource.k8s.io", "resourceclaims"): {"get"},
     ("", "nodes"): {"get"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},

@@ -67,7 +67,7 @@ class Node:
         self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
         self.mig_metrics = RecordedMigMetrics()
 
-    def driver(self, *, claims: object = None, hints: object = None, recover: bool = True) -> GpuDriver:
+    def driver(self, *, claims: object = None, recover: bool = True) -> GpuDriver:
         driver = GpuDriver(
             driver_name=DRIVER,
             pool_name="node-1",
@@ -80,7 +80,6 @@ class Node:
             sharing=self.sharing,
             boot_id=self.boot_id,
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
-            hints=hints,  # type: ignore[arg-type]
         )
         if recover:
             driver.recover()

@@ -59,6 +59,12 @@ class Request:
         return self.query.get("watch") in ("true", "1")
 
     @property
+    def collection(self) -> bool:
+        """A list or watch of a resource, not a request for one named object."""
+        match = _PATH.match(self.path)
+        return self.method == "GET" and match is not None and match["name"] is None
+
+    @property
     def write(self) -> bool:
         return self.method in ("POST", "PUT", "PATCH", "DELETE")
 

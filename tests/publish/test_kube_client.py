@@ -226,14 +226,3 @@ def test_watch_close_from_another_thread_ends_iteration(fake_api: FakeApiServer,
     assert not done.wait(0.3)
     stream.close()
     wait_for(done.is_set, 2, "the watch iteration to end")
-
-
-def test_warm_opens_a_connection_only_after_a_quiet_spell(fake_api: FakeApiServer, tmp_path: Path) -> None:
-    client = load_client(str(tmp_path / "kubeconfig"))
-    assert client is not None
-    client.request("GET", "/api/v1/nodes")
-    seen = len(fake_api.requests)
-    client.warm(idle=60)  # it was just used: nothing to do
-    assert fake_api.requests_since(seen) == []
-    client.warm(idle=0)
-    assert [(r.method, r.path) for r in fake_api.requests_since(seen)] == [("GET", "/version")]

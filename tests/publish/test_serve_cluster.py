@@ -141,3 +141,59 @@ def test_serve_keeps_running_while_the_api_server_is_unreachable(tmp_path: Path)
             assert "get resource claims: retrieve claim default/c" in str(caught.value.details())
         finally:
             serve.kill()
+
+
+def _claim_watches(backend: Backend) -> int:
+    """ResourceClaim watches the real API server holds open now (apiserver_longrunning_requests)."""
+    response = backend.direct._send("GET", "/metrics", None, None, 10.0)
+    text = response.data.decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("apiserver_longrunning_requests{")
+        and 'resource="resourceclaims"' in line
+        and 'verb="WATCH"' in line
+    )
+
+
+def test_serve_reads_nothing_of_other_nodes(backend: Backend) -> None:
+    """What one node costs the API server must not grow with the cluster: serve lists and
+    watches only its own node's slices and reads each claim by name when asked to prepare it."""
+    node = backend.make_node()
+    seen = len(backend.fake.requests) if backend.fake is not None else 0
+    watches_before = _claim_watches(backend) if backend.fake is None else 0
+    with short_tmpdir() as root:
+        serve = ServeProcess(
+            root,
+            ["--kubeconfig", str(backend.kubeconfig), "--node-name", node],
+            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
+            TEST_DRIVER,
+            claims_from_files=False,
+        ).start()
+        try:
+            wait_for(lambda: len(backend.slices(node)) == 1, 15, f"our slice (log: {serve.log()})")
+            claim = allocated_claim(
+                "own-node", uid(3), [{"request": "gpu", "device": "gpu-2"}], pool=node, driver=TEST_DRIVER
+            )
+            del claim["metadata"]["uid"]  # type: ignore[attr-defined]
+            ref = ClaimRef("default", "own-node", create_allocated_claim(backend, claim)["metadata"]["uid"])
+            created = len(backend.fake.requests) if backend.fake is not None else 0
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                assert client.prepare([ref]).claims[ref.uid].error == ""
+                assert client.unprepare([ref]).claims[ref.uid].error == ""
+            if backend.fake is None:
+                # The real API server: the scheduler and the controllers hold their own claim
+                # watches (one may be between two of them now); serve adds none.
+                assert _claim_watches(backend) <= watches_before
+            else:
+                made = backend.fake.requests_since(seen)
+                claims = [r for r in backend.fake.requests_since(created) if "/resourceclaims" in r.path]
+                assert claims, "prepare read no claim"
+                assert {(r.method, r.path, r.watch) for r in claims} == {("GET", f"{CLAIMS}/own-node", False)}
+                lists = [r for r in made if r.collection]
+                assert lists, "serve listed nothing (its slices)"
+                for request in lists:
+                    assert f"spec.nodeName={node}" in request.query.get("fieldSelector", ""), request
+            assert serve.stop(signal.SIGTERM) == 0
+        finally:
+            serve.kill()

@@ -21,7 +21,6 @@ from dradriver.cli._common import (
     add_state_dir_flag,
     duration,
     env_flag,
-    env_switch,
     existing_directory,
     state_dir,
 )
@@ -84,13 +83,6 @@ def register(subparsers: Any) -> None:
         default=300.0,
         metavar="SECONDS",
         help="unprepare a prepared claim once its ResourceClaim has been gone from the API server this long",
-    )
-    env_switch(
-        parser,
-        "--no-claim-watch",
-        help="fetch each claim at prepare instead of also watching this node's allocated ResourceClaims "
-        "(the watch lets prepare write its files while the claim is fetched; it lists and watches the "
-        "ResourceClaims of all namespaces)",
     )
     env_flag(
         parser,
@@ -204,7 +196,6 @@ def run(args: argparse.Namespace) -> int:
         driver_root_mount=driver_root_mount,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
-        claim_watch=not args.no_claim_watch,
         health=health,
         proc_root=args.proc_root,
         pod_uid=args.pod_uid,

@@ -40,8 +40,6 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 #: The first Kubernetes release that serves resource.k8s.io/v1 by default.
 MIN_KUBERNETES = "1.34"
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-#: `warm` does nothing if a request went out this recently (the API server's idle timeout is 90 s).
-WARM_AFTER_IDLE_SECONDS = 30.0
 
 Json = dict[str, Any]
 
@@ -197,7 +195,6 @@ class KubeClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._api = api_client
-        self._last_sent = 0.0  # monotonic time of the latest request
         self.timeouts = timeouts or Timeouts()
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
@@ -263,7 +260,6 @@ class KubeClient:
         """Send and return the raw urllib3 response (not yet read); connection errors -> UnreachableError."""
         from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
-        self._last_sent = time.monotonic()
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         _, url, headers, _, _ = self._api.param_serialize(
             method=method,
@@ -319,16 +315,6 @@ class KubeClient:
             )
         return WatchStream(response)
 
-    def warm(self, idle: float = WARM_AFTER_IDLE_SECONDS) -> None:
-        """Make sure a connection is open for a call that is about to come: the API server drops
-        connections idle for 90 s, and a new TLS connection costs more than the call itself."""
-        if time.monotonic() - self._last_sent < idle:
-            return
-        try:
-            self.request("GET", "/version")
-        except KubeError as err:
-            log.debug("could not open a connection ahead of time", error=str(err))
-
     # -- discovery -----------------------------------------------------------------------------
 
     def check_resource_v1(self) -> None:
@@ -370,15 +356,6 @@ class KubeClient:
         """Every v1 ResourceClaim of every namespace."""
         items: list[Json] = self.request("GET", f"{RESOURCE_API}/resourceclaims").get("items", [])
         return items
-
-    def list_resource_claim_page(self, *, limit: int = 500, continue_token: str = "") -> Json:
-        """One page of the ResourceClaimList of all namespaces (`metadata.continue` names the next)."""
-        query = [("limit", str(limit))] + ([("continue", continue_token)] if continue_token else [])
-        return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query)
-
-    def watch_resource_claims(self, resource_version: str) -> WatchStream:
-        """Watch the ResourceClaims of all namespaces from `resource_version` (one attempt)."""
-        return self._watch(f"{RESOURCE_API}/resourceclaims", resource_version)
 
     def list_device_classes(self) -> list[Json]:
         items: list[Json] = self.request("GET", f"{RESOURCE_API}/deviceclasses").get("items", [])

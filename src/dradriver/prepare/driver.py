@@ -18,17 +18,16 @@ With rolling updates two instances share the node's checkpoint: every prepare an
 (after the claims are fetched) then holds `serialize.lock` across instances and starts from the
 checkpoint as the other instance may have left it (see `prepare.shared`).
 
-With a claim watch, the claims it has copies of are prepared from those while they are fetched
-(`_prepare_watched`); a copy's result is the answer only if the fetched claim has the same
-allocation. That call holds `serialize.lock` from before the fetch, so that it too writes the
-checkpoint once.
+Every claim is fetched from the API server before anything is prepared for it (one GET each, as
+the Go helper does): nothing cluster-wide is listed or watched, so what a node costs the API
+server does not grow with the cluster, and no allocation is acted on unconfirmed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -53,7 +52,6 @@ from dradriver.prepare.checkpoint import (
     MigRecord,
 )
 from dradriver.prepare.claims import (
-    ClaimHints,
     ClaimNotFoundError,
     ClaimSource,
     ClaimSourceError,
@@ -158,12 +156,10 @@ class GpuDriver:
         boot_id: str,
         mig: MigManager,
         serialize: SerializeLock | None = None,
-        hints: ClaimHints | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
         self.claims = claims
-        self._hints = hints
         self._devices = devices
         self._cdi = cdi_dir
         self._store = store
@@ -176,10 +172,7 @@ class GpuDriver:
         self._state_lock = threading.Lock()
         self._locks_guard = threading.Lock()
         self._claim_locks_by_uid: dict[str, list[Any]] = {}
-        # One more: a call's work from the watch's copies runs beside its fetches.
-        self._fetcher = ThreadPoolExecutor(
-            max_workers=FETCH_CONCURRENCY + 1, thread_name_prefix="fetch-claim"
-        )
+        self._fetcher = ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY, thread_name_prefix="fetch-claim")
         self._serialize = serialize
         #: Called after an unprepare released devices (the live inventory drops vanished ones).
         self.on_released: Callable[[], None] = lambda: None
@@ -313,10 +306,6 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=problem)
             else:
                 valid.setdefault(ref.uid, ref)  # a UID twice in one call is prepared once
-        copies = self._copies(valid.values())
-        if copies:
-            results.update(self._prepare_watched(list(valid.values()), copies))
-            return results
         fetched: list[tuple[ClaimRef, ResourceClaim]] = []
         for ref, claim in zip(valid.values(), self._fetch_all(list(valid.values())), strict=True):
             if isinstance(claim, str):
@@ -404,92 +393,11 @@ class GpuDriver:
             )
         log.debug("checkpoint reloaded: another instance changed it", claims=len(self._state.claims))
 
-    def _copies(self, refs: Iterable[ClaimRef]) -> dict[str, ResourceClaim]:
-        """The claim watch's copies of these claims (none that would not decode)."""
-        if self._hints is None:
-            return {}
-        copies = {}
-        for ref in refs:
-            raw = self._hints.get(ref)
-            if raw is None:
-                continue
-            try:
-                copies[ref.uid] = decode_claim(raw)
-            except ClaimFormatError:
-                continue  # the fetched claim gets that error
-        return copies
-
-    def _prepare_watched(
-        self, refs: Sequence[ClaimRef], copies: Mapping[str, ResourceClaim]
-    ) -> dict[str, PrepareResult]:
-        """Prepare from the watch's copies while the claims are fetched, so the fetch overlaps
-        the file writes; answer from a copy only if the fetched claim has the same UID and
-        allocation (the kubelet names neither, and a watch may trail a reallocation), else
-        prepare what was fetched. A failed fetch fails the call, undoing what it prepared.
-
-        This thread fetches (its request goes out at once, while the copies' work would hold
-        the interpreter lock) and a worker prepares the copies under this call's locks."""
-        results: dict[str, PrepareResult] = {}
-        with self._exclusive(), self._claim_locks([ref.uid for ref in refs]):
-            early_work = self._fetcher.submit(
-                self._prepare_early, [(ref, copies[ref.uid]) for ref in refs if ref.uid in copies]
-            )
-            try:
-                try:
-                    fetched = self._fetch_all(refs)
-                finally:
-                    early = early_work.result()
-            except CallError:
-                try:
-                    self._discard(early.prepared)
-                finally:
-                    if early.prepared:
-                        self._persist()
-                raise
-            confirmed: list[tuple[ClaimRef, ResourceClaim]] = []
-            for ref, claim in zip(refs, fetched, strict=True):
-                result = early.results.get(ref.uid)
-                if isinstance(claim, str):
-                    results[ref.uid] = PrepareResult(error=claim)
-                elif result is not None and claim.status.allocation == copies[ref.uid].status.allocation:
-                    results[ref.uid] = result
-                else:
-                    confirmed.append((ref, claim))
-            if confirmed:
-                batch = self._prepare_batch(confirmed)
-                if batch.write:
-                    self._persist()
-                results.update(batch.results)
-        return results
-
-    def _prepare_early(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> _Batch:
-        """The copies' part of `_prepare_watched`, written to the checkpoint while the fetch is
-        in flight: a record made from a copy that trails is prepared again when the kubelet
-        asks again, so it may reach the disk first."""
-        early = self._prepare_batch(claims, copy=True)
-        if early.write:
-            self._persist()
-        return early
-
     def _persist(self) -> None:
         """A checkpoint write before the call answers: the spec files of the claims it prepared
         exist already, and a crash before this write leaves only orphans to remove."""
         with self._state_lock:
             self._store.save(self._state)
-
-    def _discard(self, uids: Sequence[str]) -> None:
-        """Undo what was prepared from copies (their claim locks are held)."""
-        for uid in uids:
-            record = self._state.claims.get(uid)
-            if record is None:
-                continue
-            try:
-                self._release(record)
-            except (SharingError, MigError) as err:  # copies apply neither: kept for recovery
-                log.error("could not undo a claim prepared from the claim watch", uid=uid, error=str(err))
-                continue
-            with self._state_lock:
-                self._state.claims.pop(uid, None)
 
     def _fetch_all(self, refs: Sequence[ClaimRef]) -> list[ResourceClaim | str]:
         """Fetch every claim; a claim we cannot see fails the whole call (the Go helper's rules),
@@ -518,19 +426,10 @@ class GpuDriver:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    def _prepare_batch(
-        self,
-        claims: Sequence[tuple[ClaimRef, ResourceClaim]],
-        *,
-        copy: bool = False,
-    ) -> _Batch:
+    def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> _Batch:
         """Prepare claims whose locks are held: plan all, reserve all, make their MIG devices,
         write specs and record all completed in memory; the caller writes the checkpoint once,
-        before answering, if the batch says so.
-
-        With `copy` (the claims are a watch's copies) only what needs no word of the API server
-        is prepared: a claim with an earlier record, sharing or a MIG device to make, a plan
-        error or a device held by another claim gets no result, and waits for its fetched claim."""
+        before answering, if the batch says so."""
         batch = _Batch()
         results = batch.results
         replaced: list[str] = []
@@ -539,8 +438,6 @@ class GpuDriver:
             existing = self._state.claims.get(ref.uid)
             if existing is not None and _same_devices(existing, claim, self.driver_name):
                 results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
-                continue
-            if existing is not None and copy:
                 continue
             if existing is not None:
                 if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
@@ -565,15 +462,12 @@ class GpuDriver:
                     else:
                         self._cdi_device(ref, device)
             except (PlanError, EditsError) as err:
-                if not copy:
-                    log.warning("cannot prepare claim", claim=str(ref), error=str(err))
-                    results[ref.uid] = PrepareResult(error=str(err))
+                log.warning("cannot prepare claim", claim=str(ref), error=str(err))
+                results[ref.uid] = PrepareResult(error=str(err))
                 continue
-            if not (copy and any(d.sharing or isinstance(d.hardware, PossibleMig) for d in plan.devices)):
-                planned.append(plan)
-        if not copy:
-            self._release_stale_holders(planned)
-        started = self._start(planned, replaced, results, copy=copy)
+            planned.append(plan)
+        self._release_stale_holders(planned)
+        started = self._start(planned, replaced, results)
         completed: list[ClaimRecord] = []
         failed: list[ClaimRecord] = []
         specs: dict[str, dict[str, Any]] = {}
@@ -588,7 +482,7 @@ class GpuDriver:
                 spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
                 common = self._common + self._apply_sharing(ref, devices)
             except (SharingError, MigError, EditsError) as err:
-                self._fail(ref.uid, err, failed, results, copy=copy)
+                self._fail(ref.uid, err, failed, results)
                 continue
             specs[ref.uid] = cdi.render(cdi.ClaimSpec(cdi.kind(self.driver_name), spec_devices, common))
         written = self._cdi.write_many(specs)
@@ -598,7 +492,7 @@ class GpuDriver:
             if uid in rolled_back or uid in results:
                 continue
             if (error := written.get(uid)) is not None:
-                self._fail(uid, error, failed, results, copy=copy)
+                self._fail(uid, error, failed, results)
             else:
                 completed.append(
                     self._state.claims[uid].model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
@@ -632,12 +526,9 @@ class GpuDriver:
         error: Exception,
         failed: list[ClaimRecord],
         results: dict[str, PrepareResult],
-        *,
-        copy: bool = False,
     ) -> None:
         """Roll a started claim back (its record is forgotten with the call's checkpoint write); what
-        cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery.
-        A claim prepared from a copy gets no result: its fetched claim is prepared again."""
+        cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery."""
         record = self._state.claims[uid]
         ref = ClaimRef(record.namespace, record.name, record.uid)
         try:
@@ -646,8 +537,6 @@ class GpuDriver:
         except (SharingError, MigError) as undo_error:
             log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
         log.warning("prepare failed, rolled back", claim=str(ref), error=str(error))
-        if copy:
-            return
         if isinstance(error, MigError) and error.reason == "insufficient_resources":
             message = (
                 f"claim {ref}: cannot create the MIG device: {error} (the GPU has no room at the allocated "
@@ -696,11 +585,9 @@ class GpuDriver:
         planned: Sequence[ClaimPlan],
         replaced: Sequence[str],
         results: dict[str, PrepareResult],
-        *,
-        copy: bool = False,
     ) -> list[ClaimPlan]:
         """Reserve the devices of every plan as PrepareStarted; a plan whose device another claim
-        holds gets an error naming that claim (left out with `copy`).
+        holds gets an error naming that claim.
 
         The reservations are written to the checkpoint before anything is touched only when
         recovery needs them: sharing changes a GPU, a MIG device is made (its steps are recorded
@@ -716,8 +603,7 @@ class GpuDriver:
                 ref = plan.claim
                 conflict = self._first_conflict(plan, holders)
                 if conflict is not None:
-                    if not copy:
-                        results[ref.uid] = PrepareResult(error=conflict)
+                    results[ref.uid] = PrepareResult(error=conflict)
                     continue
                 record = self._record(plan)
                 self._state.claims[ref.uid] = record
