@@ -109,6 +109,28 @@ def metric_sum(
     return sums
 
 
+def histogram(samples: Samples, metric: str, **where: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative buckets (upper bound, count), summed over the series matching `where`."""
+    by_bound = metric_sum(samples, f"{metric}_bucket", ("le",), **where)
+    return sorted((float("inf") if le == "+Inf" else float(le), n) for (le,), n in by_bound.items())
+
+
+def bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Prometheus-style quantile of cumulative buckets: linear within the bucket it falls in (the
+    largest finite bound when it falls in +Inf)."""
+    rank = q * buckets[-1][1]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
+                count - previous_count
+            )
+        previous_bound, previous_count = bound, count
+    return previous_bound
+
+
 def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The slope of the least-squares line through the points (xs[i], ys[i])."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
