@@ -336,6 +336,9 @@ class Fleet:
     def rss_mb(self) -> list[float]:
         return [rss_mb(i.process.pid) for i in self.instances]
 
+    def cpu_seconds(self) -> list[float]:
+        return [cpu_seconds(i.process.pid) for i in self.instances]
+
     def stop(self) -> None:
         """SIGTERM to all at once, then wait; SIGKILL whatever is left after 30 s."""
         for instance in self.instances:
@@ -428,6 +431,9 @@ class Step:
     watches: dict[str, float] = field(default_factory=dict)
     rss_mb: float = 0.0
     instance_rss_mb: list[float] = field(default_factory=list)
+    #: CPU seconds of each instance from its spawn to the end of the start window, and in the idle window.
+    instance_start_cpu: list[float] = field(default_factory=list)
+    instance_idle_cpu: list[float] = field(default_factory=list)
     churn_events_per_change: float = 0.0
     churn_bytes_per_change: float = 0.0
     churn_requests: dict[str, float] = field(default_factory=dict)
@@ -514,9 +520,14 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             step.start_seconds = started.seconds
             step.start_requests = net(started, rate, n)
             step.start_cpu = started.cpu
+            step.instance_start_cpu = fleet.cpu_seconds()
             meter.mark()
             time.sleep(opts.idle)
             idle, idle_samples = meter.since_mark()
+            step.instance_idle_cpu = [
+                (after - before) / idle.seconds
+                for before, after in zip(step.instance_start_cpu, fleet.cpu_seconds(), strict=True)
+            ]
             fleet.check_alive()
             step.idle_requests = {k: v * 60 / idle.seconds for k, v in net(idle, rate, n).items()}
             step.idle_cpu = idle.cpu / idle.seconds
@@ -576,6 +587,7 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
     ("start: writes per node", "{:.1f}", lambda s: total(s.start_requests, WRITES)),
     ("start: last spawn -> every pool complete (s)", "{:.1f}", lambda s: s.complete_after_last),
     ("start: first spawn -> every pool complete (s)", "{:.1f}", lambda s: s.complete_after_first),
+    ("start: first spawn -> last spawn (s)", "{:.1f}", lambda s: s.spawn_spread),
     ("idle: requests per node per minute", "{:.2f}", lambda s: total(s.idle_requests)),
     ("idle: writes per node per minute", "{:.2f}", lambda s: total(s.idle_requests, WRITES)),
     ("watches open (all instances)", "{:.0f}", lambda s: total(s.watches)),
@@ -590,6 +602,16 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
     ("API server idle CPU (% of a core)", "{:.2f}", lambda s: s.idle_cpu * 100),
     ("API server CPU during start (s)", "{:.1f}", lambda s: s.start_cpu),
     ("API server RSS after idle (MB)", "{:.0f}", lambda s: s.rss_mb),
+    (
+        "instance CPU from spawn to complete + settle, median (s)",
+        "{:.2f}",
+        lambda s: statistics.median(s.instance_start_cpu),
+    ),
+    (
+        "instance idle CPU, median (% of a core)",
+        "{:.2f}",
+        lambda s: statistics.median(s.instance_idle_cpu) * 100,
+    ),
     ("instance RSS, median (MB)", "{:.1f}", lambda s: statistics.median(s.instance_rss_mb)),
     ("instances' RSS, all (MB)", "{:,.0f}", lambda s: sum(s.instance_rss_mb)),
 ]
