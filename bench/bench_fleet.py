@@ -154,6 +154,22 @@ class ApiServer:
     def rss(self) -> float:
         return rss_mb(self.pid)
 
+    def connections(self) -> int:
+        """Established TCP connections to its port (each HTTP/1.1 watch holds one; HTTP/2
+        multiplexes a client's requests on one)."""
+        port = f"{self._port:04X}"
+        count = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                count += fields[1].rsplit(":", 1)[1] == port and fields[3] == "01"
+        return count
+
+
+def heap_mb(samples: Samples) -> float:
+    """The API server's Go heap in use: steadier than its RSS, which the Go runtime returns lazily."""
+    return metric_sum(samples, "go_memstats_heap_inuse_bytes").get((), 0.0) / 2**20
+
 
 def requests(samples: Samples) -> dict[str, float]:
     """Requests so far by "VERB resource[/subresource]" (a non-resource URL by its path), less the
@@ -430,6 +446,8 @@ class Step:
     idle_cpu: float = 0.0
     watches: dict[str, float] = field(default_factory=dict)
     rss_mb: float = 0.0
+    heap_mb: float = 0.0
+    connections: int = 0
     instance_rss_mb: list[float] = field(default_factory=list)
     #: CPU seconds of each instance from its spawn to the end of the start window, and in the idle window.
     instance_start_cpu: list[float] = field(default_factory=list)
@@ -447,6 +465,8 @@ class Result:
     baseline_rate: dict[str, float]
     baseline_cpu: float
     baseline_rss: float
+    baseline_heap: float
+    baseline_connections: int
     baseline_watches: dict[str, float]
     baseline_events_per_change: float
     steps: list[Step]
@@ -495,6 +515,8 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             rate,
             quiet.cpu / quiet.seconds,
             server.rss(),
+            heap_mb(quiet_samples),
+            server.connections(),
             watches(quiet_samples),
             (events - before_events[0]) / changes,
             [],
@@ -533,6 +555,8 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             step.idle_cpu = idle.cpu / idle.seconds
             step.watches = difference(watches(idle_samples), result.baseline_watches)
             step.rss_mb = server.rss()
+            step.heap_mb = heap_mb(idle_samples)
+            step.connections = server.connections()
             step.instance_rss_mb = fleet.rss_mb()
             meter.mark()
             events_before, bytes_before, _ = settled_claim_events(server)
@@ -602,6 +626,8 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
     ("API server idle CPU (% of a core)", "{:.2f}", lambda s: s.idle_cpu * 100),
     ("API server CPU during start (s)", "{:.1f}", lambda s: s.start_cpu),
     ("API server RSS after idle (MB)", "{:.0f}", lambda s: s.rss_mb),
+    ("API server Go heap in use after idle (MB)", "{:.1f}", lambda s: s.heap_mb),
+    ("TCP connections to the API server", "{:.0f}", lambda s: s.connections),
     (
         "instance CPU from spawn to complete + settle, median (s)",
         "{:.2f}",
@@ -632,6 +658,8 @@ def report(results: list[Result], sizes: list[int]) -> str:
                 "claim churn: watch events per claim change": f"{result.baseline_events_per_change:.2f}",
                 "API server idle CPU (% of a core)": f"{result.baseline_cpu * 100:.2f}",
                 "API server RSS after idle (MB)": f"{result.baseline_rss:.0f}",
+                "API server Go heap in use after idle (MB)": f"{result.baseline_heap:.1f}",
+                "TCP connections to the API server": f"{result.baseline_connections}",
             }.get(label, "")
             slope = least_squares_slope(sizes, values) if len(sizes) > 1 else float("nan")
             cells = " | ".join(form.format(v) for v in values)
