@@ -661,9 +661,9 @@ def report(results: list[Result], sizes: list[int]) -> str:
                 "API server Go heap in use after idle (MB)": f"{result.baseline_heap:.1f}",
                 "TCP connections to the API server": f"{result.baseline_connections}",
             }.get(label, "")
-            slope = least_squares_slope(sizes, values) if len(sizes) > 1 else float("nan")
+            slope = f"{least_squares_slope(sizes, values):.3g}" if len(sizes) > 1 else "-"
             cells = " | ".join(form.format(v) for v in values)
-            lines.append(f"| {label} | {zero} | {cells} | {slope:.3g} |")
+            lines.append(f"| {label} | {zero} | {cells} | {slope} |")
         lines.append("")
         for step in result.steps:
             lines.append(f"- N={step.n} start, per node: {breakdown(step.start_requests)}")
