@@ -32,6 +32,9 @@ beyond the Go reference is the Python runtime's.
 The Go plugin runs with its client rate limit raised (--kube-api-qps/burst 1000) in every
 phase; `--go-default-limit` adds the back-to-back figures with its default limit (5 QPS,
 burst 10), once. Figures are medians over rounds, with the range over rounds.
+
+`--busy N` runs N processes that spin on the CPU for the whole run (a node whose cores are
+loaded by something else): every plugin then competes with them alike.
 """
 
 from __future__ import annotations
@@ -488,9 +491,9 @@ def report(results: dict[str, list[Figures]], go_default: Figures | None, loads:
     go, ours = results.get("go", []), results.get("dr", [])
     baseline, floor = results.get("base"), results.get("floor")
     extra = (" dradriver baseline |" if baseline is not None else "") + (
-        " Python gRPC floor | floor / Go |" if floor is not None else ""
+        " Python gRPC floor | floor / Go | dradriver / floor |" if floor is not None else ""
     )
-    columns = 5 + (baseline is not None) + 2 * (floor is not None)
+    columns = 5 + (baseline is not None) + 3 * (floor is not None)
     lines = [
         f"| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |{extra}",
         "|" + " --- |" * columns,
@@ -505,7 +508,7 @@ def report(results: dict[str, list[Figures]], go_default: Figures | None, loads:
             row += f" {cell(baseline, key, unit)[0]} |"
         if floor is not None:
             floor_text, floor_value = cell(floor, key, unit)
-            row += f" {floor_text} | {ratio(floor_value, go_value)} |"
+            row += f" {floor_text} | {ratio(floor_value, go_value)} | {ratio(our_value, floor_value)} |"
         lines.append(row)
     if go_default is not None:
         for key, label in (
@@ -546,12 +549,14 @@ def main() -> None:
         "--no-floor", action="store_true", help="leave out the Python gRPC floor (bench.grpc_floor)"
     )
     parser.add_argument("--only", choices=["go", "dradriver"], help="drive one plugin only (profiling)")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU during the run")
     opts = parser.parse_args()
     if opts.k8s_bin is None:
         parser.error("--k8s-bin (or DRADRIVER_E2E_BIN) is required")
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-go-", dir="/var/tmp"))
     plane = ControlPlane(opts.k8s_bin, work, advertise_address=node_ip())
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.busy)]
     try:
         plane.start()
         admin = load_client(str(plane.admin_kubeconfig))
@@ -597,7 +602,12 @@ def main() -> None:
             prepare_phase([limited], kubeconfigs, claims, opts, go_default, paced=False)
         print()
         print(report(results, go_default["go"] if go_default else None, loads))
+        if opts.busy:
+            print(f"{opts.busy} processes spinning on the CPU during the run")
     finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         plane.stop()
         shutil.rmtree(work, ignore_errors=True)
 
