@@ -41,10 +41,12 @@ if TYPE_CHECKING:
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.cdi import ContainerEdits
-    from dradriver.prepare.claims import ClaimSource
+    from dradriver.prepare.claims import ClaimSource, ReservationsTap
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
+    from dradriver.telemetry.idle import IdlePolicy
+    from dradriver.telemetry.model import Holder, Target
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
 INIT_WAIT_SECONDS = 30.0
@@ -81,6 +83,11 @@ class ServeConfig:
     pod_uid: str = ""
     #: Seconds between rescans of the node's devices; 0: only on events.
     rescan_interval: float = 0.0
+    #: Seconds between readings of the devices' telemetry (with metrics_address); 0: none.
+    telemetry_interval: float = 0.0
+    #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
+    idle_threshold: float | None = None
+    idle_window: float | None = None
 
 
 class DeferredDriver:
@@ -382,6 +389,77 @@ class Daemon:
             )
         )
 
+    def _start_telemetry(
+        self, library: DeviceLibrary, driver: GpuDriver, reservations: ReservationsTap
+    ) -> None:
+        """Read the devices on a timer for /metrics; with --idle-threshold, report idle claims."""
+        from dradriver import metrics
+        from dradriver.telemetry.idle import IdlePolicy, IdleTracker
+        from dradriver.telemetry.model import PodRef, targets
+        from dradriver.telemetry.sampler import Snapshot, TelemetryCollector, TelemetrySampler, pod_of_pid
+
+        config = self.config
+        tracker = (
+            IdleTracker(IdlePolicy(config.idle_threshold, config.idle_window))
+            if config.idle_threshold is not None and config.idle_window is not None
+            else None
+        )
+
+        def published_targets() -> list[Target]:
+            assert self._published is not None
+            return targets(self._published.devices.devices, driver.records())
+
+        def pods_of(uid: str) -> list[PodRef]:
+            return [PodRef(*pod) for pod in reservations.pods(uid)]
+
+        def on_reading(snapshot: Snapshot) -> None:
+            reservations.forget({r.uid for r in driver.records()})
+            if tracker is not None:
+                for holder, seconds in tracker.update(snapshot.taken_at, snapshot.readings):
+                    self._report_idle(holder, seconds, tracker.policy)
+
+        sampler = TelemetrySampler(
+            library.telemetry(config.state_dir),
+            targets=published_targets,
+            records=driver.records,
+            pods_of=pods_of,
+            pod_of_pid=pod_of_pid(config.proc_root),
+            interval=config.telemetry_interval,
+            on_reading=on_reading,
+        )
+        metrics.REGISTRY.register(
+            TelemetryCollector(sampler, lambda: tracker.idle(time.time()) if tracker is not None else {})
+        )
+        sampler.start()
+        self._started("telemetry", sampler.stop)
+
+    def _report_idle(self, holder: Holder, seconds: float, policy: IdlePolicy) -> None:
+        """An idle claim: a log line, and an Event on the claim and on each pod it is reserved for."""
+        message = (
+            f"the devices of claim {holder.claim} have stayed below {policy.threshold_percent:g}% SM "
+            f"utilisation for {seconds:.0f}s (dradriver never evicts; free the GPUs if they are not needed)"
+        )
+        log.warning("claim idle", claim=holder.claim, uid=holder.claim_uid, idle_seconds=round(seconds))
+        if self._node_events is None:
+            return
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": holder.claim_namespace,
+            "name": holder.claim_name,
+            "uid": holder.claim_uid,
+        }
+        self._node_events.send_about(claim, holder.claim_namespace, "GPUIdle", message, "Warning")
+        for pod in holder.pods:
+            involved = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "uid": pod.uid,
+            }
+            self._node_events.send_about(involved, pod.namespace, "GPUIdle", message, "Warning")
+
     def _slice_writes(self) -> dict[str, int]:
         if self._publisher is None:
             return {}
@@ -503,6 +581,7 @@ class Daemon:
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
+        from dradriver.prepare.claims import ReservationsTap
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
         from dradriver.prepare.shared import SerializeLock
@@ -518,11 +597,16 @@ class Daemon:
             if config.fake_gpus
             else NvidiaSharing(config.driver_root_mount, config.state_dir)
         )
+        claims = self._claim_source(client)
+        # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
+        reservations = ReservationsTap(claims) if config.metrics_address else None
+        if reservations is not None:
+            claims = reservations
         driver = GpuDriver(
             driver_name=config.driver_name,
             pool_name=config.node_name,
             devices={d.name: d.hardware for d in devices.devices},
-            claims=self._claim_source(client),
+            claims=claims,
             cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
             store=CheckpointStore(config.state_dir),
             common_edits=self._common_edits(inventory),
@@ -544,6 +628,8 @@ class Daemon:
             self._started("stale-claims", collector.stop)
         if config.metrics_address:
             self._install_metrics(driver)
+        if reservations is not None and config.telemetry_interval:
+            self._start_telemetry(library, driver, reservations)
         self._follow_inventory(driver)
         log.info(
             "driver ready",

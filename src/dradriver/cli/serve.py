@@ -27,6 +27,8 @@ from dradriver.cli._common import (
 
 #: Default of --rescan-interval.
 DEFAULT_RESCAN_SECONDS = 30.0
+#: Default of --telemetry-interval: a scrape every 15 s sees readings at most this old.
+DEFAULT_TELEMETRY_SECONDS = 5.0
 
 
 def register(subparsers: Any) -> None:
@@ -111,12 +113,46 @@ def register(subparsers: Any) -> None:
     )
     env_flag(
         parser,
+        "--telemetry-interval",
+        type=duration,
+        default=DEFAULT_TELEMETRY_SECONDS,
+        metavar="SECONDS",
+        help="read every device's utilisation, memory, power and the like this often for /metrics "
+        "(with --metrics-address; 0: no device telemetry)",
+    )
+    env_flag(
+        parser,
+        "--idle-threshold",
+        type=percent,
+        metavar="PERCENT",
+        help="with --idle-window: a prepared claim whose devices all stay below this SM utilisation "
+        "gets an Event (on the claim and its pods) and a dradriver_claim_idle_seconds series; off when unset",
+    )
+    env_flag(
+        parser,
+        "--idle-window",
+        type=duration,
+        metavar="SECONDS",
+        help="how long a claim must stay below --idle-threshold to be reported idle",
+    )
+    env_flag(
+        parser,
         "--health-config",
         type=absolute_path,
         metavar="FILE",
         help="YAML file overriding the GPU health policy (XID classes, quiet period, taint effect, "
         "thresholds); see README 'GPU health'",
     )
+
+
+def percent(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a percentage") from None
+    if not 0 < number <= 100:
+        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 and at most 100")
+    return number
 
 
 def non_negative(value: str) -> float:
@@ -168,6 +204,12 @@ def run(args: argparse.Namespace) -> int:
         flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
         raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
     _check_input_files(args)
+    if (args.idle_threshold is None) != (args.idle_window is None):
+        raise CLIError("--idle-threshold and --idle-window go together: give both, or neither")
+    if args.idle_threshold is not None and not (args.metrics_address and args.telemetry_interval):
+        raise CLIError(
+            "--idle-threshold needs device telemetry: --metrics-address and a --telemetry-interval above 0"
+        )
 
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
@@ -200,5 +242,8 @@ def run(args: argparse.Namespace) -> int:
         proc_root=args.proc_root,
         pod_uid=args.pod_uid,
         rescan_interval=args.rescan_interval,
+        telemetry_interval=args.telemetry_interval,
+        idle_threshold=args.idle_threshold,
+        idle_window=args.idle_window,
     )
     return Daemon(config).run()

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
+    from dradriver.telemetry.sampler import TelemetryReader
 
 #: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).
 BRAND_NAMES = {
@@ -191,6 +192,12 @@ class NvmlLibrary:
         from dradriver.mig.nvml import NvmlMigControl
 
         return NvmlMigControl(library_path=self._library_path, proc_root=self._proc_root)
+
+    def telemetry(self, state_dir: Path) -> TelemetryReader:
+        """Utilisation, memory, power, clocks, ECC and NVLink through NVML, with its own reference."""
+        from dradriver.telemetry.nvml import NvmlTelemetry
+
+        return NvmlTelemetry()
 
     def close(self) -> None:
         if self._open:
