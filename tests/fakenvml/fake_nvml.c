@@ -55,6 +55,21 @@
  *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
  *                            the GPU registered for it; rewrite the config file first
  *
+ * Telemetry: the environment variable FAKE_NVML_TELEMETRY names a file that every telemetry call
+ * reads again when it changed (so a test can change the figures under a running reader). Lines
+ * (fields separated by spaces; GPU is the NVML index; a GPU with no line is idle):
+ *
+ *   util GPU SM MEM                  utilisation rates in percent (default 0 0)
+ *   power GPU MILLIWATTS             power draw (default 70000)
+ *   clocks GPU SM_MHZ MEM_MHZ        current clocks (default 1980 2619)
+ *   reasons GPU MASK                 clock event reasons (default 1: GPU idle)
+ *   used GPU BYTES                   framebuffer memory in use (default: its processes' sum)
+ *   nvlink GPU LINKS UP_MASK         LINKS links, those in UP_MASK up (default: no NVLink)
+ *   proc GPU PID BYTES SM            a compute process (SM -1: no utilisation sample)
+ *
+ * MIG devices answer memory info (their own size, nothing used) and an empty process list;
+ * utilisation, power and clocks are NOT_SUPPORTED on them, as on real MIG devices.
+ *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -653,14 +668,22 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *m
     return NVML_SUCCESS;
 }
 
+static unsigned long long telemetry_used(int gpu);
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     ENTER("nvmlDeviceGetMemoryInfo", device);
     struct gpu *g = as_gpu(device);
+    struct ci *mig = as_ci(device, KIND_MIG);
+    if (mig) {
+        memory->total = memory->free = mig->memory_mb * 1024 * 1024;
+        memory->used = 0;
+        return NVML_SUCCESS;
+    }
     if (!g)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = g->memory;
-    memory->free = g->memory;
-    memory->used = 0;
+    memory->used = telemetry_used(g->tag.index);
+    memory->free = g->memory - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -1159,6 +1182,13 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
             *device = &state.gpus[i].tag;
             return NVML_SUCCESS;
         }
+    for (int i = 0; i < state.ncis; i++) /* MIG devices too, as NVML since R470 */
+        if (state.cis[i].alive && !strcmp(state.cis[i].uuid, uuid)) {
+            if (state.gpus[state.gis[state.cis[i].gi].gpu].lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &state.cis[i].tag;
+            return NVML_SUCCESS;
+        }
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -1346,4 +1376,237 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned time
                 event_set.len += (size_t)got;
         }
     }
+}
+
+/* --- telemetry (FAKE_NVML_TELEMETRY) ----------------------------------------------------------- */
+
+#define MAX_PROCS 64
+#define MAX_NVLINKS 18
+
+struct proc_info {
+    int gpu;
+    unsigned pid;
+    unsigned long long used;
+    int sm;
+};
+
+static struct {
+    struct timespec mtime;
+    off_t size;
+    unsigned sm[MAX_GPUS], mem[MAX_GPUS], power[MAX_GPUS], sm_clock[MAX_GPUS], mem_clock[MAX_GPUS];
+    unsigned long long reasons[MAX_GPUS], used[MAX_GPUS];
+    int used_set[MAX_GPUS];
+    unsigned nvlinks[MAX_GPUS], nvlink_up[MAX_GPUS];
+    struct proc_info procs[MAX_PROCS];
+    int nprocs;
+} telemetry;
+
+static pthread_mutex_t telemetry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Read FAKE_NVML_TELEMETRY again if it changed since the last call; caller holds telemetry_lock. */
+static void telemetry_refresh(void) {
+    const char *path = getenv("FAKE_NVML_TELEMETRY");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        st.st_mtim = (struct timespec){0};
+        st.st_size = -1;
+    }
+    if (st.st_mtim.tv_sec == telemetry.mtime.tv_sec && st.st_mtim.tv_nsec == telemetry.mtime.tv_nsec &&
+        st.st_size == telemetry.size && telemetry.size != 0)
+        return;
+    memset(&telemetry, 0, sizeof telemetry);
+    telemetry.mtime = st.st_mtim;
+    telemetry.size = st.st_size;
+    for (int i = 0; i < MAX_GPUS; i++) {
+        telemetry.power[i] = 70000;
+        telemetry.sm_clock[i] = 1980;
+        telemetry.mem_clock[i] = 2619;
+        telemetry.reasons[i] = 1;
+    }
+    FILE *file = path ? fopen(path, "r") : NULL;
+    if (!file)
+        return;
+    char line[256], what[16];
+    unsigned long long a, b, c, d;
+    while (fgets(line, sizeof line, file)) {
+        int n = sscanf(line, "%15s %llu %llu %llu %llu", what, &a, &b, &c, &d);
+        if (n < 3 || a >= MAX_GPUS)
+            continue;
+        if (!strcmp(what, "util") && n == 4) {
+            telemetry.sm[a] = (unsigned)b;
+            telemetry.mem[a] = (unsigned)c;
+            telemetry.reasons[a] = b ? 0 : 1;
+        } else if (!strcmp(what, "power")) {
+            telemetry.power[a] = (unsigned)b;
+        } else if (!strcmp(what, "clocks") && n == 4) {
+            telemetry.sm_clock[a] = (unsigned)b;
+            telemetry.mem_clock[a] = (unsigned)c;
+        } else if (!strcmp(what, "reasons")) {
+            telemetry.reasons[a] = b;
+        } else if (!strcmp(what, "used")) {
+            telemetry.used[a] = b;
+            telemetry.used_set[a] = 1;
+        } else if (!strcmp(what, "nvlink") && n == 4) {
+            telemetry.nvlinks[a] = b < MAX_NVLINKS ? (unsigned)b : MAX_NVLINKS;
+            telemetry.nvlink_up[a] = (unsigned)c;
+        } else if (!strcmp(what, "proc") && telemetry.nprocs < MAX_PROCS) {
+            long long sm = -1;
+            sscanf(line, "%*s %*u %*u %*u %lld", &sm);
+            telemetry.procs[telemetry.nprocs++] =
+                (struct proc_info){.gpu = (int)a, .pid = (unsigned)b, .used = n >= 4 ? c : 0, .sm = (int)sm};
+        }
+    }
+    fclose(file);
+}
+
+static unsigned long long telemetry_used(int gpu) {
+    pthread_mutex_lock(&telemetry_lock);
+    telemetry_refresh();
+    unsigned long long used = telemetry.used[gpu];
+    if (!telemetry.used_set[gpu]) {
+        used = 0;
+        for (int i = 0; i < telemetry.nprocs; i++)
+            if (telemetry.procs[i].gpu == gpu)
+                used += telemetry.procs[i].used;
+    }
+    pthread_mutex_unlock(&telemetry_lock);
+    return used;
+}
+
+/* The full GPU of a telemetry call; MIG handles get NOT_SUPPORTED through *code. */
+static struct gpu *telemetry_gpu(void *device, nvmlReturn_t *code) {
+    struct gpu *g = as_gpu(device);
+    *code = g ? NVML_SUCCESS : as_ci(device, KIND_MIG) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    if (g) {
+        pthread_mutex_lock(&telemetry_lock);
+        telemetry_refresh();
+    }
+    return g;
+}
+
+typedef struct {
+    unsigned gpu, memory;
+} nvmlUtilization_t;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *rates) {
+    ENTER("nvmlDeviceGetUtilizationRates", device);
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    rates->gpu = telemetry.sm[g->tag.index];
+    rates->memory = telemetry.mem[g->tag.index];
+    pthread_mutex_unlock(&telemetry_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned *milliwatts) {
+    ENTER("nvmlDeviceGetPowerUsage", device);
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    *milliwatts = telemetry.power[g->tag.index];
+    pthread_mutex_unlock(&telemetry_lock);
+    return NVML_SUCCESS;
+}
+
+/* NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 */
+nvmlReturn_t nvmlDeviceGetClockInfo(void *device, unsigned type, unsigned *mhz) {
+    ENTER("nvmlDeviceGetClockInfo", device);
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    code = type == 1 || type == 2 ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    if (code == NVML_SUCCESS)
+        *mhz = type == 1 ? telemetry.sm_clock[g->tag.index] : telemetry.mem_clock[g->tag.index];
+    pthread_mutex_unlock(&telemetry_lock);
+    return code;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+    ENTER("nvmlDeviceGetCurrentClocksEventReasons", device);
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    *reasons = telemetry.reasons[g->tag.index];
+    pthread_mutex_unlock(&telemetry_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned link, unsigned *active) {
+    ENTER("nvmlDeviceGetNvLinkState", device);
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    unsigned links = telemetry.nvlinks[g->tag.index];
+    code = link < links ? NVML_SUCCESS : links ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    if (code == NVML_SUCCESS)
+        *active = (telemetry.nvlink_up[g->tag.index] >> link) & 1u;
+    pthread_mutex_unlock(&telemetry_lock);
+    return code;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long used_gpu_memory;
+    unsigned gpu_instance_id, compute_instance_id;
+} nvmlProcessInfo_t;
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned *count, nvmlProcessInfo_t *infos) {
+    ENTER("nvmlDeviceGetComputeRunningProcesses_v3", device);
+    if (as_ci(device, KIND_MIG)) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    unsigned n = 0;
+    for (int i = 0; i < telemetry.nprocs; i++)
+        if (telemetry.procs[i].gpu == g->tag.index) {
+            if (infos && n < *count)
+                infos[n] = (nvmlProcessInfo_t){telemetry.procs[i].pid, telemetry.procs[i].used, WHOLE_GPU, WHOLE_GPU};
+            n++;
+        }
+    code = n == 0 ? NVML_SUCCESS : (!infos || n > *count) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    *count = n;
+    pthread_mutex_unlock(&telemetry_lock);
+    return code;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long time_stamp;
+    unsigned sm_util, mem_util, enc_util, dec_util;
+} nvmlProcessUtilizationSample_t;
+
+/* Every process with an SM figure gives one sample, stamped now (NOT_FOUND: none). */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizationSample_t *samples, unsigned *count,
+                                             unsigned long long since) {
+    ENTER("nvmlDeviceGetProcessUtilization", device);
+    (void)since;
+    nvmlReturn_t code;
+    struct gpu *g = telemetry_gpu(device, &code);
+    if (!g)
+        return code;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000;
+    unsigned n = 0;
+    for (int i = 0; i < telemetry.nprocs; i++)
+        if (telemetry.procs[i].gpu == g->tag.index && telemetry.procs[i].sm >= 0) {
+            if (samples && n < *count)
+                samples[n] =
+                    (nvmlProcessUtilizationSample_t){telemetry.procs[i].pid, stamp, (unsigned)telemetry.procs[i].sm, 0, 0, 0};
+            n++;
+        }
+    code = n == 0 ? NVML_ERROR_NOT_FOUND : (!samples || n > *count) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    *count = n;
+    pthread_mutex_unlock(&telemetry_lock);
+    return code;
 }

@@ -76,7 +76,8 @@ def register(subparsers: Any) -> None:
         "--proc-root",
         type=absolute_path,
         default=Path("/proc"),
-        help="where the host driver's /proc files are read (/proc/devices, /proc/driver/nvidia-caps)",
+        help="the host's /proc: the host driver's files (/proc/devices, /proc/driver/nvidia-caps) and, "
+        "for the telemetry, the cgroups of the processes on the GPUs",
     )
     env_flag(
         parser,
