@@ -6,6 +6,9 @@ Run: .venv/bin/python -m bench.bench_telemetry [--nvml] [--scrapes 1000] [--idle
   claims (2 whole GPUs, 14 MIG devices), each reserved for 2 pods, with processes on every device
   (mapped to those pods through cgroup files under --proc-root): the latency of GET /metrics,
   `--scrapes` times, and the number of series.
+- Render: the same readings rendered in this process by the collector serve registers
+  (prometheus_client's exposition), `--scrapes` times: the scrape's own cost, apart from the HTTP
+  round trip and from whatever else the machine runs.
 - CPU: the same serve and one with --telemetry-interval 0 side by side for `--idle` seconds, each
   scraped every 15 s: CPU of each, and the difference, in % of a core.
 - Prepare: two serves on 128 fake GPUs, telemetry on (5 s) and off, claims from files, paced
@@ -186,6 +189,55 @@ def scrape_phase(nvml: bool, scrapes: int) -> None:
         )
 
 
+def render_phase(scrapes: int) -> None:
+    """8 GPUs: 2 whole, 14 of the MIG devices held, 16 claims of 2 pods each with a process per
+    pod, rendered as serve's TelemetryCollector renders them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dradriver.telemetry.fake import FakeFigures, FakeProcess, FakeTelemetry, write_figures
+    from dradriver.telemetry.model import Holder, PodRef, readings, targets
+    from dradriver.telemetry.sampler import Snapshot, TelemetryCollector, TelemetrySampler
+
+    devices = build_devices(open_library(PROFILE).discover(), driver_name=DRIVER).devices
+    wanted = targets(devices, [])
+    held = [t for t in wanted if t.kind == "gpu"] + [t for t in wanted if t.kind == "mig"][:14]
+    holders: dict[str, list[Holder]] = {}
+    pids: dict[int, str] = {}
+    figures = {}
+    for number, target in enumerate(held):
+        pods = tuple(PodRef("bench", f"pod-{number}-{p}", pod_uid(number, p)) for p in range(2))
+        holders[target.device] = [Holder("bench", f"c{number}", f"uid-{number}", pods, "")]
+        processes = []
+        for p, pod in enumerate(pods):
+            pids[2000 + 2 * number + p] = pod.uid
+            processes.append(FakeProcess(pid=2000 + 2 * number + p, used_bytes=2**30, sm_util=20.0))
+        figures[target.device] = FakeFigures(sm_util=40.0, processes=tuple(processes))
+    with short_tmpdir() as root:
+        write_figures(root / "fake-telemetry.json", figures)
+        reader = FakeTelemetry(root)
+        samples = reader.read(wanted)
+    snapshot = Snapshot(time.time(), 0.0, readings(wanted, samples, holders, pids.get))
+    assert all(r.shares for r in snapshot.readings if r.holders)
+    sampler = TelemetrySampler(
+        reader, targets=list, records=list, pods_of=lambda _: (), pod_of_pid=pids.get, interval=1
+    )
+    sampler._snapshot = snapshot
+    registry = CollectorRegistry()
+    registry.register(TelemetryCollector(sampler, dict))
+    for _ in range(20):
+        generate_latest(registry)
+    times = []
+    for _ in range(scrapes):
+        started = time.perf_counter()
+        generate_latest(registry)
+        times.append(time.perf_counter() - started)
+    print(
+        f"render in process (8 GPUs, 16 claims): p50 {statistics.median(times) * 1e3:.2f} ms, "
+        f"p99 {percentile(times, 99) * 1e3:.2f} ms",
+        flush=True,
+    )
+
+
 def cpu_phase(nvml: bool, idle: float) -> None:
     with contextlib.ExitStack() as stack:
         nodes = {}
@@ -262,6 +314,7 @@ def main() -> None:
     opts = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}; {sys.version.split()[0]}", flush=True)
     scrape_phase(opts.nvml, opts.scrapes)
+    render_phase(opts.scrapes)
     cpu_phase(opts.nvml, opts.idle)
     if opts.paced:
         prepare_phase(opts.paced)
