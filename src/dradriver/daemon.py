@@ -415,7 +415,7 @@ class Daemon:
         def on_reading(snapshot: Snapshot) -> None:
             reservations.forget({r.uid for r in driver.records()})
             if tracker is not None:
-                for holder, seconds in tracker.update(snapshot.taken_at, snapshot.readings):
+                for holder, seconds in tracker.update(time.monotonic(), snapshot.readings):
                     self._report_idle(holder, seconds, tracker.policy)
 
         sampler = TelemetrySampler(
@@ -428,7 +428,7 @@ class Daemon:
             on_reading=on_reading,
         )
         metrics.REGISTRY.register(
-            TelemetryCollector(sampler, lambda: tracker.idle(time.time()) if tracker is not None else {})
+            TelemetryCollector(sampler, lambda: tracker.idle(time.monotonic()) if tracker is not None else {})
         )
         sampler.start()
         self._started("telemetry", sampler.stop)
