@@ -668,7 +668,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *m
     return NVML_SUCCESS;
 }
 
-static unsigned long long telemetry_used(int gpu);
+static unsigned long long telemetry_used(void *device);
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     ENTER("nvmlDeviceGetMemoryInfo", device);
@@ -682,7 +682,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     if (!g)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = g->memory;
-    memory->used = telemetry_used(g->tag.index);
+    memory->used = telemetry_used(device);
     memory->free = g->memory - memory->used;
     return NVML_SUCCESS;
 }
@@ -1390,13 +1390,17 @@ struct proc_info {
     int sm;
 };
 
+/* One GPU's figures. */
+struct figures {
+    unsigned sm, mem, power, sm_clock, mem_clock, nvlinks, nvlink_up;
+    unsigned long long reasons, used;
+    int used_set;
+};
+
 static struct {
     struct timespec mtime;
     off_t size;
-    unsigned sm[MAX_GPUS], mem[MAX_GPUS], power[MAX_GPUS], sm_clock[MAX_GPUS], mem_clock[MAX_GPUS];
-    unsigned long long reasons[MAX_GPUS], used[MAX_GPUS];
-    int used_set[MAX_GPUS];
-    unsigned nvlinks[MAX_GPUS], nvlink_up[MAX_GPUS];
+    struct figures gpus[MAX_GPUS];
     struct proc_info procs[MAX_PROCS];
     int nprocs;
 } telemetry;
@@ -1417,137 +1421,115 @@ static void telemetry_refresh(void) {
     memset(&telemetry, 0, sizeof telemetry);
     telemetry.mtime = st.st_mtim;
     telemetry.size = st.st_size;
-    for (int i = 0; i < MAX_GPUS; i++) {
-        telemetry.power[i] = 70000;
-        telemetry.sm_clock[i] = 1980;
-        telemetry.mem_clock[i] = 2619;
-        telemetry.reasons[i] = 1;
-    }
+    for (int i = 0; i < MAX_GPUS; i++)
+        telemetry.gpus[i] = (struct figures){.power = 70000, .sm_clock = 1980, .mem_clock = 2619, .reasons = 1};
     FILE *file = path ? fopen(path, "r") : NULL;
     if (!file)
         return;
     char line[256], what[16];
-    unsigned long long a, b, c, d;
+    unsigned long long a, b, c;
+    long long sm;
     while (fgets(line, sizeof line, file)) {
-        int n = sscanf(line, "%15s %llu %llu %llu %llu", what, &a, &b, &c, &d);
+        int n = sscanf(line, "%15s %llu %llu %llu %lld", what, &a, &b, &c, &sm);
         if (n < 3 || a >= MAX_GPUS)
             continue;
-        if (!strcmp(what, "util") && n == 4) {
-            telemetry.sm[a] = (unsigned)b;
-            telemetry.mem[a] = (unsigned)c;
-            telemetry.reasons[a] = b ? 0 : 1;
+        struct figures *f = &telemetry.gpus[a];
+        if (!strcmp(what, "util") && n >= 4) {
+            f->sm = (unsigned)b;
+            f->mem = (unsigned)c;
+            f->reasons = b ? 0 : 1;
         } else if (!strcmp(what, "power")) {
-            telemetry.power[a] = (unsigned)b;
-        } else if (!strcmp(what, "clocks") && n == 4) {
-            telemetry.sm_clock[a] = (unsigned)b;
-            telemetry.mem_clock[a] = (unsigned)c;
+            f->power = (unsigned)b;
+        } else if (!strcmp(what, "clocks") && n >= 4) {
+            f->sm_clock = (unsigned)b;
+            f->mem_clock = (unsigned)c;
         } else if (!strcmp(what, "reasons")) {
-            telemetry.reasons[a] = b;
+            f->reasons = b;
         } else if (!strcmp(what, "used")) {
-            telemetry.used[a] = b;
-            telemetry.used_set[a] = 1;
-        } else if (!strcmp(what, "nvlink") && n == 4) {
-            telemetry.nvlinks[a] = b < MAX_NVLINKS ? (unsigned)b : MAX_NVLINKS;
-            telemetry.nvlink_up[a] = (unsigned)c;
+            f->used = b;
+            f->used_set = 1;
+        } else if (!strcmp(what, "nvlink") && n >= 4) {
+            f->nvlinks = b < MAX_NVLINKS ? (unsigned)b : MAX_NVLINKS;
+            f->nvlink_up = (unsigned)c;
         } else if (!strcmp(what, "proc") && telemetry.nprocs < MAX_PROCS) {
-            long long sm = -1;
-            sscanf(line, "%*s %*u %*u %*u %lld", &sm);
-            telemetry.procs[telemetry.nprocs++] =
-                (struct proc_info){.gpu = (int)a, .pid = (unsigned)b, .used = n >= 4 ? c : 0, .sm = (int)sm};
+            telemetry.procs[telemetry.nprocs++] = (struct proc_info){
+                .gpu = (int)a, .pid = (unsigned)b, .used = n >= 4 ? c : 0, .sm = n >= 5 ? (int)sm : -1};
         }
     }
     fclose(file);
+    for (int i = 0; i < telemetry.nprocs; i++)
+        if (!telemetry.gpus[telemetry.procs[i].gpu].used_set)
+            telemetry.gpus[telemetry.procs[i].gpu].used += telemetry.procs[i].used;
 }
 
-static unsigned long long telemetry_used(int gpu) {
+/* A full GPU's figures and processes as of now (NOT_SUPPORTED on a MIG device, as real NVML
+ * answers its utilisation, power and clock calls). */
+static nvmlReturn_t figures_of(void *device, struct figures *out, struct proc_info *procs, unsigned *nprocs) {
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return as_ci(device, KIND_MIG) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&telemetry_lock);
     telemetry_refresh();
-    unsigned long long used = telemetry.used[gpu];
-    if (!telemetry.used_set[gpu]) {
-        used = 0;
-        for (int i = 0; i < telemetry.nprocs; i++)
-            if (telemetry.procs[i].gpu == gpu)
-                used += telemetry.procs[i].used;
-    }
+    *out = telemetry.gpus[g->tag.index];
+    unsigned n = 0;
+    for (int i = 0; procs && i < telemetry.nprocs; i++)
+        if (telemetry.procs[i].gpu == g->tag.index)
+            procs[n++] = telemetry.procs[i];
+    if (nprocs)
+        *nprocs = n;
     pthread_mutex_unlock(&telemetry_lock);
-    return used;
+    return NVML_SUCCESS;
 }
 
-/* The full GPU of a telemetry call; MIG handles get NOT_SUPPORTED through *code. */
-static struct gpu *telemetry_gpu(void *device, nvmlReturn_t *code) {
-    struct gpu *g = as_gpu(device);
-    *code = g ? NVML_SUCCESS : as_ci(device, KIND_MIG) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
-    if (g) {
-        pthread_mutex_lock(&telemetry_lock);
-        telemetry_refresh();
-    }
-    return g;
+static unsigned long long telemetry_used(void *device) {
+    struct figures f;
+    return figures_of(device, &f, NULL, NULL) == NVML_SUCCESS ? f.used : 0;
 }
 
 typedef struct {
     unsigned gpu, memory;
 } nvmlUtilization_t;
 
+#define FIGURES(name, device)                                                                      \
+    struct figures f;                                                                              \
+    ENTER(name, device);                                                                           \
+    nvmlReturn_t code_ = figures_of(device, &f, NULL, NULL);                                       \
+    if (code_ != NVML_SUCCESS)                                                                     \
+        return code_;
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *rates) {
-    ENTER("nvmlDeviceGetUtilizationRates", device);
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
-        return code;
-    rates->gpu = telemetry.sm[g->tag.index];
-    rates->memory = telemetry.mem[g->tag.index];
-    pthread_mutex_unlock(&telemetry_lock);
+    FIGURES("nvmlDeviceGetUtilizationRates", device);
+    *rates = (nvmlUtilization_t){f.sm, f.mem};
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned *milliwatts) {
-    ENTER("nvmlDeviceGetPowerUsage", device);
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
-        return code;
-    *milliwatts = telemetry.power[g->tag.index];
-    pthread_mutex_unlock(&telemetry_lock);
+    FIGURES("nvmlDeviceGetPowerUsage", device);
+    *milliwatts = f.power;
     return NVML_SUCCESS;
 }
 
 /* NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 */
 nvmlReturn_t nvmlDeviceGetClockInfo(void *device, unsigned type, unsigned *mhz) {
-    ENTER("nvmlDeviceGetClockInfo", device);
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
-        return code;
-    code = type == 1 || type == 2 ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
-    if (code == NVML_SUCCESS)
-        *mhz = type == 1 ? telemetry.sm_clock[g->tag.index] : telemetry.mem_clock[g->tag.index];
-    pthread_mutex_unlock(&telemetry_lock);
-    return code;
+    FIGURES("nvmlDeviceGetClockInfo", device);
+    if (type != 1 && type != 2)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mhz = type == 1 ? f.sm_clock : f.mem_clock;
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
-    ENTER("nvmlDeviceGetCurrentClocksEventReasons", device);
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
-        return code;
-    *reasons = telemetry.reasons[g->tag.index];
-    pthread_mutex_unlock(&telemetry_lock);
+    FIGURES("nvmlDeviceGetCurrentClocksEventReasons", device);
+    *reasons = f.reasons;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned link, unsigned *active) {
-    ENTER("nvmlDeviceGetNvLinkState", device);
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
-        return code;
-    unsigned links = telemetry.nvlinks[g->tag.index];
-    code = link < links ? NVML_SUCCESS : links ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
-    if (code == NVML_SUCCESS)
-        *active = (telemetry.nvlink_up[g->tag.index] >> link) & 1u;
-    pthread_mutex_unlock(&telemetry_lock);
-    return code;
+    FIGURES("nvmlDeviceGetNvLinkState", device);
+    if (link >= f.nvlinks)
+        return f.nvlinks ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    *active = (f.nvlink_up >> link) & 1u;
+    return NVML_SUCCESS;
 }
 
 typedef struct {
@@ -1556,27 +1538,26 @@ typedef struct {
     unsigned gpu_instance_id, compute_instance_id;
 } nvmlProcessInfo_t;
 
+/* NVML's two-call protocol for lists: too small a buffer gets INSUFFICIENT_SIZE and the count. */
+static nvmlReturn_t listed(unsigned n, unsigned *count, int have_buffer) {
+    nvmlReturn_t code = n == 0 || (have_buffer && n <= *count) ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    *count = n;
+    return code;
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned *count, nvmlProcessInfo_t *infos) {
     ENTER("nvmlDeviceGetComputeRunningProcesses_v3", device);
-    if (as_ci(device, KIND_MIG)) {
-        *count = 0;
-        return NVML_SUCCESS;
-    }
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
+    if (as_ci(device, KIND_MIG))
+        return listed(0, count, 1);
+    struct figures f;
+    struct proc_info procs[MAX_PROCS];
+    unsigned n;
+    nvmlReturn_t code = figures_of(device, &f, procs, &n);
+    if (code != NVML_SUCCESS)
         return code;
-    unsigned n = 0;
-    for (int i = 0; i < telemetry.nprocs; i++)
-        if (telemetry.procs[i].gpu == g->tag.index) {
-            if (infos && n < *count)
-                infos[n] = (nvmlProcessInfo_t){telemetry.procs[i].pid, telemetry.procs[i].used, WHOLE_GPU, WHOLE_GPU};
-            n++;
-        }
-    code = n == 0 ? NVML_SUCCESS : (!infos || n > *count) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
-    *count = n;
-    pthread_mutex_unlock(&telemetry_lock);
-    return code;
+    for (unsigned i = 0; infos && i < n && i < *count; i++)
+        infos[i] = (nvmlProcessInfo_t){procs[i].pid, procs[i].used, WHOLE_GPU, WHOLE_GPU};
+    return listed(n, count, infos != NULL);
 }
 
 typedef struct {
@@ -1590,23 +1571,22 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizatio
                                              unsigned long long since) {
     ENTER("nvmlDeviceGetProcessUtilization", device);
     (void)since;
-    nvmlReturn_t code;
-    struct gpu *g = telemetry_gpu(device, &code);
-    if (!g)
+    struct figures f;
+    struct proc_info procs[MAX_PROCS];
+    unsigned n, sampled = 0;
+    nvmlReturn_t code = figures_of(device, &f, procs, &n);
+    if (code != NVML_SUCCESS)
         return code;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000;
-    unsigned n = 0;
-    for (int i = 0; i < telemetry.nprocs; i++)
-        if (telemetry.procs[i].gpu == g->tag.index && telemetry.procs[i].sm >= 0) {
-            if (samples && n < *count)
-                samples[n] =
-                    (nvmlProcessUtilizationSample_t){telemetry.procs[i].pid, stamp, (unsigned)telemetry.procs[i].sm, 0, 0, 0};
-            n++;
+    for (unsigned i = 0; i < n; i++)
+        if (procs[i].sm >= 0) {
+            if (samples && sampled < *count)
+                samples[sampled] = (nvmlProcessUtilizationSample_t){procs[i].pid, stamp, (unsigned)procs[i].sm, 0, 0, 0};
+            sampled++;
         }
-    code = n == 0 ? NVML_ERROR_NOT_FOUND : (!samples || n > *count) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
-    *count = n;
-    pthread_mutex_unlock(&telemetry_lock);
-    return code;
+    if (sampled == 0)
+        return NVML_ERROR_NOT_FOUND;
+    return listed(sampled, count, samples != NULL);
 }

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from dradriver import kubeletclient
+from dradriver.health import HEALTH_FILE
 from dradriver.plugin.driver import ClaimRef
 from tests.helpers import allocated_claim, free_port, http_get, short_tmpdir, uid, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend, create_allocated_claim
@@ -87,12 +88,9 @@ def test_a_claims_load_shows_in_its_series_split_per_pod_and_an_idle_claim_gets_
             "1",
         )
         try:
-            busy = claim_for(backend, "busy", "gpu-1", [pod_a, pod_b])
-            idle = claim_for(backend, "idle", "gpu-2", [pod_c])
-            with kubeletclient.DRAClient(serve.dra_socket) as client:
-                response = client.prepare([busy, idle])
-                assert [response.claims[r.uid].error for r in (busy, idle)] == ["", ""]
+            # gpu-1 is busy before its claim is prepared: only "idle" may ever be reported idle
             state_dir = serve.plugins_dir / TEST_DRIVER
+            wait_for((state_dir / HEALTH_FILE).exists, 15, "the health report fake-event checks devices in")
             subprocess.run(
                 [
                     sys.executable, "-m", "dradriver", "fake-event", "--state-dir", str(state_dir),
@@ -102,8 +100,17 @@ def test_a_claims_load_shows_in_its_series_split_per_pod_and_an_idle_claim_gets_
                 check=True,
                 capture_output=True,
             )  # fmt: skip
+            busy = claim_for(backend, "busy", "gpu-1", [pod_a, pod_b])
+            idle = claim_for(backend, "idle", "gpu-2", [pod_c])
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                response = client.prepare([busy, idle])
+                assert [response.claims[r.uid].error for r in (busy, idle)] == ["", ""]
             sm = "dradriver_gpu_sm_utilization_ratio"
-            wait_for(lambda: value(port, sm, device="gpu-1") == 0.8, 10, f"gpu-1's load (log: {serve.log()})")
+            wait_for(
+                lambda: value(port, sm, device="gpu-1", claim_name="busy") == 0.8,
+                10,
+                f"gpu-1's load under its claim (log: {serve.log()})",
+            )
             (series,) = [s for s in samples(port, sm) if s.labels["device"] == "gpu-1"]
             assert series.labels | {} == {
                 "device": "gpu-1",

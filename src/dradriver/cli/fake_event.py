@@ -29,6 +29,8 @@ from dradriver.cli._common import (
     add_driver_name_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
+    bounded,
+    percent,
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
@@ -51,12 +53,14 @@ def register(subparsers: Any) -> None:
     kind.add_argument("--lost", action="store_true", help="mark the device's GPU lost (fallen off the bus)")
     kind.add_argument("--restore", action="store_true", help="make the device's GPU answer again")
     kind.add_argument(
-        "--utilization", type=_percent, metavar="PERCENT", help="the device's SM utilisation from now on"
+        "--utilization", type=percent, metavar="PERCENT", help="the device's SM utilisation from now on"
     )
     parser.add_argument(
         "--memory-used", type=_quantity, metavar="BYTES", help="with --utilization: memory in use"
     )
-    parser.add_argument("--power", type=_watts, metavar="WATTS", help="with --utilization: power draw")
+    parser.add_argument(
+        "--power", type=bounded("power", 0, 100_000, " of watts"), metavar="WATTS", help="with --utilization: power"
+    )
     parser.add_argument(
         "--process",
         action="append",
@@ -81,26 +85,6 @@ def _xid(value: str) -> int:
     return code
 
 
-def _percent(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not 0 <= number <= 100:
-        raise argparse.ArgumentTypeError(f"invalid percentage {value[:40]!r}: must be from 0 to 100")
-    return number
-
-
-def _watts(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not 0 <= number < 100_000:
-        raise argparse.ArgumentTypeError(f"invalid power {value[:40]!r}: watts, from 0")
-    return number
-
-
 def _quantity(value: str) -> int:
     from dradriver.quantity import parse_quantity
 
@@ -115,7 +99,7 @@ def _process(value: str) -> tuple[int, int | None, float | None]:
     if len(parts) > 3 or not parts[0].isdigit() or int(parts[0]) == 0:
         raise argparse.ArgumentTypeError(f"invalid process {value[:40]!r}: PID[:MEMORY[:SM_PERCENT]]")
     memory = _quantity(parts[1]) if len(parts) > 1 and parts[1] else None
-    sm = _percent(parts[2]) if len(parts) > 2 else None
+    sm = percent(parts[2]) if len(parts) > 2 else None
     return int(parts[0]), memory, sm
 
 

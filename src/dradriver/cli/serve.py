@@ -22,6 +22,7 @@ from dradriver.cli._common import (
     duration,
     env_flag,
     existing_directory,
+    percent,
     state_dir,
 )
 
@@ -144,16 +145,6 @@ def register(subparsers: Any) -> None:
         help="YAML file overriding the GPU health policy (XID classes, quiet period, taint effect, "
         "thresholds); see README 'GPU health'",
     )
-
-
-def percent(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a percentage") from None
-    if not 0 < number <= 100:
-        raise argparse.ArgumentTypeError(f"{value!r} must be more than 0 and at most 100")
-    return number
 
 
 def non_negative(value: str) -> float:

@@ -77,6 +77,16 @@ _MIG_NAME_PREFIX = "MIG "
 _T = TypeVar("_T")
 
 
+def unsupported_as_none(nvml: Any, fn: Callable[..., _T], *args: Any) -> _T | None:
+    """`fn(*args)`, or None for a call some GPUs or drivers do not support (NOT_SUPPORTED, a
+    symbol this driver lacks, an argument this GPU has no such thing for); other NVML errors
+    are raised."""
+    try:
+        return fn(*args)
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_InvalidArgument):
+        return None
+
+
 class _CallFailedError(Exception):
     """An NVML call failed for one device; carries which call, for the report."""
 
@@ -213,13 +223,9 @@ class NvmlLibrary:
             raise _CallFailedError(fn.__name__, err) from None
 
     def _optional(self, fn: Callable[..., _T], *args: Any) -> _T | None:
-        """A call some GPUs or drivers do not support: NOT_SUPPORTED / missing symbol -> None."""
-        nvml = self._nvml
         try:
-            return fn(*args)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_InvalidArgument):
-            return None
-        except nvml.NVMLError as err:
+            return unsupported_as_none(self._nvml, fn, *args)
+        except self._nvml.NVMLError as err:
             raise _CallFailedError(fn.__name__, err) from None
 
     def discover(self) -> NodeInventory:

@@ -25,7 +25,8 @@ DEVICE_LABELS = [
     "pods",
     "sharing",
 ]
-POD_LABELS = ["namespace", "pod", "device", "uuid", "gpu_uuid", "claim_namespace", "claim_name", "claim_uid"]
+#: A pod series: the pod, then the device and claim labels (not `pods` and `sharing`).
+POD_LABELS = ["namespace", "pod", *DEVICE_LABELS[:6]]
 
 #: (metric name, help, value of a sample or None, scale)
 _GAUGES: list[tuple[str, str, str, float]] = [
@@ -119,19 +120,9 @@ def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMet
         "dradriver_pod_gpu_framebuffer_used_bytes", "Device memory a pod's processes use", labels=POD_LABELS
     )
     for reading in readings:
-        target = reading.target
         for share in reading.shares:
             holder = next(h for h in reading.holders if share.pod in h.pods)
-            labels = [
-                share.pod.namespace,
-                share.pod.name,
-                target.device,
-                target.uuid,
-                target.gpu_uuid,
-                holder.claim_namespace,
-                holder.claim_name,
-                holder.claim_uid,
-            ]
+            labels = [share.pod.namespace, share.pod.name, *_labels(reading, holder)[:6]]
             if share.sm_util_percent is not None:
                 pod_sm.add_metric(labels, share.sm_util_percent / 100)
             if share.used_bytes is not None:

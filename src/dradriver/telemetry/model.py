@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from dradriver.devicemodel import PossibleMig, PublishedDevice
 from dradriver.discovery import Gpu, MigDevice
+from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
 
 #: NVML's clock event ("throttle") reason bits -> the names the metrics use.
@@ -76,13 +77,8 @@ class Target:
 
 
 @dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
+class PodRef(ClaimRef):
+    """A pod a claim is reserved for: namespace, name and UID, shown as `namespace/name`."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dradriver import logs
+from dradriver.discovery.nvml import unsupported_as_none
 from dradriver.telemetry.model import DeviceSample, ProcessSample, Target, throttle_names
 
 #: NVML keeps at most this many NVLink links per GPU (NVML_NVLINK_MAX_LINKS).
@@ -61,12 +62,9 @@ class NvmlTelemetry:
         return self._handles[uuid]
 
     def _optional(self, fn: Callable[..., _T], *args: Any) -> _T | None:
-        nvml = self._nvml
         try:
-            return fn(*args)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_InvalidArgument):
-            return None
-        except nvml.NVMLError as err:
+            return unsupported_as_none(self._nvml, fn, *args)
+        except self._nvml.NVMLError as err:
             raise _DeviceGoneError(f"{fn.__name__}: {err}") from None
 
     def _sample(self, target: Target) -> DeviceSample:
