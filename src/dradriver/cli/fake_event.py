@@ -59,7 +59,10 @@ def register(subparsers: Any) -> None:
         "--memory-used", type=_quantity, metavar="BYTES", help="with --utilization: memory in use"
     )
     parser.add_argument(
-        "--power", type=bounded("power", 0, 100_000, " of watts"), metavar="WATTS", help="with --utilization: power"
+        "--power",
+        type=bounded("power", 0, 100_000, " of watts"),
+        metavar="WATTS",
+        help="with --utilization: power draw",
     )
     parser.add_argument(
         "--process",
