@@ -32,7 +32,7 @@ from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
-    from dradriver.devicemodel import DeviceSet
+    from dradriver.devicemodel import DeviceSet, PublishedDevice
     from dradriver.discovery import DeviceLibrary, NodeInventory
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
-    from dradriver.telemetry.idle import IdlePolicy
-    from dradriver.telemetry.model import Holder, Target
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
 INIT_WAIT_SECONDS = 30.0
@@ -392,73 +390,32 @@ class Daemon:
     def _start_telemetry(
         self, library: DeviceLibrary, driver: GpuDriver, reservations: ReservationsTap
     ) -> None:
-        """Read the devices on a timer for /metrics; with --idle-threshold, report idle claims."""
+        """Device telemetry on /metrics; with --idle-threshold, idle claims reported."""
         from dradriver import metrics
-        from dradriver.telemetry.idle import IdlePolicy, IdleTracker
-        from dradriver.telemetry.model import PodRef, targets
-        from dradriver.telemetry.sampler import Snapshot, TelemetryCollector, TelemetrySampler, pod_of_pid
+        from dradriver.telemetry import service
+        from dradriver.telemetry.idle import IdlePolicy
 
         config = self.config
-        tracker = (
-            IdleTracker(IdlePolicy(config.idle_threshold, config.idle_window))
-            if config.idle_threshold is not None and config.idle_window is not None
-            else None
-        )
+        idle = None
+        if config.idle_threshold is not None and config.idle_window is not None:
+            policy = IdlePolicy(config.idle_threshold, config.idle_window)
+            idle = service.IdleReporter(policy, self._node_events)
 
-        def published_targets() -> list[Target]:
+        def published() -> list[PublishedDevice]:
             assert self._published is not None
-            return targets(self._published.devices.devices, driver.records())
+            return list(self._published.devices.devices)
 
-        def pods_of(uid: str) -> list[PodRef]:
-            return [PodRef(*pod) for pod in reservations.pods(uid)]
-
-        def on_reading(snapshot: Snapshot) -> None:
-            reservations.forget({r.uid for r in driver.records()})
-            if tracker is not None:
-                for holder, seconds in tracker.update(time.monotonic(), snapshot.readings):
-                    self._report_idle(holder, seconds, tracker.policy)
-
-        sampler = TelemetrySampler(
+        sampler = service.start(
             library.telemetry(config.state_dir),
-            targets=published_targets,
+            registry=metrics.REGISTRY,
+            published=published,
             records=driver.records,
-            pods_of=pods_of,
-            pod_of_pid=pod_of_pid(config.proc_root),
+            reservations=reservations,
+            proc_root=config.proc_root,
             interval=config.telemetry_interval,
-            on_reading=on_reading,
+            idle=idle,
         )
-        metrics.REGISTRY.register(
-            TelemetryCollector(sampler, lambda: tracker.idle(time.monotonic()) if tracker is not None else {})
-        )
-        sampler.start()
         self._started("telemetry", sampler.stop)
-
-    def _report_idle(self, holder: Holder, seconds: float, policy: IdlePolicy) -> None:
-        """An idle claim: a log line, and an Event on the claim and on each pod it is reserved for."""
-        message = (
-            f"the devices of claim {holder.claim} have stayed below {policy.threshold_percent:g}% SM "
-            f"utilisation for {seconds:.0f}s (dradriver never evicts; free the GPUs if they are not needed)"
-        )
-        log.warning("claim idle", claim=holder.claim, uid=holder.claim_uid, idle_seconds=round(seconds))
-        if self._node_events is None:
-            return
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "namespace": holder.claim_namespace,
-            "name": holder.claim_name,
-            "uid": holder.claim_uid,
-        }
-        self._node_events.send_about(claim, holder.claim_namespace, "GPUIdle", message, "Warning")
-        for pod in holder.pods:
-            involved = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "uid": pod.uid,
-            }
-            self._node_events.send_about(involved, pod.namespace, "GPUIdle", message, "Warning")
 
     def _slice_writes(self) -> dict[str, int]:
         if self._publisher is None:
@@ -599,9 +556,9 @@ class Daemon:
         )
         claims = self._claim_source(client)
         # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
-        reservations = ReservationsTap(claims) if config.metrics_address else None
-        if reservations is not None:
-            claims = reservations
+        reservations = None
+        if config.metrics_address and config.telemetry_interval:
+            claims = reservations = ReservationsTap(claims)
         driver = GpuDriver(
             driver_name=config.driver_name,
             pool_name=config.node_name,
@@ -628,7 +585,7 @@ class Daemon:
             self._started("stale-claims", collector.stop)
         if config.metrics_address:
             self._install_metrics(driver)
-        if reservations is not None and config.telemetry_interval:
+        if reservations is not None:
             self._start_telemetry(library, driver, reservations)
         self._follow_inventory(driver)
         log.info(
