@@ -6,9 +6,8 @@ Run: .venv/bin/python -m bench.bench_telemetry [--nvml] [--scrapes 1000] [--idle
   claims (2 whole GPUs, 14 MIG devices), each reserved for 2 pods, with processes on every device
   (mapped to those pods through cgroup files under --proc-root): the latency of GET /metrics,
   `--scrapes` times, and the number of series.
-- Render: the same readings rendered in this process by the collector serve registers
-  (prometheus_client's exposition), `--scrapes` times: the scrape's own cost, apart from the HTTP
-  round trip and from whatever else the machine runs.
+- Render: the same reading rendered to the text format in this process, as the sampler thread
+  renders each reading once (a scrape only appends the bytes), `--scrapes` times.
 - CPU: the same serve and one with --telemetry-interval 0 side by side for `--idle` seconds, each
   scraped every 15 s: CPU of each, and the difference, in % of a core.
 - Prepare: two serves on 128 fake GPUs, telemetry on (5 s) and off, claims from files, paced
@@ -191,12 +190,11 @@ def scrape_phase(nvml: bool, scrapes: int) -> None:
 
 def render_phase(scrapes: int) -> None:
     """8 GPUs: 2 whole, 14 of the MIG devices held, 16 claims of 2 pods each with a process per
-    pod, rendered as serve's TelemetryCollector renders them."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    pod, rendered as serve's sampler renders each reading."""
 
     from dradriver.telemetry.fake import FakeFigures, FakeProcess, FakeTelemetry, write_figures
     from dradriver.telemetry.model import Holder, PodRef, readings, targets
-    from dradriver.telemetry.sampler import Snapshot, TelemetryCollector, TelemetrySampler
+    from dradriver.telemetry.sampler import Snapshot, render
 
     devices = build_devices(open_library(PROFILE).discover(), driver_name=DRIVER).devices
     wanted = targets(devices, [])
@@ -218,22 +216,16 @@ def render_phase(scrapes: int) -> None:
         samples = reader.read(wanted)
     snapshot = Snapshot(time.time(), 0.0, readings(wanted, samples, holders, pids.get))
     assert all(r.shares for r in snapshot.readings if r.holders)
-    sampler = TelemetrySampler(
-        reader, targets=list, records=list, pods_of=lambda _: (), pod_of_pid=pids.get, interval=1
-    )
-    sampler._snapshot = snapshot
-    registry = CollectorRegistry()
-    registry.register(TelemetryCollector(sampler, dict))
     for _ in range(20):
-        generate_latest(registry)
+        render(snapshot, {})
     times = []
     for _ in range(scrapes):
         started = time.perf_counter()
-        generate_latest(registry)
+        render(snapshot, {})
         times.append(time.perf_counter() - started)
     print(
-        f"render in process (8 GPUs, 16 claims): p50 {statistics.median(times) * 1e3:.2f} ms, "
-        f"p99 {percentile(times, 99) * 1e3:.2f} ms",
+        f"render of one reading, once per reading (8 GPUs, 16 claims): "
+        f"p50 {statistics.median(times) * 1e3:.2f} ms, p99 {percentile(times, 99) * 1e3:.2f} ms",
         flush=True,
     )
 

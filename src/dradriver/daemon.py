@@ -407,7 +407,7 @@ class Daemon:
 
         sampler = service.start(
             library.telemetry(config.state_dir),
-            registry=metrics.REGISTRY,
+            serve=metrics.append_exposition,
             published=published,
             records=driver.records,
             reservations=reservations,

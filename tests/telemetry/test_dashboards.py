@@ -8,12 +8,11 @@ import re
 from pathlib import Path
 
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import DeviceSample, Holder, PodRef, ProcessSample, Reading, Target, pod_shares
-from dradriver.telemetry.sampler import Snapshot, TelemetryCollector, TelemetrySampler
+from dradriver.telemetry.sampler import Snapshot, render
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 NAME = re.compile(r"\b(dradriver_[a-z_]+)\b")
@@ -44,20 +43,9 @@ def exported() -> dict[str, set[str]]:
     tracker = IdleTracker(IdlePolicy(50, 0))
     tracker.update(0, [reading])
 
-    class Reader:
-        def read(self, targets: object) -> dict[str, DeviceSample]:
-            return {}
-
-        def close(self) -> None: ...
-
-    sampler = TelemetrySampler(
-        Reader(), targets=list, records=list, pods_of=lambda _: (), pod_of_pid=lambda _: None, interval=1
-    )
-    sampler._snapshot = Snapshot(1.0, 0.01, [reading])
-    registry = CollectorRegistry()
-    registry.register(TelemetryCollector(sampler, lambda: tracker.idle(1)))
+    text = render(Snapshot(1.0, 0.01, [reading]), tracker.idle(1)).decode()
     found: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             found.setdefault(s.name, set()).update(s.labels)
     return found

@@ -1,8 +1,10 @@
 """Reads every published device on a timer, off the scrape and off the DRA calls.
 
-A scrape never touches NVML: it renders the latest cached readings, so its cost is bounded by the
-number of series, and a slow or hung NVML call delays the next reading, never a prepare (the
-sampler holds no lock of the driver's; it copies the prepared claims' records, as `status` does).
+A scrape never touches NVML nor formats a device series: each reading is rendered to the
+Prometheus text format once, in the sampler's thread, and a scrape appends those bytes, so its
+cost does not grow with the devices. A slow or hung NVML call delays the next reading, never a
+prepare (the sampler holds no lock of the driver's; it copies the prepared claims' records, as
+`status` does).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,6 +51,8 @@ class Snapshot:
     taken_at: float = 0.0  # time.time() of the reading
     read_seconds: float = 0.0
     readings: list[Reading] = field(default_factory=list)
+    #: The reading in the Prometheus text format, what a scrape appends.
+    exposition: bytes = b""
 
 
 def pod_of_pid(proc_root: Path) -> Callable[[int], str | None]:
@@ -77,7 +82,10 @@ class TelemetrySampler:
         pod_of_pid: Callable[[int], str | None],
         interval: float,
         on_reading: Callable[[Snapshot], None] = lambda _snapshot: None,
+        idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict,
     ) -> None:
+        """`on_reading` sees each reading before it is rendered; `idle` gives the claims below
+        the idle threshold then, with their seconds so far."""
         self._reader = reader
         self._targets = targets
         self._records = records
@@ -85,7 +93,8 @@ class TelemetrySampler:
         self._pod_of_pid = pod_of_pid
         self.interval = interval
         self._on_reading = on_reading
-        self._snapshot = Snapshot()
+        self._idle = idle
+        self._snapshot = Snapshot(exposition=render(Snapshot(), {}))
         self._lock = threading.Lock()  # guards _snapshot only; held for an assignment or a read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,10 +109,15 @@ class TelemetrySampler:
             read_seconds=time.perf_counter() - started,
             readings=readings(targets, samples, held, self._pod_of_pid),
         )
+        self._on_reading(snapshot)
+        snapshot = replace(snapshot, exposition=render(snapshot, self._idle()))
         with self._lock:
             self._snapshot = snapshot
-        self._on_reading(snapshot)
         return snapshot
+
+    def exposition(self) -> bytes:
+        """The latest reading as /metrics serves it."""
+        return self.snapshot().exposition
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -129,41 +143,40 @@ class TelemetrySampler:
                 return
 
 
-class TelemetryCollector(Collector):
-    """The sampler's latest readings at scrape time, with their age and cost."""
-
-    def __init__(
-        self, sampler: TelemetrySampler, idle: Callable[[], Mapping[str, tuple[Holder, float]]]
-    ) -> None:
-        self._sampler = sampler
-        self._idle = idle
+class _Fixed(Collector):
+    def __init__(self, families: list[GaugeMetricFamily | CounterMetricFamily]) -> None:
+        self._families = families
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        snapshot = self._sampler.snapshot()
-        yield from families(snapshot.readings)
-        yield GaugeMetricFamily(
+        yield from self._families
+
+
+def render(snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]]) -> bytes:
+    """A reading, its age and cost and the idle claims in the Prometheus text format."""
+    out = families(snapshot.readings)
+    out.append(
+        GaugeMetricFamily(
             "dradriver_telemetry_read_duration_seconds",
             "How long the latest reading of every device took",
             value=snapshot.read_seconds,
         )
-        yield GaugeMetricFamily(
+    )
+    out.append(
+        GaugeMetricFamily(
             "dradriver_telemetry_timestamp_seconds",
             "When the latest reading was taken (Unix time); 0 before the first",
             value=snapshot.taken_at,
         )
-        idle = GaugeMetricFamily(
-            "dradriver_claim_idle_seconds",
-            "How long a prepared claim's devices have stayed below the idle threshold (--idle-threshold)",
-            labels=["claim_namespace", "claim_name", "claim_uid", "pods"],
-        )
-        for holder, seconds in self._idle().values():
-            idle.add_metric(
-                [
-                    holder.claim_namespace,
-                    holder.claim_name,
-                    holder.claim_uid,
-                    ",".join(map(str, holder.pods)),
-                ],
-                seconds,
-            )
-        yield idle
+    )
+    idle_seconds = GaugeMetricFamily(
+        "dradriver_claim_idle_seconds",
+        "How long a prepared claim's devices have stayed below the idle threshold (--idle-threshold)",
+        labels=["claim_namespace", "claim_name", "claim_uid", "pods"],
+    )
+    for holder, seconds in idle.values():
+        pods = ",".join(map(str, holder.pods))
+        idle_seconds.add_metric([holder.claim_namespace, holder.claim_name, holder.claim_uid, pods], seconds)
+    out.append(idle_seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(out))
+    return generate_latest(registry)

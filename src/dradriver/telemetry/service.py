@@ -14,17 +14,9 @@ from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.prepare.claims import ReservationsTap
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import Holder, PodRef, Target, targets
-from dradriver.telemetry.sampler import (
-    Snapshot,
-    TelemetryCollector,
-    TelemetryReader,
-    TelemetrySampler,
-    pod_of_pid,
-)
+from dradriver.telemetry.sampler import Snapshot, TelemetryReader, TelemetrySampler, pod_of_pid
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from dradriver.kube.events import NodeEventSender
 
 log = logs.get_logger(component="telemetry")
@@ -62,7 +54,7 @@ class IdleReporter:
 def start(
     reader: TelemetryReader,
     *,
-    registry: CollectorRegistry,
+    serve: Callable[[Callable[[], bytes]], None],
     published: Callable[[], Sequence[PublishedDevice]],
     records: Callable[[], list[ClaimRecord]],
     reservations: ReservationsTap,
@@ -70,7 +62,8 @@ def start(
     interval: float,
     idle: IdleReporter | None,
 ) -> TelemetrySampler:
-    """Start reading the devices every `interval` seconds; the caller stops the sampler."""
+    """Start reading the devices every `interval` seconds, each reading handed to `serve` for
+    /metrics; the caller stops the sampler."""
     tracker = IdleTracker(idle.policy) if idle is not None else None
 
     def current_targets() -> list[Target]:
@@ -93,7 +86,8 @@ def start(
         pod_of_pid=pod_of_pid(proc_root),
         interval=interval,
         on_reading=on_reading,
+        idle=lambda: tracker.idle(time.monotonic()) if tracker is not None else {},
     )
-    registry.register(TelemetryCollector(sampler, lambda: tracker.idle(time.monotonic()) if tracker else {}))
+    serve(sampler.exposition)
     sampler.start()
     return sampler
