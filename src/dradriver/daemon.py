@@ -24,6 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from dradriver import __version__, logs
+from dradriver.files.write import StorageError
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
@@ -451,7 +452,7 @@ class Daemon:
         except _StartupInterruptedError:
             return
         except Exception as err:
-            if not isinstance(err, OSError | ValueError):
+            if not isinstance(err, OSError | ValueError | StorageError):
                 log.exception("initialization failed")
             self.driver.fail(str(err))
             self._fail(str(err))
