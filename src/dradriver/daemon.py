@@ -553,6 +553,7 @@ class Daemon:
             rolled_back=recovery.rolled_back,
             rollback_failed=recovery.rollback_failed,
             orphans_removed=recovery.orphans_removed,
+            specs_rewritten=recovery.specs_rewritten,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,
             rescan_interval_seconds=config.rescan_interval,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dradriver.files import FileReadError, read_bytes
 from dradriver.files.write import (
     check_writable,
     ensure_directory,
@@ -229,6 +230,26 @@ SPEC_FILE_MODE = 0o644
 MAX_SPEC_BYTES = 1024 * 1024
 
 
+def read_spec(path: Path) -> dict[str, Any] | None:
+    """A spec of ours as written, or None if it is missing, not a regular file (a planted
+    symlink or device is never followed), too large or not a JSON object."""
+    try:
+        data = json.loads(read_bytes(path, MAX_SPEC_BYTES, follow_symlinks=False))
+    except (FileReadError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def spec_state(path: Path, recorded: Mapping[str, Any] | None) -> str:
+    """How a prepared claim's spec file compares with the spec recorded for it: "ok", "missing",
+    "differs" (also unreadable: emptied, garbage), or "unverified" (an older version recorded none)."""
+    if recorded is None:
+        return "unverified"
+    if not os.path.lexists(path):
+        return "missing"
+    return "ok" if read_spec(path) == recorded else "differs"
+
+
 class CdiDirectory:
     """The runtime's dynamic CDI directory (e.g. /var/run/cdi), of which we own our vendor's claim files.
 
@@ -328,15 +349,7 @@ class CdiDirectory:
         )
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
-        """A spec of ours as written, or None if it is missing, not a regular file (a planted
-        symlink or device is never followed), too large or not a JSON object."""
-        from dradriver.files import FileReadError, read_bytes
-
-        try:
-            data = json.loads(read_bytes(self.file_for(claim_uid), MAX_SPEC_BYTES, follow_symlinks=False))
-        except (FileReadError, ValueError, RecursionError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_spec(self.file_for(claim_uid))
 
     def remove_temp_files(self) -> list[Path]:
         """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""

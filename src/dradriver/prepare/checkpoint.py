@@ -110,6 +110,9 @@ class ClaimRecord(_Model):
     devices: tuple[DeviceRecord, ...] = ()
     #: The CDI spec file written for the claim.
     cdi_file: str = ""
+    #: What was written there: a repeated prepare and recovery check the file against it and
+    #: rewrite it if it was deleted, emptied or changed. Left out of the file when unset.
+    cdi_spec: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
     prepared_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     #: Rebuilt from the CDI directory after the checkpoint was lost: name and namespace unknown.
     recovered: bool = False

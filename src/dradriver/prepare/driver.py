@@ -93,6 +93,8 @@ class Recovery:
     #: Claims whose rollback failed (a MIG device could not be removed yet): kept PrepareStarted.
     rollback_failed: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
+    #: Prepared claims whose spec was missing or changed, written again.
+    specs_rewritten: list[str] = field(default_factory=list)
     temp_files_removed: int = 0
 
 
@@ -258,6 +260,9 @@ class GpuDriver:
             if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
                 self._cdi.remove(uid)
                 report.orphans_removed.append(uid)
+        report.specs_rewritten, failed = self._restore_specs(list(claims.values()))
+        for uid, error in failed.items():
+            log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
         with self._state_lock:
             # A model_copy keeps the fields a newer version wrote at the top level.
             self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
@@ -265,6 +270,27 @@ class GpuDriver:
                 self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
             self._store.save(self._state)
         return report
+
+    def _restore_specs(self, records: Sequence[ClaimRecord]) -> tuple[list[str], dict[str, str]]:
+        """Rewrite (atomically) the spec of each prepared claim whose file is missing or differs
+        from what was written (deleted, emptied, overwritten): the UIDs rewritten, and the error
+        of each that cannot be. A record of an older version, which kept no spec, is not checked."""
+        stale = {
+            r.uid: r.cdi_spec
+            for r in records
+            if r.cdi_spec is not None
+            and r.state is ClaimState.PREPARE_COMPLETED
+            and self._cdi.read(r.uid) != r.cdi_spec
+        }
+        if not stale:
+            return [], {}
+        log.warning("CDI specs of prepared claims were missing or changed: rewriting", claims=sorted(stale))
+        errors = {
+            uid: "its CDI spec was missing or changed and "
+            + str(storage_error("rewrite it", self._cdi.path, err) if isinstance(err, OSError) else err)
+            for uid, err in self._cdi.write_many(stale).items()
+        }
+        return sorted(stale.keys() - errors.keys()), errors
 
     def _before_this_boot(self, boot_id: str | None) -> bool:
         return bool(boot_id and self._boot_id and boot_id != self._boot_id)
@@ -296,6 +322,7 @@ class GpuDriver:
                 state=ClaimState.PREPARE_COMPLETED,
                 devices=tuple(records),
                 cdi_file=str(self._cdi.file_for(uid)),
+                cdi_spec=spec,
                 recovered=True,
             )
         return CheckpointData(boot_id=self._boot_id, claims=claims)
@@ -481,10 +508,12 @@ class GpuDriver:
         results = batch.results
         replaced: list[str] = []
         planned: list[ClaimPlan] = []
+        again: dict[ClaimRef, ClaimRecord] = {}
         for ref, claim in claims:
             existing = self._state.claims.get(ref.uid)
             if existing is not None and _same_devices(existing, claim, self.driver_name):
                 results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
+                again[ref] = existing
                 continue
             if existing is not None:
                 if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
@@ -513,6 +542,10 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=str(err))
                 continue
             planned.append(plan)
+        _, failed_rewrites = self._restore_specs(list(again.values()))
+        for ref in again:
+            if (rewrite_error := failed_rewrites.get(ref.uid)) is not None:
+                results[ref.uid] = PrepareResult(error=f"claim {ref}: {rewrite_error}")
         self._release_stale_holders(planned)
         started = self._start(planned, replaced, results)
         completed: list[ClaimRecord] = []
@@ -547,7 +580,9 @@ class GpuDriver:
                 self._fail(uid, problem, failed, results)
             else:
                 completed.append(
-                    self._state.claims[uid].model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
+                    self._state.claims[uid].model_copy(
+                        update={"state": ClaimState.PREPARE_COMPLETED, "cdi_spec": specs.get(uid)}
+                    )
                 )
         with self._state_lock:
             for record in failed:
