@@ -128,7 +128,7 @@ class Daemon:
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
         self.paths = PluginPaths.for_driver(
-            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid
+            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid, config.state_dir
         )
         #: Orders this instance among the node's instances (slice handover): they share a clock.
         self.started_ns = time.time_ns()
@@ -136,6 +136,7 @@ class Daemon:
         self.server = PluginServer(
             self.paths, config.driver_name, self.service, self.board, self.registration
         )
+        self.server.on_lock_lost = self._fail
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
