@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,10 @@ from dradriver.files.write import StorageError
 from dradriver.prepare import checkpoint
 from dradriver.prepare.driver import GpuDriver
 from tests.faults.mounts import fill, remount, tmpfs
-from tests.helpers import ServeProcess, allocated_claim, short_tmpdir, uid
+from tests.faults.prepared import one_claim_prepared, one_gpu
+from tests.helpers import ServeProcess, uid
 from tests.prepare.node import Node
 from tests.robustness.common import snapshot
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    with short_tmpdir() as root:
-        yield Node(root, "dgx-h100")
-
-
-def one_gpu(n: int, device: str) -> dict[str, object]:
-    return allocated_claim(f"claim-{n}", uid(n), [{"request": "gpu", "device": device}])
 
 
 def prepared(driver: GpuDriver) -> list[str]:
@@ -36,11 +26,7 @@ def prepared(driver: GpuDriver) -> list[str]:
 
 
 def test_a_full_state_disk_fails_the_prepare_and_its_retry_prepares_again(node: Node) -> None:
-    state = node.root / "state"
-    with tmpfs(state, "1m"):
-        driver = node.driver()
-        kept = node.add(one_gpu(1, "gpu-0"))
-        assert driver.prepare([kept])[kept.uid].error == ""
+    with one_claim_prepared(node, "state", "1m") as (driver, kept, state):
         recorded = node.store.path.read_bytes()
         filler = fill(state)
         ref = node.add(one_gpu(2, "gpu-1"))
@@ -60,15 +46,10 @@ def test_a_full_state_disk_fails_the_prepare_and_its_retry_prepares_again(node: 
         stored = node.store.load()
         assert stored is not None
         assert sorted(stored.claims) == sorted([kept.uid, ref.uid])
-        driver.close()
 
 
 def test_a_full_state_disk_fails_the_unprepare_and_keeps_the_claim_whole(node: Node) -> None:
-    state = node.root / "state"
-    with tmpfs(state, "1m"):
-        driver = node.driver()
-        ref = node.add(one_gpu(1, "gpu-0"))
-        assert driver.prepare([ref])[ref.uid].error == ""
+    with one_claim_prepared(node, "state", "1m") as (driver, ref, state):
         spec = node.cdi.file_for(ref.uid).read_bytes()
         recorded = node.store.path.read_bytes()
         filler = fill(state)
@@ -127,11 +108,7 @@ def test_a_read_only_cdi_dir_is_a_per_claim_error_and_reserves_nothing(node: Nod
 
 
 def test_a_read_only_cdi_dir_fails_the_unprepare_and_keeps_the_claim(node: Node) -> None:
-    cdi_dir = node.root / "cdi"
-    with tmpfs(cdi_dir):
-        driver = node.driver()
-        ref = node.add(one_gpu(1, "gpu-0"))
-        assert driver.prepare([ref])[ref.uid].error == ""
+    with one_claim_prepared(node, "cdi") as (driver, ref, cdi_dir):
         remount(cdi_dir, "ro")
         error = driver.unprepare([ref])[ref.uid]
         assert f"cannot remove the CDI spec of claim {ref.uid} in {cdi_dir}: EROFS" in error
@@ -165,11 +142,7 @@ def test_an_io_error_on_the_checkpoint_fails_the_claim_and_changes_nothing(
 
 
 def test_start_up_on_a_full_disk_fails_before_it_changes_anything(node: Node) -> None:
-    state = node.root / "state"
-    with tmpfs(state, "1m"):
-        driver = node.driver()
-        ref = node.add(one_gpu(1, "gpu-0"))
-        assert driver.prepare([ref])[ref.uid].error == ""
+    with one_claim_prepared(node, "state", "1m") as (driver, _, state):
         driver.close()
         orphan = node.cdi.file_for(uid(9))
         orphan.write_text("{}")  # a spec no record names: recovery would remove it

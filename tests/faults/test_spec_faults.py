@@ -5,25 +5,16 @@ restart, and `dradriver status` shows it meanwhile (real files, the real CLI).""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.faults.mounts import remount, tmpfs
-from tests.helpers import allocated_claim, short_tmpdir, uid
+from tests.faults.mounts import remount
+from tests.faults.prepared import one_claim_prepared, one_gpu
+from tests.helpers import uid
 from tests.prepare.node import Node
 from tests.robustness.common import dradriver
-
-
-@pytest.fixture
-def node() -> Iterator[Node]:
-    with short_tmpdir() as root:
-        yield Node(root, "dgx-h100")
-
-
-def one_gpu(n: int, device: str) -> dict[str, object]:
-    return allocated_claim(f"claim-{n}", uid(n), [{"request": "gpu", "device": device}])
 
 
 def _delete(path: Path) -> None:
@@ -66,11 +57,7 @@ def test_a_repeated_prepare_rewrites_a_tampered_spec(node: Node, how: str) -> No
 
 
 def test_a_spec_that_cannot_be_rewritten_fails_the_repeated_prepare(node: Node) -> None:
-    cdi_dir = node.root / "cdi"
-    with tmpfs(cdi_dir):
-        driver = node.driver()
-        ref = node.add(one_gpu(1, "gpu-0"))
-        assert driver.prepare([ref])[ref.uid].error == ""
+    with one_claim_prepared(node, "cdi") as (driver, ref, cdi_dir):
         node.cdi.file_for(ref.uid).write_bytes(b"")
         remount(cdi_dir, "ro")
         error = driver.prepare([ref])[ref.uid].error
@@ -78,7 +65,6 @@ def test_a_spec_that_cannot_be_rewritten_fails_the_repeated_prepare(node: Node) 
         remount(cdi_dir, "rw")
         assert driver.prepare([ref])[ref.uid].error == ""
         assert node.cdi.read(ref.uid) is not None
-        driver.close()
 
 
 def test_a_restart_rewrites_tampered_specs_and_removes_unreadable_ones_of_no_claim(node: Node) -> None:
