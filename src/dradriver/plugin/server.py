@@ -30,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
-from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory
+from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory, error_text
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
@@ -154,7 +154,7 @@ class InstanceLock:
             self._file = self._take()
         except OSError as err:
             where = f"{self._flag} {self.path.parent}: " if self._flag else ""
-            raise StartupError(f"{where}cannot take the lock {self.path}: {err.strerror or err}") from None
+            raise StartupError(f"{where}cannot take the lock {self.path}: {error_text(err)}") from None
 
     def _take(self) -> IO[str]:
         while True:
@@ -173,11 +173,16 @@ class InstanceLock:
                 break
             handle.close()
         if not self._shared:
-            os.fchmod(handle.fileno(), LOCK_FILE_MODE)
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
+            try:
+                os.fchmod(handle.fileno(), LOCK_FILE_MODE)
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
+            except OSError:  # a full disk: leave nothing behind
+                self.path.unlink(missing_ok=True)
+                handle.close()
+                raise
         return handle
 
     def _held_at_path(self, handle: IO[str]) -> bool:
