@@ -16,9 +16,15 @@ from dradriver.prepare import checkpoint
 from dradriver.prepare.driver import GpuDriver
 from tests.faults.mounts import fill, remount, tmpfs
 from tests.faults.prepared import one_claim_prepared, one_gpu
-from tests.helpers import ServeProcess, uid
+from tests.helpers import ServeProcess, allocated_claim, opaque, uid
 from tests.prepare.node import Node
 from tests.robustness.common import snapshot
+
+TIME_SLICED_LONG = {
+    "apiVersion": "gpu.dradriver.dev/v1alpha1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
+}
 
 
 def prepared(driver: GpuDriver) -> list[str]:
@@ -119,6 +125,26 @@ def test_a_read_only_cdi_dir_fails_the_unprepare_and_keeps_the_claim(node: Node)
         remount(cdi_dir, "rw")
         assert driver.unprepare([ref]) == {ref.uid: ""}
         assert list(cdi_dir.iterdir()) == []
+        driver.close()
+
+
+def test_a_failed_unprepare_leaves_the_claims_sharing_in_place(node: Node) -> None:
+    cdi_dir = node.root / "cdi"
+    with tmpfs(cdi_dir):
+        driver = node.driver()
+        time_sliced = opaque(TIME_SLICED_LONG)
+        ref = node.add(
+            allocated_claim("ts", uid(1), [{"request": "gpu", "device": "gpu-5"}], config=[time_sliced])
+        )
+        assert driver.prepare([ref])[ref.uid].error == ""
+        applied = dict(node.sharing.timeslices)
+        assert list(applied.values()) == ["Long"]
+        remount(cdi_dir, "ro")
+        assert "EROFS" in driver.unprepare([ref])[ref.uid]
+        assert node.sharing.timeslices == applied  # still prepared, still time-sliced
+        remount(cdi_dir, "rw")
+        assert driver.unprepare([ref]) == {ref.uid: ""}
+        assert node.sharing.timeslices == {}
         driver.close()
 
 

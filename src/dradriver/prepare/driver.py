@@ -407,11 +407,18 @@ class GpuDriver:
                 if record is None:
                     continue
                 try:
-                    self._release(record, keep_cdi=True)
-                    released[uid] = self._cdi.set_aside(uid)
-                except (SharingError, MigError, StorageError) as err:
+                    aside = self._cdi.set_aside(uid)
+                except StorageError as err:  # nothing undone yet: the claim stays whole
                     errors[uid] = f"claim {ref}: {err}"
                     continue
+                try:
+                    self._release(record, keep_cdi=True)
+                except (SharingError, MigError) as err:
+                    if aside is not None:
+                        self._cdi.put_back(uid, aside)
+                    errors[uid] = f"claim {ref}: {err}"
+                    continue
+                released[uid] = aside
             try:
                 self._forget(list(released))
             except StorageError as err:  # still prepared: the specs go back, the kubelet retries
