@@ -10,7 +10,11 @@ replaced; otherwise a crash leaves spec files without records, orphans that reco
 So a call costs O(claims) and one or two checkpoint writes, however many claims it carries, plus
 two per MIG device made. Unprepare undoes the steps in reverse. A crash at any point leaves a
 state that `recover` rolls back or keeps whole at the next start: nothing is half-prepared, no
-CDI file is orphaned and no MIG device we made is left without a claim. Calls for the same
+CDI file is orphaned and no MIG device we made is left without a claim. The checkpoint write is
+the commit point: when it fails (a full, read-only or failing disk) the call undoes what it set
+up and fails its claims, so memory and disk stay as the checkpoint says and the kubelet's retry
+does the work again; unprepare sets specs aside until the write succeeds. A repeated prepare
+checks each claim's spec against the one recorded and rewrites it if it differs. Calls for the same
 claim are serialized, different claims proceed concurrently (MIG reconfiguration is serialized
 by the `MigManager`).
 
