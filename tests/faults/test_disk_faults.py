@@ -20,7 +20,7 @@ from tests.helpers import ServeProcess, allocated_claim, opaque, uid
 from tests.prepare.node import Node
 from tests.robustness.common import snapshot
 
-TIME_SLICED_LONG = {
+TIME_SLICED_LONG: dict[str, object] = {
     "apiVersion": "gpu.dradriver.dev/v1alpha1",
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}},
