@@ -55,6 +55,12 @@
  *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
  *                            the GPU registered for it; rewrite the config file first
  *
+ * Host driver reloads: the environment variable FAKE_NVML_UNLOADED names a file; while it exists the
+ * host driver is unloaded, as during an upgrade by the GPU operator's driver manager: every call
+ * answers NVML_ERROR_DRIVER_NOT_LOADED (nvmlInit too) and what the process had initialised is gone.
+ * Once the file is removed, calls answer NVML_ERROR_UNINITIALIZED until nvmlInit, which reads the
+ * config again (write another `driver` version into it first to model an upgrade).
+ *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -77,6 +83,7 @@ typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
@@ -491,8 +498,25 @@ static int gpu_of(void *handle) {
     return g ? g->tag.index : c ? state.gis[c->gi].gpu : -1;
 }
 
+static void close_event_set(void);
+
+/* Whether the host driver is unloaded (see FAKE_NVML_UNLOADED); the process's NVML state goes with it. */
+static int driver_unloaded(void) {
+    const char *path = getenv("FAKE_NVML_UNLOADED");
+    struct stat st;
+    if (!path || stat(path, &st) != 0)
+        return 0;
+    if (state.initialized) {
+        state.initialized = 0;
+        close_event_set();
+    }
+    return 1;
+}
+
 #define ENTER(name, handle)                                                \
     do {                                                                   \
+        if (driver_unloaded())                                             \
+            return NVML_ERROR_DRIVER_NOT_LOADED;                           \
         if (!state.initialized)                                            \
             return NVML_ERROR_UNINITIALIZED;                               \
         int gpu_ = (handle) ? gpu_of(handle) : -1;                         \
@@ -543,6 +567,8 @@ static void reload_config(void) {
 
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (state.initialized) {
         if (config_changed())
             reload_config();
@@ -591,6 +617,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (index >= (unsigned)state.ngpus)
@@ -1148,6 +1176,8 @@ nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device)
@@ -1214,6 +1244,8 @@ static struct event_set *as_event_set(void *handle) {
 }
 
 nvmlReturn_t nvmlEventSetCreate(void **set) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t forced = injected("nvmlEventSetCreate", -1);
@@ -1314,6 +1346,8 @@ static long long now_ms(void) {
 }
 
 nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!as_event_set(set) || !data)

@@ -29,6 +29,8 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 CONFIG_ENV = "FAKE_NVML_CONFIG"
 #: Names the FIFO the fake reads health-event commands from (see fake_nvml.c).
 EVENTS_ENV = "FAKE_NVML_EVENTS"
+#: Names a file whose existence means the host driver is unloaded (see fake_nvml.c).
+UNLOADED_ENV = "FAKE_NVML_UNLOADED"
 
 # NVML return codes the tests inject.
 NVML_ERROR_DRIVER_NOT_LOADED = 9
