@@ -31,14 +31,7 @@ from dradriver import kubeletclient
 from dradriver.discovery import open_library
 from dradriver.health.board import Health
 from dradriver.plugin.driver import ClaimRef
-from tests.fakenvml.harness import (
-    CONFIG_ENV,
-    EVENTS_ENV,
-    UNLOADED_ENV,
-    EventPipe,
-    build_library,
-    config_text,
-)
+from tests.fakenvml.harness import build_library, fake_driver
 from tests.helpers import HealthStream, ServeProcess, allocated_claim, short_tmpdir, uid
 from tests.inventory.test_nvml_inventory import published_names, reconfigure
 from tests.robustness.common import dradriver
@@ -78,18 +71,9 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-reload-") as work, short_tmpdir() as root:
         tmp = Path(work)
-        library = build_library(tmp / "lib")
-        config = tmp / "nvml.conf"
-        config.write_text(config_text(inventory))
-        unloaded = tmp / "driver-unloaded"
-        events = EventPipe(tmp / "nvml-events")
-        env = {
-            "LD_LIBRARY_PATH": str(library.parent),
-            CONFIG_ENV: str(config),
-            EVENTS_ENV: str(events.path),
-            UNLOADED_ENV: str(unloaded),
-        }
-        serve = ServeProcess(root, ["--rescan-interval", "0"], env, fake_gpus=None)
+        fake = fake_driver(build_library(tmp / "lib"), tmp, inventory)
+        config, unloaded = fake.config, fake.unloaded
+        serve = ServeProcess(root, ["--rescan-interval", "0"], fake.env, fake_gpus=None)
         refs = []
         for gpu in range(len(inventory.gpus)):
             claim = allocated_claim(f"claim-{gpu}", uid(gpu), [{"request": "gpu", "device": f"gpu-{gpu}"}])
@@ -119,7 +103,7 @@ def main() -> None:
         finally:
             stream.close()
             serve.kill()
-            events.close()
+            fake.events.close()
     load_after = os.getloadavg()
     print(
         f"devices healthy again after the host driver came back: n={len(seconds)} "

@@ -17,7 +17,7 @@ from dradriver import kubeletclient
 from dradriver.discovery import open_library
 from dradriver.health.board import Health
 from dradriver.plugin.driver import ClaimRef
-from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, UNLOADED_ENV, EventPipe, config_text
+from tests.fakenvml.harness import fake_driver
 from tests.helpers import HealthStream, ServeProcess, allocated_claim, short_tmpdir, uid, wait_for
 from tests.inventory.test_nvml_inventory import published_names, reconfigure
 from tests.robustness.common import dradriver
@@ -37,18 +37,12 @@ def test_a_host_driver_reload_is_lived_through_without_a_restart(
 ) -> None:
     inventory = open_library("dgx-h100").discover()
     names = published_names(inventory)
-    config = tmp_path / "nvml.conf"
-    config.write_text(config_text(inventory))
-    unloaded = tmp_path / "driver-unloaded"
-    events = EventPipe(tmp_path / "nvml-events")
-    env = {
-        "LD_LIBRARY_PATH": str(fake_nvml_library.parent),
-        CONFIG_ENV: str(config),
-        EVENTS_ENV: str(events.path),
-        UNLOADED_ENV: str(unloaded),
-    }
+    fake = fake_driver(fake_nvml_library, tmp_path, inventory)
+    config, unloaded = fake.config, fake.unloaded
     with short_tmpdir() as root:
-        serve = ServeProcess(root, ["--rescan-interval", "0", "--log-format", "json"], env, fake_gpus=None)
+        serve = ServeProcess(
+            root, ["--rescan-interval", "0", "--log-format", "json"], fake.env, fake_gpus=None
+        )
         claim = allocated_claim("claim-1", uid(1), [{"request": "gpu", "device": "gpu-0"}])
         (serve.claims_dir / "claim-1.yaml").write_text(yaml.safe_dump(claim))
         ref = ClaimRef("default", "claim-1", uid(1))
@@ -84,4 +78,4 @@ def test_a_host_driver_reload_is_lived_through_without_a_restart(
         finally:
             stream.close()
             serve.kill()
-            events.close()
+            fake.events.close()
