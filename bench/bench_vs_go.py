@@ -145,6 +145,21 @@ def floor_plugin() -> Plugin:
 # --- the API server side -------------------------------------------------------------------------
 
 
+def node_and_namespace(admin_kubeconfig: Path) -> KubeClient:
+    """An admin client of the API server, which now has NODE and the NAMESPACE of the claims."""
+    admin = load_client(str(admin_kubeconfig))
+    assert admin is not None
+    admin.request(
+        "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+    )
+    admin.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    return admin
+
+
 def grant_plugin_role(admin: KubeClient, user: str) -> None:
     """The plugin's ClusterRole from deploy/base/rbac.yaml, bound to `user`."""
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
@@ -559,16 +574,7 @@ def main() -> None:
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.busy)]
     try:
         plane.start()
-        admin = load_client(str(plane.admin_kubeconfig))
-        assert admin is not None
-        admin.request(
-            "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-        )
-        admin.request(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        )
+        admin = node_and_namespace(plane.admin_kubeconfig)
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))

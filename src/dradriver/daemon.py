@@ -24,6 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from dradriver import __version__, logs
+from dradriver.files.write import StorageError
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
@@ -132,7 +133,7 @@ class Daemon:
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
         self.paths = PluginPaths.for_driver(
-            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid
+            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid, config.state_dir
         )
         #: Orders this instance among the node's instances (slice handover): they share a clock.
         self.started_ns = time.time_ns()
@@ -140,6 +141,7 @@ class Daemon:
         self.server = PluginServer(
             self.paths, config.driver_name, self.service, self.board, self.registration
         )
+        self.server.on_lock_lost = self._fail
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
@@ -486,7 +488,7 @@ class Daemon:
         except _StartupInterruptedError:
             return
         except Exception as err:
-            if not isinstance(err, OSError | ValueError):
+            if not isinstance(err, OSError | ValueError | StorageError):
                 log.exception("initialization failed")
             self.driver.fail(str(err))
             self._fail(str(err))
@@ -595,6 +597,7 @@ class Daemon:
             rolled_back=recovery.rolled_back,
             rollback_failed=recovery.rollback_failed,
             orphans_removed=recovery.orphans_removed,
+            specs_rewritten=recovery.specs_rewritten,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,
             rescan_interval_seconds=config.rescan_interval,

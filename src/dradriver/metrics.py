@@ -37,7 +37,8 @@ CLAIM_ERRORS = Counter(
 )
 CALL_FAILURES = Counter(
     "dradriver_dra_call_failures_total",
-    "Whole DRA calls that failed (claim not fetchable, internal error)",
+    "Whole DRA calls that failed (claim not fetchable, internal error) or were done after the kubelet "
+    "stopped waiting (DEADLINE_EXCEEDED, CANCELLED)",
     ["method", "code"],
     registry=REGISTRY,
 )

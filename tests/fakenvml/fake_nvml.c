@@ -70,6 +70,12 @@
  * MIG devices answer memory info (their own size, nothing used) and an empty process list;
  * utilisation, power and clocks are NOT_SUPPORTED on them, as on real MIG devices.
  *
+ * Host driver reloads: the environment variable FAKE_NVML_UNLOADED names a file; while it exists the
+ * host driver is unloaded, as during an upgrade by the GPU operator's driver manager: every call
+ * answers NVML_ERROR_DRIVER_NOT_LOADED (nvmlInit too) and what the process had initialised is gone.
+ * Once the file is removed, calls answer NVML_ERROR_UNINITIALIZED until nvmlInit, which reads the
+ * config again (write another `driver` version into it first to model an upgrade).
+ *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -92,6 +98,7 @@ typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
@@ -506,8 +513,25 @@ static int gpu_of(void *handle) {
     return g ? g->tag.index : c ? state.gis[c->gi].gpu : -1;
 }
 
+static void close_event_set(void);
+
+/* Whether the host driver is unloaded (see FAKE_NVML_UNLOADED); the process's NVML state goes with it. */
+static int driver_unloaded(void) {
+    const char *path = getenv("FAKE_NVML_UNLOADED");
+    struct stat st;
+    if (!path || stat(path, &st) != 0)
+        return 0;
+    if (state.initialized) {
+        state.initialized = 0;
+        close_event_set();
+    }
+    return 1;
+}
+
 #define ENTER(name, handle)                                                \
     do {                                                                   \
+        if (driver_unloaded())                                             \
+            return NVML_ERROR_DRIVER_NOT_LOADED;                           \
         if (!state.initialized)                                            \
             return NVML_ERROR_UNINITIALIZED;                               \
         int gpu_ = (handle) ? gpu_of(handle) : -1;                         \
@@ -558,6 +582,8 @@ static void reload_config(void) {
 
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (state.initialized) {
         if (config_changed())
             reload_config();
@@ -606,6 +632,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (index >= (unsigned)state.ngpus)
@@ -1171,6 +1199,8 @@ nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device)
@@ -1244,6 +1274,8 @@ static struct event_set *as_event_set(void *handle) {
 }
 
 nvmlReturn_t nvmlEventSetCreate(void **set) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t forced = injected("nvmlEventSetCreate", -1);
@@ -1344,6 +1376,8 @@ static long long now_ms(void) {
 }
 
 nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!as_event_set(set) || !data)

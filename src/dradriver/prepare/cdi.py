@@ -10,13 +10,22 @@ The rules enforced here are the CDI library's, which are stricter than its JSON 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.files.write import ensure_directory, is_temp_name, write_files_atomically
+from dradriver.files import FileReadError, read_bytes
+from dradriver.files.write import (
+    check_writable,
+    ensure_directory,
+    is_temp_name,
+    storage_error,
+    temp_name,
+    write_files_atomically,
+)
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -221,6 +230,26 @@ SPEC_FILE_MODE = 0o644
 MAX_SPEC_BYTES = 1024 * 1024
 
 
+def read_spec(path: Path) -> dict[str, Any] | None:
+    """A spec of ours as written, or None if it is missing, not a regular file (a planted
+    symlink or device is never followed), too large or not a JSON object."""
+    try:
+        data = json.loads(read_bytes(path, MAX_SPEC_BYTES, follow_symlinks=False))
+    except (FileReadError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def spec_state(path: Path, recorded: Mapping[str, Any] | None) -> str:
+    """How a prepared claim's spec file compares with the spec recorded for it: "ok", "missing",
+    "differs" (also unreadable: emptied, garbage), or "unverified" (an older version recorded none)."""
+    if recorded is None:
+        return "unverified"
+    if not os.path.lexists(path):
+        return "missing"
+    return "ok" if read_spec(path) == recorded else "differs"
+
+
 class CdiDirectory:
     """The runtime's dynamic CDI directory (e.g. /var/run/cdi), of which we own our vendor's claim files.
 
@@ -269,12 +298,45 @@ class CdiDirectory:
         return errors | {names[name]: err for name, err in failed.items()}
 
     def remove(self, claim_uid: str) -> bool:
+        """Remove a claim's spec; False if there is none (also on a read-only directory, where
+        unlink fails with EROFS before it looks: a rollback of a spec never written)."""
         target = self.file_for(claim_uid)
         try:
             target.unlink()
         except FileNotFoundError:
             return False
+        except OSError:
+            if not os.path.lexists(target):
+                return False
+            raise
         return True
+
+    def set_aside(self, claim_uid: str) -> Path | None:
+        """Rename a claim's spec to a temp name (runtimes ignore it, recovery removes it) until the
+        checkpoint says the claim is gone; None if it has none. StorageError if it cannot be."""
+        target = self.file_for(claim_uid)
+        aside = self.path / temp_name(target.name)
+        try:
+            os.rename(target, aside)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise storage_error(f"remove the CDI spec of claim {claim_uid}", self.path, err) from err
+        return aside
+
+    def put_back(self, claim_uid: str, aside: Path) -> None:
+        """Undo `set_aside`: the checkpoint still lists the claim."""
+        os.rename(aside, self.file_for(claim_uid))
+
+    def check_writable(self) -> None:
+        """StorageError unless a spec can be written and removed here now (start-up checks before
+        it changes anything)."""
+        if not self.path.is_dir():
+            return  # nothing to remove at start-up; the first prepare creates it
+        try:
+            check_writable(self.path, f"{self._prefix}probe.json", 4096)
+        except OSError as err:
+            raise storage_error("write CDI specs", self.path, err) from err
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of ours in the directory."""
@@ -287,15 +349,7 @@ class CdiDirectory:
         )
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
-        """A spec of ours as written, or None if it is missing, not a regular file (a planted
-        symlink or device is never followed), too large or not a JSON object."""
-        from dradriver.files import FileReadError, read_bytes
-
-        try:
-            data = json.loads(read_bytes(self.file_for(claim_uid), MAX_SPEC_BYTES, follow_symlinks=False))
-        except (FileReadError, ValueError, RecursionError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_spec(self.file_for(claim_uid))
 
     def remove_temp_files(self) -> list[Path]:
         """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""
