@@ -62,6 +62,15 @@ def test_nvml_figures_of_gpus_and_mig_devices(
         assert sample.processes == ()
 
         figures.write_text("util 6 5 1\n")  # a reader sees the figures change under it
-        assert reader.read([by_device["gpu-6"]])[by_device["gpu-6"].uuid].sm_util_percent == 5
+        gpu6 = by_device["gpu-6"]
+        assert reader.read([gpu6])[gpu6.uuid].sm_util_percent == 5
+
+        unloaded = tmp_path / "unloaded"  # the host driver unloaded under the reader (an upgrade)
+        monkeypatch.setenv("FAKE_NVML_UNLOADED", str(unloaded))
+        unloaded.touch()
+        assert reader.read([gpu6]) == {}
+        assert reader.read([gpu6]) == {}  # still gone: NVML cannot be initialised yet
+        unloaded.unlink()
+        assert reader.read([gpu6])[gpu6.uuid].sm_util_percent == 5  # back, no new reader
     finally:
         reader.close()

@@ -2,7 +2,9 @@
 
 Each figure is one NVML call; a call the device does not support (MIG devices have no
 utilisation, power or clock counters of their own; consumer GPUs no ECC) leaves that figure
-None, and a device that fails otherwise (lost, reset) is left out of this reading.
+None, and a device that fails otherwise (lost, reset) is left out of this reading. When the host
+driver was unloaded under us (an upgrade: "driver not loaded", "uninitialized"), the next reading
+initialises NVML again first, so the telemetry comes back with the driver, with no restart.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ log = logs.get_logger(component="telemetry", source="nvml")
 
 
 class _DeviceGoneError(Exception):
-    pass
+    def __init__(self, message: str, *, driver_gone: bool = False) -> None:
+        super().__init__(message)
+        self.driver_gone = driver_gone
 
 
 class NvmlTelemetry:
@@ -35,14 +39,26 @@ class NvmlTelemetry:
         pynvml.nvmlInit()
         self._handles: dict[str, Any] = {}
         self._last_seen: dict[str, int] = {}
+        self._reinitialize = False
 
     def read(self, targets: Sequence[Target]) -> dict[str, DeviceSample]:
+        nvml = self._nvml
+        if self._reinitialize:
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as err:
+                log.debug("NVML cannot be initialised yet", error=str(err))
+                return {}
+            self._reinitialize = False
+            self._handles.clear()
+            self._last_seen.clear()
         samples = {}
         for target in targets:
             try:
                 samples[target.uuid] = self._sample(target)
             except _DeviceGoneError as err:
                 self._handles.pop(target.uuid, None)
+                self._reinitialize = self._reinitialize or err.driver_gone
                 log.debug("device not read", device=target.device, error=str(err))
         return samples
 
@@ -62,10 +78,12 @@ class NvmlTelemetry:
         return self._handles[uuid]
 
     def _optional(self, fn: Callable[..., _T], *args: Any) -> _T | None:
+        nvml = self._nvml
         try:
-            return unsupported_as_none(self._nvml, fn, *args)
-        except self._nvml.NVMLError as err:
-            raise _DeviceGoneError(f"{fn.__name__}: {err}") from None
+            return unsupported_as_none(nvml, fn, *args)
+        except nvml.NVMLError as err:
+            gone = isinstance(err, nvml.NVMLError_DriverNotLoaded | nvml.NVMLError_Uninitialized)
+            raise _DeviceGoneError(f"{fn.__name__}: {err}", driver_gone=gone) from None
 
     def _sample(self, target: Target) -> DeviceSample:
         nvml, call = self._nvml, self._optional
