@@ -37,7 +37,7 @@ def gpu_deployment(
     real_cluster.require_local("it lays out a fake host driver on the node")
     kustomization: str = request.param
     with fake_host_driver(DRIVER_ROOTS[kustomization], "dgx-h100", tmp_path) as driver:
-        deployment = Deployment(real_cluster, release, kustomization)
+        deployment = Deployment(real_cluster, release, kustomization, env=driver.serve_env)
         deployment.install()
         try:
             yield deployment, driver

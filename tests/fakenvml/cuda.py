@@ -156,17 +156,25 @@ def _with_probe(root: Path, cuda: CudaBuild) -> None:
 
 
 def probe_roots(dest: Path, cuda: CudaBuild, *, debian_root: Path | None = None) -> list[ProbeRoot]:
-    """The probe roots under `dest`; `debian_root` (a whole Debian root, e.g. mmdebstrap's) is
-    copied for `debian-slim` instead of laying out this machine's glibc."""
+    """The probe roots under `dest`. `debian_root`, a whole Debian root (mmdebstrap's), becomes
+    `debian-slim` in place (its device nodes go: an image has none) instead of a root laid out
+    from this machine's glibc."""
     libc = libc_dir()
     multiarch = f"/usr/lib/{TRIPLET}"
     roots = []
 
-    slim = dest / "debian-slim"
+    slim = dest / "debian-slim" if debian_root is None else debian_root
     if debian_root is not None:
-        shutil.copytree(debian_root, slim, symlinks=True)
+        for entry in (slim / "dev").iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         _base(slim)
-        subprocess.run(["ldconfig", "-r", str(slim)], check=True, capture_output=True)
+        if not (slim / "etc/ld.so.conf").exists():  # libc-bin's, which a slim image has
+            _ldconfig(slim, "include /etc/ld.so.conf.d/*.conf\n")
+        else:
+            subprocess.run(["ldconfig", "-r", str(slim)], check=True, capture_output=True)
     else:
         _base(slim)
         _glibc(slim, multiarch, libc)
