@@ -13,11 +13,14 @@
  *   nvidia-smi exit CODE
  *   probe ok                        only when every step worked (exit 0; else exit 1)
  *
+ * With `--stay` it then waits for SIGTERM (exit status as above), so that a pod stays Running.
+ *
  * Build: cc -o cuda-probe cuda_probe.c   (dynamically linked: the image's own loader runs it)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +57,14 @@ static const char *loaded_from(void *handle) {
     return dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map ? map->l_name : "?";
 }
 
-int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
+static volatile sig_atomic_t stopped;
+
+static void on_term(int signal_number) {
+    (void)signal_number;
+    stopped = 1;
+}
+
+static int probe(int argc, char **argv) {
     const char *path = getenv("LD_LIBRARY_PATH");
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--need") != 0) continue;
@@ -110,4 +119,20 @@ int main(int argc, char **argv) {
     if (code != 0) return 1;
     printf("probe ok\n");
     return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int stay = 0;
+    for (int i = 1; i < argc; i++) stay |= strcmp(argv[i], "--stay") == 0;
+    sigset_t term, unblocked;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    if (stay) { /* blocked until sigsuspend waits for it: none is lost in between */
+        signal(SIGTERM, on_term);
+        sigprocmask(SIG_BLOCK, &term, &unblocked);
+    }
+    int code = probe(argc, argv);
+    while (stay && !stopped) sigsuspend(&unblocked);
+    return code;
 }
