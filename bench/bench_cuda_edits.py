@@ -26,18 +26,15 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_vs_go import (
-    NAMESPACE,
     NODE,
     PREPARE_DEVICES,
     Figures,
     Plugin,
     alternate,
-    create_claims,
-    grant_plugin_role,
+    api_server_for,
     prepare_phase,
 )
 from dradriver.discovery import open_library
-from dradriver.kube import load_client
 from dradriver.prepare.hostdriver import BINARIES, COMPUTE_LIBRARIES
 from tests.e2e.cluster import ControlPlane, node_ip
 from tests.fakenvml import cuda
@@ -109,22 +106,7 @@ def main() -> None:
             ),
         ]
         plane.start()
-        admin = load_client(str(plane.admin_kubeconfig))
-        assert admin is not None
-        admin.request(
-            "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-        )
-        admin.request(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        )
-        kubeconfigs, claims = {}, {}
-        for p in plugins:
-            user = f"bench-{p.prefix}-plugin"
-            grant_plugin_role(admin, user)
-            kubeconfigs[p.prefix] = plane.kubeconfig_for(user, user)
-            claims[p.prefix] = create_claims(admin, p, PREPARE_DEVICES)
+        _, kubeconfigs, claims = api_server_for(plane, plugins)
         results: dict[str, list[Figures]] = {p.prefix: [] for p in plugins}
         for n in range(opts.rounds):
             load = os.getloadavg()[0]

@@ -142,6 +142,30 @@ def floor_plugin() -> Plugin:
 # --- the API server side -------------------------------------------------------------------------
 
 
+def api_server_for(
+    plane: ControlPlane, plugins: list[Plugin]
+) -> tuple[KubeClient, dict[str, Path], dict[str, list[ClaimRef]]]:
+    """NODE and NAMESPACE, and per plugin (by prefix) its own user's kubeconfig and its claims;
+    with the admin's client."""
+    admin = load_client(str(plane.admin_kubeconfig))
+    assert admin is not None
+    admin.request(
+        "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+    )
+    admin.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    kubeconfigs, claims = {}, {}
+    for plugin in plugins:
+        user = f"bench-{plugin.prefix}-plugin"
+        grant_plugin_role(admin, user)
+        kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
+        claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+    return admin, kubeconfigs, claims
+
+
 def grant_plugin_role(admin: KubeClient, user: str) -> None:
     """The plugin's ClusterRole from deploy/base/rbac.yaml, bound to `user`."""
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
@@ -554,16 +578,6 @@ def main() -> None:
     plane = ControlPlane(opts.k8s_bin, work, advertise_address=node_ip())
     try:
         plane.start()
-        admin = load_client(str(plane.admin_kubeconfig))
-        assert admin is not None
-        admin.request(
-            "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-        )
-        admin.request(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        )
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))
@@ -571,12 +585,7 @@ def main() -> None:
             plugins.append(floor_plugin())
         if opts.only:
             plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go") and p.publishes]
-        kubeconfigs, claims = {}, {}
-        for plugin in plugins:
-            user = f"bench-{plugin.prefix}-plugin"
-            grant_plugin_role(admin, user)
-            kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
-            claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+        admin, kubeconfigs, claims = api_server_for(plane, plugins)
         results: dict[str, list[Figures]] = {p.prefix: [] for p in plugins}
         loads = []
         for n in range(opts.rounds):

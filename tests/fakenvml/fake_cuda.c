@@ -228,13 +228,16 @@ static CUresult check_device(CUdevice device) {
     return device < 0 || device >= device_count ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
-CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+/* One of a device's strings into the caller's buffer. */
+static CUresult copy_out(char *out, int length, CUdevice device, int uuid) {
     CUresult rc = check_device(device);
     if (rc != CUDA_SUCCESS) return rc;
-    if (name == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)length, "%s", devices[device].name);
+    if (out == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(out, (size_t)length, "%s", uuid ? devices[device].uuid : devices[device].name);
     return CUDA_SUCCESS;
 }
+
+CUresult cuDeviceGetName(char *name, int length, CUdevice device) { return copy_out(name, length, device, 0); }
 
 /* The 16 bytes of "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (or MIG-...). */
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice device) {
@@ -332,9 +335,5 @@ CUresult cuGetErrorString(CUresult error, const char **text) {
 /* Not CUDA's: the device's UUID as the table spells it (GPU-... or MIG-...), for the stand-in
  * nvidia-smi, which the real one gets from NVML. */
 CUresult fakeCudaDeviceUuidString(char *out, int length, CUdevice device) {
-    CUresult rc = check_device(device);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (out == NULL || length <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(out, (size_t)length, "%s", devices[device].uuid);
-    return CUDA_SUCCESS;
+    return copy_out(out, length, device, 1);
 }
