@@ -68,6 +68,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_arguments(parser)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--earlier",
+        action="store_true",
+        help="the release predates issue 24: its pods are timed, but CUDA is not expected to load in them",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="dradriver-bench-cuda-", dir="/var/tmp"))
@@ -91,7 +96,7 @@ def main() -> None:
                 for with_claim, samples in ((False, plain), (True, claimed)):
                     name = f"bench-{'claim' if with_claim else 'plain'}-{i}"
                     seconds = create_to_running(client, name, "bench-gpu" if with_claim else None)
-                    if with_claim and i == args.rounds:  # what the timed pods ran: CUDA worked
+                    if with_claim and i == args.rounds and not args.earlier:  # what they ran: CUDA worked
 
                         def probed(pod_name: str = name) -> str:
                             log = cluster.kubectl("logs", pod_name).stdout
