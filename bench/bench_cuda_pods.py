@@ -15,6 +15,7 @@ and runs nvidia-smi -L; without it, it finds no libcuda. Timed from the client: 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -113,6 +114,13 @@ def main() -> None:
             print(summary("pod create -> Running, slim image, one-GPU claim", claimed))
             added = statistics.median(claimed) - statistics.median(plain)
             print(f"the claim adds (difference of medians): {added * 1e3:.0f} ms")
+            served = [
+                float(record["ms"]) / 1e3
+                for line in deployment.all_logs().splitlines()
+                if line.startswith("{")
+                and (record := json.loads(line)).get("event") == "NodePrepareResources"
+            ]
+            print(summary("plugin-side NodePrepareResources (its log)", served[1:]))
             deployment.uninstall()
     finally:
         local.stop()
