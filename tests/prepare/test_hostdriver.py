@@ -108,3 +108,13 @@ def test_a_script_naming_no_binary_is_left_out(tmp_path: Path) -> None:
     _elf(tmp_path / "bin/sh")
     assert real_executable(tmp_path, script) is None
     assert _mounts(tmp_path, Path("/")) == set()
+
+
+def test_the_gke_layout_under_its_driver_root(tmp_path: Path) -> None:
+    """/home/kubernetes/bin/nvidia holds lib64/ and bin/ (GKE's installer), no distribution dirs."""
+    _library(tmp_path / "lib64", "libcuda", "libcuda.so.1")
+    _elf(tmp_path / "bin/nvidia-smi")
+    host = "/home/kubernetes/bin/nvidia"
+    assert _mounts(tmp_path, Path(host)) == _expected(
+        f"{host}/lib64/libcuda.so.{VERSION}", f"libcuda.so.{VERSION}", "libcuda.so.1"
+    ) | _expected(f"{host}/bin/nvidia-smi", "nvidia-smi", dirs=BIN_DIRS)
