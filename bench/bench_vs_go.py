@@ -160,6 +160,21 @@ def node_and_namespace(admin_kubeconfig: Path) -> KubeClient:
     return admin
 
 
+def api_server_for(
+    plane: ControlPlane, plugins: list[Plugin]
+) -> tuple[KubeClient, dict[str, Path], dict[str, list[ClaimRef]]]:
+    """NODE and NAMESPACE, and per plugin (by prefix) its own user's kubeconfig and its claims;
+    with the admin's client."""
+    admin = node_and_namespace(plane.admin_kubeconfig)
+    kubeconfigs, claims = {}, {}
+    for plugin in plugins:
+        user = f"bench-{plugin.prefix}-plugin"
+        grant_plugin_role(admin, user)
+        kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
+        claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+    return admin, kubeconfigs, claims
+
+
 def grant_plugin_role(admin: KubeClient, user: str) -> None:
     """The plugin's ClusterRole from deploy/base/rbac.yaml, bound to `user`."""
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
@@ -574,7 +589,6 @@ def main() -> None:
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.busy)]
     try:
         plane.start()
-        admin = node_and_namespace(plane.admin_kubeconfig)
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))
@@ -582,12 +596,7 @@ def main() -> None:
             plugins.append(floor_plugin())
         if opts.only:
             plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go") and p.publishes]
-        kubeconfigs, claims = {}, {}
-        for plugin in plugins:
-            user = f"bench-{plugin.prefix}-plugin"
-            grant_plugin_role(admin, user)
-            kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
-            claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+        admin, kubeconfigs, claims = api_server_for(plane, plugins)
         results: dict[str, list[Figures]] = {p.prefix: [] for p in plugins}
         loads = []
         for n in range(opts.rounds):

@@ -78,6 +78,8 @@ class ServeConfig:
     health: HealthConfig | None = None
     #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
     proc_root: Path = Path("/proc")
+    #: Where the host's /dev is seen: the device nodes a spec names are made there if missing.
+    host_dev: Path = Path("/dev")
     #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).
     pod_uid: str = ""
     #: Seconds between rescans of the node's devices; 0: only on events.
@@ -541,6 +543,7 @@ class Daemon:
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
         from dradriver.prepare.claims import ReservationsTap
+        from dradriver.prepare.devnodes import HostDeviceNodes
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
         from dradriver.prepare.shared import SerializeLock
@@ -574,6 +577,7 @@ class Daemon:
             boot_id=read_boot_id(),
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
             serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
+            host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
         )
         self._started("driver", driver.close)
         recovery = driver.recover()

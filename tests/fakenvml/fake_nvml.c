@@ -118,7 +118,7 @@ enum {
 /* What a line on the events FIFO produced when it is not an event. */
 #define NO_EVENT (-1)
 
-#define MAX_GPUS 64
+#define MAX_GPUS 128 /* the prepare benchmarks publish 128 */
 #define MAX_PROFILES 256
 #define MAX_GIS 256
 #define MAX_CIS 512

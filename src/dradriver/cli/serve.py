@@ -82,6 +82,14 @@ def register(subparsers: Any) -> None:
     )
     env_flag(
         parser,
+        "--host-dev",
+        type=absolute_path,
+        default=Path("/dev"),
+        help="where the host's /dev is mounted in this container: a device node a claim's CDI spec "
+        "names (/dev/nvidia-uvm, /dev/nvidia-caps/*) is created there when the host driver has not yet",
+    )
+    env_flag(
+        parser,
         "--stale-claim-grace",
         type=duration,
         default=300.0,
@@ -232,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         stale_claim_grace=args.stale_claim_grace,
         health=health,
         proc_root=args.proc_root,
+        host_dev=args.host_dev,
         pod_uid=args.pod_uid,
         rescan_interval=args.rescan_interval,
         telemetry_interval=args.telemetry_interval,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dradriver.files import FileReadError, read_bytes
 from dradriver.files.write import (
@@ -26,6 +27,8 @@ from dradriver.files.write import (
     temp_name,
     write_files_atomically,
 )
+
+T = TypeVar("T")
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -100,6 +103,10 @@ class Mount:
 
 @dataclass(frozen=True)
 class ContainerEdits:
+    """Edits as runtimes apply them. The same claim-wide edits (the host driver's dozens of mounts)
+    go into every spec: their JSON is built once per object (treat it as read-only), and adding
+    nothing keeps the object, so that `validate` and the writer can reuse what they did with it."""
+
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -108,11 +115,17 @@ class ContainerEdits:
         return bool(self.env or self.device_nodes or self.mounts)
 
     def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        if not other:
+            return self
         return ContainerEdits(
             self.env + other.env, self.device_nodes + other.device_nodes, self.mounts + other.mounts
         )
 
     def to_json(self) -> dict[str, Any]:
+        return self._json
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.env:
             out["env"] = list(self.env)
@@ -193,11 +206,48 @@ def validate(spec: Mapping[str, Any]) -> list[str]:
         seen.add(name)
         if not device.get("containerEdits"):
             problems.append(f"devices[{i}].containerEdits: must not be empty")
-    for where, edits in [("containerEdits", spec.get("containerEdits", {}))] + [
-        (f"devices[{i}].containerEdits", d.get("containerEdits", {})) for i, d in enumerate(devices)
-    ]:
-        problems += _edit_problems(where, edits)
+    common = spec.get("containerEdits")
+    if common is not None:
+        problems += _SHARED_EDITS.get(common, "problems", lambda: _edit_problems("containerEdits", common))
+    for i, device in enumerate(devices):
+        problems += _edit_problems(f"devices[{i}].containerEdits", device.get("containerEdits", {}))
     return problems
+
+
+class _SharedEditsMemo:
+    """What was worked out for a claim-wide edits object (`ContainerEdits.to_json` hands out the
+    same dict to every spec): its problems and its encoding, kept while the object is held here,
+    so that its identity cannot be another's. The last few objects only: a rescan replaces them."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[object, dict[str, Any]]] = {}
+
+    def get(self, edits: object, what: str, compute: Callable[[], T]) -> T:
+        entry = self._entries.get(id(edits))
+        if entry is None or entry[0] is not edits:
+            if len(self._entries) >= self._size:
+                del self._entries[next(iter(self._entries))]
+            entry = self._entries[id(edits)] = (edits, {})
+        values = entry[1]
+        if what not in values:
+            values[what] = compute()
+        value: T = values[what]
+        return value
+
+
+_SHARED_EDITS = _SharedEditsMemo()
+
+
+def encode(spec: Mapping[str, Any]) -> bytes:
+    """A spec as written: compact JSON (the C encoder, ten times faster than an indenting one),
+    the claim-wide edits' part encoded once per edits object."""
+    common = spec.get("containerEdits")
+    if common is None:
+        return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+    rest = json.dumps({k: v for k, v in spec.items() if k != "containerEdits"}, separators=(",", ":"))
+    text = _SHARED_EDITS.get(common, "json", lambda: json.dumps(common, separators=(",", ":")))
+    return f'{rest[:-1]},"containerEdits":{text}}}\n'.encode()
 
 
 def _edit_problems(where: str, edits: Mapping[str, Any]) -> list[str]:
@@ -283,8 +333,8 @@ class CdiDirectory:
         for claim_uid, spec in specs.items():
             if problems := validate(spec):
                 errors[claim_uid] = InvalidSpecError("; ".join(problems))
-            else:  # compact: the C encoder, ten times faster than an indenting one
-                files[claim_uid] = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+            else:
+                files[claim_uid] = encode(spec)
         if not files:
             return errors
         try:

@@ -62,6 +62,7 @@ from dradriver.prepare.claims import (
     ClaimSourceError,
     ClaimUnusableError,
 )
+from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
@@ -163,6 +164,7 @@ class GpuDriver:
         boot_id: str,
         mig: MigManager,
         serialize: SerializeLock | None = None,
+        host_nodes: HostDeviceNodes | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -172,6 +174,8 @@ class GpuDriver:
         self._store = store
         self._common = common_edits
         self._caps_major = caps_major
+        #: None with fake GPUs: their nodes are no host's.
+        self._host_nodes = host_nodes
         self._sharing = sharing
         self._mig = mig
         self._boot_id = boot_id
@@ -572,6 +576,8 @@ class GpuDriver:
                     self._state.claims[ref.uid] = _with_created_migs(self._state.claims[ref.uid], devices)
                 spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
                 common = self._common + self._apply_sharing(ref, devices)
+                if self._host_nodes is not None:
+                    common = self._host_nodes.complete(common, (d.edits for d in spec_devices))
             except (SharingError, MigError, EditsError) as err:
                 self._fail(ref.uid, err, failed, results)
                 continue
