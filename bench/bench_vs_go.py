@@ -32,6 +32,9 @@ beyond the Go reference is the Python runtime's.
 The Go plugin runs with its client rate limit raised (--kube-api-qps/burst 1000) in every
 phase; `--go-default-limit` adds the back-to-back figures with its default limit (5 QPS,
 burst 10), once. Figures are medians over rounds, with the range over rounds.
+
+`--busy N` runs N processes that spin on the CPU for the whole run (a node whose cores are
+loaded by something else): every plugin then competes with them alike.
 """
 
 from __future__ import annotations
@@ -140,6 +143,36 @@ def floor_plugin() -> Plugin:
 
 
 # --- the API server side -------------------------------------------------------------------------
+
+
+def node_and_namespace(admin_kubeconfig: Path) -> KubeClient:
+    """An admin client of the API server, which now has NODE and the NAMESPACE of the claims."""
+    admin = load_client(str(admin_kubeconfig))
+    assert admin is not None
+    admin.request(
+        "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+    )
+    admin.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    return admin
+
+
+def api_server_for(
+    plane: ControlPlane, plugins: list[Plugin]
+) -> tuple[KubeClient, dict[str, Path], dict[str, list[ClaimRef]]]:
+    """NODE and NAMESPACE, and per plugin (by prefix) its own user's kubeconfig and its claims;
+    with the admin's client."""
+    admin = node_and_namespace(plane.admin_kubeconfig)
+    kubeconfigs, claims = {}, {}
+    for plugin in plugins:
+        user = f"bench-{plugin.prefix}-plugin"
+        grant_plugin_role(admin, user)
+        kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
+        claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+    return admin, kubeconfigs, claims
 
 
 def grant_plugin_role(admin: KubeClient, user: str, rbac: Path = RBAC) -> None:
@@ -488,9 +521,9 @@ def report(results: dict[str, list[Figures]], go_default: Figures | None, loads:
     go, ours = results.get("go", []), results.get("dr", [])
     baseline, floor = results.get("base"), results.get("floor")
     extra = (" dradriver baseline |" if baseline is not None else "") + (
-        " Python gRPC floor | floor / Go |" if floor is not None else ""
+        " Python gRPC floor | floor / Go | dradriver / floor |" if floor is not None else ""
     )
-    columns = 5 + (baseline is not None) + 2 * (floor is not None)
+    columns = 5 + (baseline is not None) + 3 * (floor is not None)
     lines = [
         f"| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |{extra}",
         "|" + " --- |" * columns,
@@ -505,7 +538,7 @@ def report(results: dict[str, list[Figures]], go_default: Figures | None, loads:
             row += f" {cell(baseline, key, unit)[0]} |"
         if floor is not None:
             floor_text, floor_value = cell(floor, key, unit)
-            row += f" {floor_text} | {ratio(floor_value, go_value)} |"
+            row += f" {floor_text} | {ratio(floor_value, go_value)} | {ratio(our_value, floor_value)} |"
         lines.append(row)
     if go_default is not None:
         for key, label in (
@@ -546,24 +579,16 @@ def main() -> None:
         "--no-floor", action="store_true", help="leave out the Python gRPC floor (bench.grpc_floor)"
     )
     parser.add_argument("--only", choices=["go", "dradriver"], help="drive one plugin only (profiling)")
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU during the run")
     opts = parser.parse_args()
     if opts.k8s_bin is None:
         parser.error("--k8s-bin (or DRADRIVER_E2E_BIN) is required")
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-go-", dir="/var/tmp"))
     plane = ControlPlane(opts.k8s_bin, work, advertise_address=node_ip())
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.busy)]
     try:
         plane.start()
-        admin = load_client(str(plane.admin_kubeconfig))
-        assert admin is not None
-        admin.request(
-            "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-        )
-        admin.request(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        )
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))
@@ -571,12 +596,7 @@ def main() -> None:
             plugins.append(floor_plugin())
         if opts.only:
             plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go") and p.publishes]
-        kubeconfigs, claims = {}, {}
-        for plugin in plugins:
-            user = f"bench-{plugin.prefix}-plugin"
-            grant_plugin_role(admin, user)
-            kubeconfigs[plugin.prefix] = plane.kubeconfig_for(user, user)
-            claims[plugin.prefix] = create_claims(admin, plugin, PREPARE_DEVICES)
+        admin, kubeconfigs, claims = api_server_for(plane, plugins)
         results: dict[str, list[Figures]] = {p.prefix: [] for p in plugins}
         loads = []
         for n in range(opts.rounds):
@@ -597,7 +617,12 @@ def main() -> None:
             prepare_phase([limited], kubeconfigs, claims, opts, go_default, paced=False)
         print()
         print(report(results, go_default["go"] if go_default else None, loads))
+        if opts.busy:
+            print(f"{opts.busy} processes spinning on the CPU during the run")
     finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         plane.stop()
         shutil.rmtree(work, ignore_errors=True)
 

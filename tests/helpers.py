@@ -78,6 +78,8 @@ class ServeProcess:
             *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *(["--pod-uid", pod_uid] if pod_uid else []),
+            # On NVML, device nodes missing on the "host" are made here, never in this machine's /dev.
+            *(["--host-dev", str(root / "dev")] if fake_gpus is None else []),
             *extra_args,
         ]
         # Node-only unless a test says otherwise: no kubeconfig, no stray DRADRIVER_* settings.

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from dradriver import __version__, logs
+from dradriver.files.write import StorageError
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
@@ -32,7 +33,7 @@ from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
 from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
-    from dradriver.devicemodel import DeviceSet
+    from dradriver.devicemodel import DeviceSet, PublishedDevice
     from dradriver.discovery import DeviceLibrary, NodeInventory
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from dradriver.kube import KubeClient
     from dradriver.kube.events import NodeEventSender
     from dradriver.prepare.cdi import ContainerEdits
-    from dradriver.prepare.claims import ClaimSource
+    from dradriver.prepare.claims import ClaimSource, ReservationsTap
     from dradriver.prepare.driver import GpuDriver
     from dradriver.probes import ProbeServer
     from dradriver.publish import SliceController
@@ -77,10 +78,17 @@ class ServeConfig:
     health: HealthConfig | None = None
     #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
     proc_root: Path = Path("/proc")
+    #: Where the host's /dev is seen: the device nodes a spec names are made there if missing.
+    host_dev: Path = Path("/dev")
     #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).
     pod_uid: str = ""
     #: Seconds between rescans of the node's devices; 0: only on events.
     rescan_interval: float = 0.0
+    #: Seconds between readings of the devices' telemetry (with metrics_address); 0: none.
+    telemetry_interval: float = 0.0
+    #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
+    idle_threshold: float | None = None
+    idle_window: float | None = None
 
 
 class DeferredDriver:
@@ -127,7 +135,7 @@ class Daemon:
         self.registration = RegistrationState()
         self.driver = DeferredDriver()
         self.paths = PluginPaths.for_driver(
-            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid
+            config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid, config.state_dir
         )
         #: Orders this instance among the node's instances (slice handover): they share a clock.
         self.started_ns = time.time_ns()
@@ -135,6 +143,7 @@ class Daemon:
         self.server = PluginServer(
             self.paths, config.driver_name, self.service, self.board, self.registration
         )
+        self.server.on_lock_lost = self._fail
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
@@ -382,6 +391,36 @@ class Daemon:
             )
         )
 
+    def _start_telemetry(
+        self, library: DeviceLibrary, driver: GpuDriver, reservations: ReservationsTap
+    ) -> None:
+        """Device telemetry on /metrics; with --idle-threshold, idle claims reported."""
+        from dradriver import metrics
+        from dradriver.telemetry import service
+        from dradriver.telemetry.idle import IdlePolicy
+
+        config = self.config
+        idle = None
+        if config.idle_threshold is not None and config.idle_window is not None:
+            policy = IdlePolicy(config.idle_threshold, config.idle_window)
+            idle = service.IdleReporter(policy, self._node_events)
+
+        def published() -> list[PublishedDevice]:
+            assert self._published is not None
+            return list(self._published.devices.devices)
+
+        sampler = service.start(
+            library.telemetry(config.state_dir),
+            serve=metrics.append_exposition,
+            published=published,
+            records=driver.records,
+            reservations=reservations,
+            proc_root=config.proc_root,
+            interval=config.telemetry_interval,
+            idle=idle,
+        )
+        self._started("telemetry", sampler.stop)
+
     def _slice_writes(self) -> dict[str, int]:
         if self._publisher is None:
             return {}
@@ -451,7 +490,7 @@ class Daemon:
         except _StartupInterruptedError:
             return
         except Exception as err:
-            if not isinstance(err, OSError | ValueError):
+            if not isinstance(err, OSError | ValueError | StorageError):
                 log.exception("initialization failed")
             self.driver.fail(str(err))
             self._fail(str(err))
@@ -503,6 +542,8 @@ class Daemon:
         # Only now the claim-preparation modules (pydantic models): publishing is already under way.
         from dradriver.prepare.cdi import CdiDirectory
         from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
+        from dradriver.prepare.claims import ReservationsTap
+        from dradriver.prepare.devnodes import HostDeviceNodes
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
         from dradriver.prepare.shared import SerializeLock
@@ -518,11 +559,16 @@ class Daemon:
             if config.fake_gpus
             else NvidiaSharing(config.driver_root_mount, config.state_dir)
         )
+        claims = self._claim_source(client)
+        # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
+        reservations = None
+        if config.metrics_address and config.telemetry_interval:
+            claims = reservations = ReservationsTap(claims)
         driver = GpuDriver(
             driver_name=config.driver_name,
             pool_name=config.node_name,
             devices={d.name: d.hardware for d in devices.devices},
-            claims=self._claim_source(client),
+            claims=claims,
             cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
             store=CheckpointStore(config.state_dir),
             common_edits=self._common_edits(inventory),
@@ -531,6 +577,7 @@ class Daemon:
             boot_id=read_boot_id(),
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
             serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
+            host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
         )
         self._started("driver", driver.close)
         recovery = driver.recover()
@@ -544,6 +591,8 @@ class Daemon:
             self._started("stale-claims", collector.stop)
         if config.metrics_address:
             self._install_metrics(driver)
+        if reservations is not None:
+            self._start_telemetry(library, driver, reservations)
         self._follow_inventory(driver)
         log.info(
             "driver ready",
@@ -552,6 +601,7 @@ class Daemon:
             rolled_back=recovery.rolled_back,
             rollback_failed=recovery.rollback_failed,
             orphans_removed=recovery.orphans_removed,
+            specs_rewritten=recovery.specs_rewritten,
             rebuilt_from_cdi=recovery.rebuilt_from_cdi,
             cleared_after_reboot=recovery.cleared_after_reboot,
             rescan_interval_seconds=config.rescan_interval,

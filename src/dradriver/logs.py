@@ -147,18 +147,30 @@ def _logger_name(_logger: Any, _method: str, event: Any) -> Any:
 
 class HeldRecords:
     """Records a thread logged inside `holding`, and work it left for `later`, in order, to be
-    rendered, written and done by `write`."""
+    rendered, written and done by `write`. Once written, what comes later goes out at once: a
+    call whose deadline passed ends (and writes) before its handler is done."""
 
     def __init__(self) -> None:
         self._records: list[dict[str, Any] | Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._written = False
 
     def add(self, entry: dict[str, Any] | Callable[[], None]) -> None:
-        self._records.append(entry)
+        with self._lock:
+            if not self._written:
+                self._records.append(entry)
+                return
+        self._emit([entry])
 
     def write(self) -> None:
         """Render and write the held records and do the held work (any thread; once the answer
-        they waited for is out)."""
-        records, self._records = self._records, []
+        they waited for is out, or the call ended without one)."""
+        with self._lock:
+            records, self._records = self._records, []
+            self._written = True
+        self._emit(records)
+
+    def _emit(self, records: list[dict[str, Any] | Callable[[], None]]) -> None:
         for entry in records:
             if callable(entry):
                 entry()

@@ -37,7 +37,8 @@ CLAIM_ERRORS = Counter(
 )
 CALL_FAILURES = Counter(
     "dradriver_dra_call_failures_total",
-    "Whole DRA calls that failed (claim not fetchable, internal error)",
+    "Whole DRA calls that failed (claim not fetchable, internal error) or were done after the kubelet "
+    "stopped waiting (DEADLINE_EXCEEDED, CANCELLED)",
     ["method", "code"],
     registry=REGISTRY,
 )
@@ -63,9 +64,18 @@ XID_EVENTS = Counter(
 )
 
 
+#: Text rendered elsewhere ahead of the scrape (the device telemetry), appended to the registry's.
+_APPENDED: list[Callable[[], bytes]] = []
+
+
+def append_exposition(source: Callable[[], bytes]) -> None:
+    """Serve what `source` returns after the registry's metrics: series rendered ahead of the scrape."""
+    _APPENDED.append(source)
+
+
 def exposition() -> bytes:
-    """The registry in the Prometheus text format."""
-    return generate_latest(REGISTRY)
+    """The registry in the Prometheus text format, then what was appended."""
+    return generate_latest(REGISTRY) + b"".join(source() for source in _APPENDED)
 
 
 def error_reason(message: str) -> str:

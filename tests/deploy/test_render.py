@@ -85,6 +85,7 @@ def test_kubelet_and_cdi_dirs_have_the_same_path_inside_and_out(kustomization: s
     plugin_data = str(PurePosixPath(env["DRADRIVER_KUBELET_PLUGINS_DIR"]) / env["DRADRIVER_DRIVER_NAME"])
     for path in (env["DRADRIVER_KUBELET_REGISTRY_DIR"], plugin_data, env["DRADRIVER_CDI_DIR"]):
         assert mounts.get(path) == path, f"{path} is not mounted from the same host path"
+    assert mounts[env["DRADRIVER_PROC_ROOT"]] == "/proc"  # processes map to pods in the host's view
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

@@ -497,8 +497,6 @@ state = "{self.work_dir / "containerd/state"}"
     ) -> None:
         """Import images under these references, all one layer: the host's static busybox with
         every applet in /bin, plus `scripts` (path in the image -> content, executable)."""
-        from scripts.build_image import write_archive
-
         busybox = _static_busybox()
         with tempfile.TemporaryDirectory(dir=self.work_dir) as work:
             root = Path(work) / "rootfs"
@@ -517,6 +515,13 @@ state = "{self.work_dir / "containerd/state"}"
                 script.parent.mkdir(parents=True, exist_ok=True)
                 script.write_text(content)
                 script.chmod(0o755)
+            self.import_root(root, images)
+
+    def import_root(self, root: Path, images: Mapping[str, ImageConfig]) -> None:
+        """Import images under these references, all one layer: the root filesystem `root`."""
+        from scripts.build_image import write_archive
+
+        with tempfile.TemporaryDirectory(dir=self.work_dir) as work:
             layer = Path(work) / "layer.tar"
             subprocess.run(
                 [

@@ -3,25 +3,39 @@
 The fake driver (tests/e2e/fakedriver.py) is laid out at the kustomization's driver root on the
 node: serve in the privileged pod loads the C fake libnvidia-ml from there through the real NVML
 code path, publishes what `dradriver slices` renders from the same driver root on the host, and
-prepares claims whose CDI specs mount the host driver's files into the containers.
+prepares claims whose CDI specs mount the host driver's files into the containers, where CUDA
+programs in images of every layout load them (tests/e2e/cudaimages.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dradriver.slices import stored_differences
 from tests.deploy.manifests import EXAMPLES
-from tests.e2e.fakedriver import NVIDIA_SMI_LOG, FakeHostDriver, fake_host_driver
+from tests.e2e.cudaimages import NAMESPACE, PODS, allocated, import_probe_images, manifests
+from tests.e2e.fakedriver import NVIDIA_SMI_LOG, UVM_NODES, FakeHostDriver, fake_host_driver
 from tests.e2e.plugin import Deployment, wait
 from tests.e2e.realcluster import RealCluster
-from tests.e2e.workloads import check_container, load, pods_of, promised, wait_pods, wait_unprepared
+from tests.e2e.workloads import (
+    check_container,
+    claim_history,
+    load,
+    pods_of,
+    promised,
+    wait_pods,
+    wait_unprepared,
+)
+from tests.fakenvml import cuda
+from tests.fakenvml.cuda import ProbeRoot
 from tests.release.release import ReleaseDirectory
 
 pytestmark = pytest.mark.cluster
@@ -30,14 +44,20 @@ pytestmark = pytest.mark.cluster
 DRIVER_ROOTS = {"base": Path("/"), "overlays/gpu-operator": Path("/run/nvidia/driver")}
 
 
-@pytest.fixture(params=sorted(DRIVER_ROOTS), ids=lambda k: k.rsplit("/", 1)[-1])
+@pytest.fixture(scope="module", params=sorted(DRIVER_ROOTS), ids=lambda k: k.rsplit("/", 1)[-1])
 def gpu_deployment(
-    request: pytest.FixtureRequest, real_cluster: RealCluster, release: ReleaseDirectory, tmp_path: Path
+    request: pytest.FixtureRequest,
+    real_cluster: RealCluster,
+    release: ReleaseDirectory,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Deployment, FakeHostDriver]]:
+    """One install per driver root, for every test of the module."""
     real_cluster.require_local("it lays out a fake host driver on the node")
     kustomization: str = request.param
-    with fake_host_driver(DRIVER_ROOTS[kustomization], "dgx-h100", tmp_path) as driver:
-        deployment = Deployment(real_cluster, release, kustomization)
+    with fake_host_driver(
+        DRIVER_ROOTS[kustomization], "dgx-h100", tmp_path_factory.mktemp("driver")
+    ) as driver:
+        deployment = Deployment(real_cluster, release, kustomization, env=driver.serve_env)
         deployment.install()
         try:
             yield deployment, driver
@@ -101,3 +121,57 @@ def test_gpu_daemonset_runs_the_real_nvml_path(
     calls = deployment.exec("cat", NVIDIA_SMI_LOG).splitlines()
     assert any("--set-timeslice=3" in call for call in calls), calls
     assert any("--set-timeslice=0" in call for call in calls), calls
+
+
+@pytest.fixture(scope="module")
+def probe_images(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeRoot]:
+    local = real_cluster.require_local("it imports images built here")
+    return import_probe_images(local, tmp_path_factory.mktemp("cuda-images"))
+
+
+def test_cuda_loads_and_sees_exactly_its_gpus_in_each_image(
+    real_cluster: RealCluster,
+    gpu_deployment: tuple[Deployment, FakeHostDriver],
+    probe_images: dict[str, ProbeRoot],
+    tmp_path: Path,
+) -> None:
+    """Whichever the driver root, every root's probe (see tests/e2e/cudaimages.py)."""
+    deployment, driver = gpu_deployment
+    gpus = {f"gpu-{g.minor}": g for g in driver.inventory.gpus}
+    documents = [d for name, (claims, ro) in PODS.items() for d in manifests(name, claims, ro)]
+    path = tmp_path / "cuda-pods.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
+
+    def finished() -> dict[str, dict[str, Any]] | None:
+        pods = {name: real_cluster.get_json("pod", "-n", NAMESPACE, f"cuda-{name}") for name in PODS}
+        phases = {name: pod["status"].get("phase") for name, pod in pods.items()}  # type: ignore[attr-defined]
+        return pods if set(phases.values()) <= {"Succeeded", "Failed"} else None
+
+    seen: dict[str, cuda.Probed] = {}
+    with claim_history(real_cluster) as history:
+        real_cluster.kubectl("apply", "-f", str(path))
+        try:
+            pods = wait(finished, 180, "the probe pods to finish")
+            for name, pod in pods.items():
+                log = real_cluster.kubectl("-n", NAMESPACE, "logs", f"cuda-{name}").stdout
+                seen[name] = probed = cuda.parse_probe(log)
+                assert pod["status"]["phase"] == "Succeeded", f"{name}: {log}"
+                assert probed.ok, f"{name}: {log}"
+                devices = allocated(history, pod)
+                assert len(devices) == PODS[name][0], (name, devices)
+                uuids = {gpus[d].uuid for d in devices}
+                assert set(probed.devices) == {cuda.bare_uuid(u) for u in uuids}, (name, log)
+                assert {line.rsplit("UUID: ", 1)[1].rstrip(")") for line in probed.nvidia_smi} == uuids, log
+                env = probe_images[name].env
+                own = next((e.partition("=")[2] for e in env if e.startswith("LD_LIBRARY_PATH=")), "-")
+                assert probed.ld_library_path == own, name  # the image's own, never replaced
+        finally:
+            real_cluster.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=90s", timeout=120)
+    assert seen["lib64"].libcuda == "/usr/lib64/libcuda.so.1"  # over the image's CUDA stub
+    assert seen["own-ld-library-path"].needed == {cuda.HELPER_SONAME: f"/opt/app/lib/{cuda.HELPER_SONAME}"}
+    wait_unprepared(deployment)
+    # Missing on this node (no UVM module), the plugin made them as the host driver's /proc says.
+    for node, minor in zip(UVM_NODES, (0, 1), strict=True):
+        rdev = node.stat().st_rdev
+        assert node.is_char_device(), node
+        assert (os.major(rdev), os.minor(rdev)) == (driver.inventory.nvidia_uvm_major, minor), node

@@ -55,6 +55,27 @@
  *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
  *                            the GPU registered for it; rewrite the config file first
  *
+ * Telemetry: the environment variable FAKE_NVML_TELEMETRY names a file that every telemetry call
+ * reads again when it changed (so a test can change the figures under a running reader). Lines
+ * (fields separated by spaces; GPU is the NVML index; a GPU with no line is idle):
+ *
+ *   util GPU SM MEM                  utilisation rates in percent (default 0 0)
+ *   power GPU MILLIWATTS             power draw (default 70000)
+ *   clocks GPU SM_MHZ MEM_MHZ        current clocks (default 1980 2619)
+ *   reasons GPU MASK                 clock event reasons (default 1: GPU idle)
+ *   used GPU BYTES                   framebuffer memory in use (default: its processes' sum)
+ *   nvlink GPU LINKS UP_MASK         LINKS links, those in UP_MASK up (default: no NVLink)
+ *   proc GPU PID BYTES SM            a compute process (SM -1: no utilisation sample)
+ *
+ * MIG devices answer memory info (their own size, nothing used) and an empty process list;
+ * utilisation, power and clocks are NOT_SUPPORTED on them, as on real MIG devices.
+ *
+ * Host driver reloads: the environment variable FAKE_NVML_UNLOADED names a file; while it exists the
+ * host driver is unloaded, as during an upgrade by the GPU operator's driver manager: every call
+ * answers NVML_ERROR_DRIVER_NOT_LOADED (nvmlInit too) and what the process had initialised is gone.
+ * Once the file is removed, calls answer NVML_ERROR_UNINITIALIZED until nvmlInit, which reads the
+ * config again (write another `driver` version into it first to model an upgrade).
+ *
  * nvmlInit/nvmlShutdown are reference-counted as in real NVML; the config is read when the count
  * goes from 0 to 1. Build:
  *   cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
@@ -77,6 +98,7 @@ typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
@@ -96,7 +118,7 @@ enum {
 /* What a line on the events FIFO produced when it is not an event. */
 #define NO_EVENT (-1)
 
-#define MAX_GPUS 64
+#define MAX_GPUS 128 /* the prepare benchmarks publish 128 */
 #define MAX_PROFILES 256
 #define MAX_GIS 256
 #define MAX_CIS 512
@@ -491,8 +513,25 @@ static int gpu_of(void *handle) {
     return g ? g->tag.index : c ? state.gis[c->gi].gpu : -1;
 }
 
+static void close_event_set(void);
+
+/* Whether the host driver is unloaded (see FAKE_NVML_UNLOADED); the process's NVML state goes with it. */
+static int driver_unloaded(void) {
+    const char *path = getenv("FAKE_NVML_UNLOADED");
+    struct stat st;
+    if (!path || stat(path, &st) != 0)
+        return 0;
+    if (state.initialized) {
+        state.initialized = 0;
+        close_event_set();
+    }
+    return 1;
+}
+
 #define ENTER(name, handle)                                                \
     do {                                                                   \
+        if (driver_unloaded())                                             \
+            return NVML_ERROR_DRIVER_NOT_LOADED;                           \
         if (!state.initialized)                                            \
             return NVML_ERROR_UNINITIALIZED;                               \
         int gpu_ = (handle) ? gpu_of(handle) : -1;                         \
@@ -543,6 +582,8 @@ static void reload_config(void) {
 
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (state.initialized) {
         if (config_changed())
             reload_config();
@@ -591,6 +632,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (index >= (unsigned)state.ngpus)
@@ -653,14 +696,22 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *m
     return NVML_SUCCESS;
 }
 
+static unsigned long long telemetry_used(void *device);
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     ENTER("nvmlDeviceGetMemoryInfo", device);
     struct gpu *g = as_gpu(device);
+    struct ci *mig = as_ci(device, KIND_MIG);
+    if (mig) {
+        memory->total = memory->free = mig->memory_mb * 1024 * 1024;
+        memory->used = 0;
+        return NVML_SUCCESS;
+    }
     if (!g)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = g->memory;
-    memory->free = g->memory;
-    memory->used = 0;
+    memory->used = telemetry_used(device);
+    memory->free = g->memory - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -1148,6 +1199,8 @@ nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device)
@@ -1157,6 +1210,13 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
             if (state.gpus[i].lost)
                 return NVML_ERROR_GPU_IS_LOST;
             *device = &state.gpus[i].tag;
+            return NVML_SUCCESS;
+        }
+    for (int i = 0; i < state.ncis; i++) /* MIG devices too, as NVML since R470 */
+        if (state.cis[i].alive && !strcmp(state.cis[i].uuid, uuid)) {
+            if (state.gpus[state.gis[state.cis[i].gi].gpu].lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &state.cis[i].tag;
             return NVML_SUCCESS;
         }
     return NVML_ERROR_NOT_FOUND;
@@ -1214,6 +1274,8 @@ static struct event_set *as_event_set(void *handle) {
 }
 
 nvmlReturn_t nvmlEventSetCreate(void **set) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     nvmlReturn_t forced = injected("nvmlEventSetCreate", -1);
@@ -1314,6 +1376,8 @@ static long long now_ms(void) {
 }
 
 nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    if (driver_unloaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (!as_event_set(set) || !data)
@@ -1346,4 +1410,217 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned time
                 event_set.len += (size_t)got;
         }
     }
+}
+
+/* --- telemetry (FAKE_NVML_TELEMETRY) ----------------------------------------------------------- */
+
+#define MAX_PROCS 64
+#define MAX_NVLINKS 18
+
+struct proc_info {
+    int gpu;
+    unsigned pid;
+    unsigned long long used;
+    int sm;
+};
+
+/* One GPU's figures. */
+struct figures {
+    unsigned sm, mem, power, sm_clock, mem_clock, nvlinks, nvlink_up;
+    unsigned long long reasons, used;
+    int used_set;
+};
+
+static struct {
+    struct timespec mtime;
+    off_t size;
+    struct figures gpus[MAX_GPUS];
+    struct proc_info procs[MAX_PROCS];
+    int nprocs;
+} telemetry;
+
+static pthread_mutex_t telemetry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Read FAKE_NVML_TELEMETRY again if it changed since the last call; caller holds telemetry_lock. */
+static void telemetry_refresh(void) {
+    const char *path = getenv("FAKE_NVML_TELEMETRY");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        st.st_mtim = (struct timespec){0};
+        st.st_size = -1;
+    }
+    if (st.st_mtim.tv_sec == telemetry.mtime.tv_sec && st.st_mtim.tv_nsec == telemetry.mtime.tv_nsec &&
+        st.st_size == telemetry.size && telemetry.size != 0)
+        return;
+    memset(&telemetry, 0, sizeof telemetry);
+    telemetry.mtime = st.st_mtim;
+    telemetry.size = st.st_size;
+    for (int i = 0; i < MAX_GPUS; i++)
+        telemetry.gpus[i] = (struct figures){.power = 70000, .sm_clock = 1980, .mem_clock = 2619, .reasons = 1};
+    FILE *file = path ? fopen(path, "r") : NULL;
+    if (!file)
+        return;
+    char line[256], what[16];
+    unsigned long long a, b, c;
+    long long sm;
+    while (fgets(line, sizeof line, file)) {
+        int n = sscanf(line, "%15s %llu %llu %llu %lld", what, &a, &b, &c, &sm);
+        if (n < 3 || a >= MAX_GPUS)
+            continue;
+        struct figures *f = &telemetry.gpus[a];
+        if (!strcmp(what, "util") && n >= 4) {
+            f->sm = (unsigned)b;
+            f->mem = (unsigned)c;
+            f->reasons = b ? 0 : 1;
+        } else if (!strcmp(what, "power")) {
+            f->power = (unsigned)b;
+        } else if (!strcmp(what, "clocks") && n >= 4) {
+            f->sm_clock = (unsigned)b;
+            f->mem_clock = (unsigned)c;
+        } else if (!strcmp(what, "reasons")) {
+            f->reasons = b;
+        } else if (!strcmp(what, "used")) {
+            f->used = b;
+            f->used_set = 1;
+        } else if (!strcmp(what, "nvlink") && n >= 4) {
+            f->nvlinks = b < MAX_NVLINKS ? (unsigned)b : MAX_NVLINKS;
+            f->nvlink_up = (unsigned)c;
+        } else if (!strcmp(what, "proc") && telemetry.nprocs < MAX_PROCS) {
+            telemetry.procs[telemetry.nprocs++] = (struct proc_info){
+                .gpu = (int)a, .pid = (unsigned)b, .used = n >= 4 ? c : 0, .sm = n >= 5 ? (int)sm : -1};
+        }
+    }
+    fclose(file);
+    for (int i = 0; i < telemetry.nprocs; i++)
+        if (!telemetry.gpus[telemetry.procs[i].gpu].used_set)
+            telemetry.gpus[telemetry.procs[i].gpu].used += telemetry.procs[i].used;
+}
+
+/* A full GPU's figures and processes as of now (NOT_SUPPORTED on a MIG device, as real NVML
+ * answers its utilisation, power and clock calls). */
+static nvmlReturn_t figures_of(void *device, struct figures *out, struct proc_info *procs, unsigned *nprocs) {
+    struct gpu *g = as_gpu(device);
+    if (!g)
+        return as_ci(device, KIND_MIG) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&telemetry_lock);
+    telemetry_refresh();
+    *out = telemetry.gpus[g->tag.index];
+    unsigned n = 0;
+    for (int i = 0; procs && i < telemetry.nprocs; i++)
+        if (telemetry.procs[i].gpu == g->tag.index)
+            procs[n++] = telemetry.procs[i];
+    if (nprocs)
+        *nprocs = n;
+    pthread_mutex_unlock(&telemetry_lock);
+    return NVML_SUCCESS;
+}
+
+static unsigned long long telemetry_used(void *device) {
+    struct figures f;
+    return figures_of(device, &f, NULL, NULL) == NVML_SUCCESS ? f.used : 0;
+}
+
+typedef struct {
+    unsigned gpu, memory;
+} nvmlUtilization_t;
+
+#define FIGURES(name, device)                                                                      \
+    struct figures f;                                                                              \
+    ENTER(name, device);                                                                           \
+    nvmlReturn_t code_ = figures_of(device, &f, NULL, NULL);                                       \
+    if (code_ != NVML_SUCCESS)                                                                     \
+        return code_;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *rates) {
+    FIGURES("nvmlDeviceGetUtilizationRates", device);
+    *rates = (nvmlUtilization_t){f.sm, f.mem};
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned *milliwatts) {
+    FIGURES("nvmlDeviceGetPowerUsage", device);
+    *milliwatts = f.power;
+    return NVML_SUCCESS;
+}
+
+/* NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 */
+nvmlReturn_t nvmlDeviceGetClockInfo(void *device, unsigned type, unsigned *mhz) {
+    FIGURES("nvmlDeviceGetClockInfo", device);
+    if (type != 1 && type != 2)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mhz = type == 1 ? f.sm_clock : f.mem_clock;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+    FIGURES("nvmlDeviceGetCurrentClocksEventReasons", device);
+    *reasons = f.reasons;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned link, unsigned *active) {
+    FIGURES("nvmlDeviceGetNvLinkState", device);
+    if (link >= f.nvlinks)
+        return f.nvlinks ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    *active = (f.nvlink_up >> link) & 1u;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long used_gpu_memory;
+    unsigned gpu_instance_id, compute_instance_id;
+} nvmlProcessInfo_t;
+
+/* NVML's two-call protocol for lists: too small a buffer gets INSUFFICIENT_SIZE and the count. */
+static nvmlReturn_t listed(unsigned n, unsigned *count, int have_buffer) {
+    nvmlReturn_t code = n == 0 || (have_buffer && n <= *count) ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    *count = n;
+    return code;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned *count, nvmlProcessInfo_t *infos) {
+    ENTER("nvmlDeviceGetComputeRunningProcesses_v3", device);
+    if (as_ci(device, KIND_MIG))
+        return listed(0, count, 1);
+    struct figures f;
+    struct proc_info procs[MAX_PROCS];
+    unsigned n;
+    nvmlReturn_t code = figures_of(device, &f, procs, &n);
+    if (code != NVML_SUCCESS)
+        return code;
+    for (unsigned i = 0; infos && i < n && i < *count; i++)
+        infos[i] = (nvmlProcessInfo_t){procs[i].pid, procs[i].used, WHOLE_GPU, WHOLE_GPU};
+    return listed(n, count, infos != NULL);
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long time_stamp;
+    unsigned sm_util, mem_util, enc_util, dec_util;
+} nvmlProcessUtilizationSample_t;
+
+/* Every process with an SM figure gives one sample, stamped now (NOT_FOUND: none). */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizationSample_t *samples, unsigned *count,
+                                             unsigned long long since) {
+    ENTER("nvmlDeviceGetProcessUtilization", device);
+    (void)since;
+    struct figures f;
+    struct proc_info procs[MAX_PROCS];
+    unsigned n, sampled = 0;
+    nvmlReturn_t code = figures_of(device, &f, procs, &n);
+    if (code != NVML_SUCCESS)
+        return code;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long stamp = (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000;
+    for (unsigned i = 0; i < n; i++)
+        if (procs[i].sm >= 0) {
+            if (samples && sampled < *count)
+                samples[sampled] = (nvmlProcessUtilizationSample_t){procs[i].pid, stamp, (unsigned)procs[i].sm, 0, 0, 0};
+            sampled++;
+        }
+    if (sampled == 0)
+        return NVML_ERROR_NOT_FOUND;
+    return listed(sampled, count, samples != NULL);
 }

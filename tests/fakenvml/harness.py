@@ -29,6 +29,8 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 CONFIG_ENV = "FAKE_NVML_CONFIG"
 #: Names the FIFO the fake reads health-event commands from (see fake_nvml.c).
 EVENTS_ENV = "FAKE_NVML_EVENTS"
+#: Names a file whose existence means the host driver is unloaded (see fake_nvml.c).
+UNLOADED_ENV = "FAKE_NVML_UNLOADED"
 
 # NVML return codes the tests inject.
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -201,3 +203,29 @@ class EventPipe:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+@dataclass
+class FakeDriver:
+    """The fake NVML as a process under test loads it (`env`), and what drives it: its config,
+    its events FIFO, and the file whose existence unloads the host driver."""
+
+    config: Path
+    events: EventPipe
+    unloaded: Path
+    env: dict[str, str]
+
+
+def fake_driver(library: Path, directory: Path, inventory: NodeInventory) -> FakeDriver:
+    """A fake host driver for `inventory`, its files in `directory`; close `events` when done."""
+    config = directory / "nvml.conf"
+    config.write_text(config_text(inventory))
+    events = EventPipe(directory / "nvml-events")
+    unloaded = directory / "driver-unloaded"
+    env = {
+        "LD_LIBRARY_PATH": str(library.parent),
+        CONFIG_ENV: str(config),
+        EVENTS_ENV: str(events.path),
+        UNLOADED_ENV: str(unloaded),
+    }
+    return FakeDriver(config, events, unloaded, env)

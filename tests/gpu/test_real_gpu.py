@@ -1,12 +1,16 @@
 """The driver on a real NVIDIA GPU: discovery against nvidia-smi, the fake profile of the same
 model against the real GPU, and `serve` preparing a whole GPU and an MPS share that a CUDA
-program then uses through the CDI spec's own files. Time slicing is not applied here: that
+program then uses through the CDI spec's own files, on the host and in a bare container of each
+image layout (tests/gpu/bare_root.py: a private mount namespace, a root with glibc and the CUDA
+probe, nothing of the host but the spec's edits). Time slicing is not applied here: that
 changes a setting of the GPU (see test_time_slicing_tool_takes_our_arguments)."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import stat
 import subprocess
 import sys
@@ -20,6 +24,9 @@ from dradriver import kubeletclient
 from dradriver.discovery import builtin_profile_names, open_library
 from dradriver.discovery.model import Gpu
 from dradriver.plugin.driver import ClaimRef
+from tests.fakenvml import cuda
+from tests.fakenvml.cuda import ProbeRoot
+from tests.gpu import bare_root
 from tests.gpu.conftest import HostDriver
 from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, short_tmpdir, uid, wait_for
 
@@ -118,7 +125,7 @@ def _model(device: dict[str, Any]) -> dict[str, Any]:
     return {"attributes": attributes, "capacity": device["capacity"]}
 
 
-def _claim_for(serve: ServeProcess, number: int, device: str, config: list[dict[str, object]]) -> ClaimRef:
+def claim_for(serve: ServeProcess, number: int, device: str, config: list[dict[str, object]]) -> ClaimRef:
     claim = allocated_claim(
         f"claim-{number}", uid(number), [{"request": "gpu", "device": device}], config=config
     )
@@ -126,7 +133,7 @@ def _claim_for(serve: ServeProcess, number: int, device: str, config: list[dict[
     return ClaimRef(namespace="default", name=f"claim-{number}", uid=uid(number))
 
 
-def _spec_edits(serve: ServeProcess, claim: ClaimRef) -> dict[str, Any]:
+def spec_edits(serve: ServeProcess, claim: ClaimRef) -> dict[str, Any]:
     """The claim's CDI spec, its device's container edits merged with the spec-wide ones."""
     (path,) = [p for p in serve.cdi_dir.glob("*.json") if claim.uid in p.name]
     spec = json.loads(path.read_text())
@@ -155,7 +162,9 @@ def _probe(edits: dict[str, Any], env: dict[str, str], *args: str) -> dict[str, 
 @pytest.fixture
 def serve(host_driver: HostDriver) -> Any:
     with short_tmpdir() as root:
-        process = ServeProcess(root, ["--driver-root", str(host_driver.root)], fake_gpus=None).start()
+        # The node's own /dev: a device node the host driver has not made yet is made there.
+        args = ["--driver-root", str(host_driver.root), "--host-dev", "/dev"]
+        process = ServeProcess(root, args, fake_gpus=None).start()
         try:
             yield process
         finally:
@@ -169,11 +178,11 @@ def test_serve_prepares_a_real_gpu_that_cuda_then_uses(host_driver: HostDriver, 
     report = json.loads(health.read_text())
     assert report["source"] == "nvml"
     assert {d["health"] for d in report["devices"]} == {"HEALTHY"}, report  # XID events registered
-    claim = _claim_for(serve, 1, f"gpu-{gpu.minor}", [])
+    claim = claim_for(serve, 1, f"gpu-{gpu.minor}", [])
     with kubeletclient.DRAClient(serve.dra_socket) as client:
         prepared = client.prepare([claim]).claims[claim.uid]
         assert prepared.error == "", prepared.error
-        edits = _spec_edits(serve, claim)
+        edits = spec_edits(serve, claim)
         for node in edits["deviceNodes"]:
             assert stat.S_ISCHR(Path(node.get("hostPath", node["path"])).stat().st_mode), node
         for mount in edits["mounts"]:
@@ -195,12 +204,12 @@ def test_an_mps_claim_serves_a_cuda_client_within_its_limits(
         "mps": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
     }
     config = [opaque({"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": mps})]
-    claim = _claim_for(serve, 2, f"gpu-{gpu.minor}", config)
+    claim = claim_for(serve, 2, f"gpu-{gpu.minor}", config)
     with kubeletclient.DRAClient(serve.dra_socket) as client:
         whole = _probe({"mounts": _host_libcuda(host_driver)}, {}, "--context")["devices"][0]
         prepared = client.prepare([claim]).claims[claim.uid]
         assert prepared.error == "", f"{prepared.error} (log: {serve.log()[-2000:]})"
-        edits = _spec_edits(serve, claim)
+        edits = spec_edits(serve, claim)
         (pipe,) = [m["hostPath"] for m in edits["mounts"] if m["containerPath"] == "/tmp/nvidia-mps"]
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
         shared = _probe(edits, {"CUDA_MPS_PIPE_DIRECTORY": pipe}, "--context")["devices"][0]
@@ -240,3 +249,62 @@ def test_time_slicing_tool_takes_our_arguments(host_driver: HostDriver) -> None:
     text = out.stdout + out.stderr
     assert "--set-timeslice" in text, text
     assert "-i" in text, text
+
+
+@pytest.fixture(scope="module")
+def probe_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeRoot]:
+    if platform.machine() != "x86_64" or os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the bare containers need root, unshare and x86-64 (their roots copy this glibc)")
+    work = tmp_path_factory.mktemp("cuda")
+    return {r.name: r for r in cuda.probe_roots(work / "roots", cuda.build(work / "build"))}
+
+
+def _in_bare_root(edits: dict[str, Any], root: ProbeRoot, work: Path) -> cuda.Probed:
+    copy = work / root.name
+    shutil.copytree(root.path, copy, symlinks=True)
+    result = bare_root.run(edits, copy, root.env, root.command, read_only=root.name == "debian-slim")
+    probed = cuda.parse_probe(result.stdout)
+    assert probed.ok, f"{root.name}: {result.stdout}{result.stderr}"
+    return probed
+
+
+def test_cuda_in_every_image_layout_sees_the_claimed_gpu_alone(
+    host_driver: HostDriver, serve: ServeProcess, probe_roots: dict[str, ProbeRoot], tmp_path: Path
+) -> None:
+    """Issue 24's check on the GPU it was found on: libcuda.so.1 by SONAME and nvidia-smi from
+    PATH in a slim Debian root (read-only), a lib64 root over a CUDA stub, a root with its own
+    LD_LIBRARY_PATH and an nvidia/cuda-style root; of several GPUs, only the claimed one."""
+    gpu = host_driver.inventory.gpus[-1]
+    claim = claim_for(serve, 3, f"gpu-{gpu.minor}", [])
+    with kubeletclient.DRAClient(serve.dra_socket) as client:
+        assert client.prepare([claim]).claims[claim.uid].error == ""
+        edits = spec_edits(serve, claim)
+        seen = {name: _in_bare_root(edits, root, tmp_path) for name, root in probe_roots.items()}
+        assert client.unprepare([claim]).claims[claim.uid].error == ""
+    for name, probed in seen.items():
+        assert list(probed.devices) == [cuda.bare_uuid(gpu.uuid)], (name, probed)
+        assert len(probed.nvidia_smi) == 1, (name, probed)
+        assert f"(UUID: {gpu.uuid})" in probed.nvidia_smi[0], (name, probed)
+    assert seen["lib64"].libcuda == "/usr/lib64/libcuda.so.1"
+    print(json.dumps({name: {"libcuda": p.libcuda, "nvidia-smi": p.nvidia_smi} for name, p in seen.items()}))
+
+
+def test_an_mps_share_in_a_bare_container_runs_within_its_limits(
+    host_driver: HostDriver, serve: ServeProcess, probe_roots: dict[str, ProbeRoot], tmp_path: Path
+) -> None:
+    host_driver.tool("nvidia-cuda-mps-control")
+    gpu = host_driver.inventory.gpus[0]
+    mps = {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}
+    config = [opaque({"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": mps})]
+    whole_claim = claim_for(serve, 4, f"gpu-{gpu.minor}", [])
+    with kubeletclient.DRAClient(serve.dra_socket) as client:
+        assert client.prepare([whole_claim]).claims[whole_claim.uid].error == ""
+        whole = _in_bare_root(spec_edits(serve, whole_claim), probe_roots["debian-slim"], tmp_path / "whole")
+        assert client.unprepare([whole_claim]).claims[whole_claim.uid].error == ""
+        claim = claim_for(serve, 5, f"gpu-{gpu.minor}", config)
+        prepared = client.prepare([claim]).claims[claim.uid]
+        assert prepared.error == "", f"{prepared.error} (log: {serve.log()[-2000:]})"
+        shared = _in_bare_root(spec_edits(serve, claim), probe_roots["debian-slim"], tmp_path / "mps")
+        assert client.unprepare([claim]).claims[claim.uid].error == ""
+    ((uuid, (whole_sms, _, _)),) = whole.devices.items()
+    assert shared.devices[uuid][0] < whole_sms, (shared, whole)

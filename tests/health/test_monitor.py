@@ -31,6 +31,7 @@ class ScriptedSource:
         self._unmonitored = dict(unmonitored or {})
         self.closed = False
         self.watched: list[tuple[str, ...]] = []
+        self.driver_gone: str | None = None
 
     def unmonitored(self) -> Mapping[str, str]:
         return self._unmonitored
@@ -45,6 +46,9 @@ class ScriptedSource:
 
     def watch(self, gpu_uuids: Sequence[str]) -> None:
         self.watched.append(tuple(gpu_uuids))
+
+    def driver_problem(self) -> str | None:
+        return self.driver_gone
 
     def close(self) -> None:
         self.closed = True
@@ -268,3 +272,19 @@ def test_retarget_forgets_dropped_devices_and_keeps_gone_ones_unhealthy(rig: Rig
     rig.board.set_devices(("node-1", d.name) for d in published[1:-1])
     rig.monitor.retarget(published[1:-1], {})
     assert first not in rig.taints.taints()
+
+
+def test_while_the_host_driver_is_gone_every_device_is_unhealthy_and_none_is_rechecked(rig: Rig) -> None:
+    rig.source.driver_gone = "the host driver is not available: nvmlEventSetWait: Driver Not Loaded"
+    rig.step()
+    health = rig.health()
+    assert {h for h, _ in health.values()} == {Health.UNHEALTHY}
+    assert {m for _, m in health.values()} == {rig.source.driver_gone}
+    rig.now += 3600  # long past any quiet period: nothing is re-checked while the driver is gone
+    rig.step()
+    assert rig.source.checks == []
+    assert {h for h, _ in rig.health().values()} == {Health.UNHEALTHY}
+    rig.source.driver_gone = None
+    rig.step()
+    assert {h for h, _ in rig.health().values()} == {Health.HEALTHY}
+    assert all("back on the node" in m for _, m in rig.health().values())

@@ -293,17 +293,15 @@ def test_metrics_follow_calls_devices_and_registration() -> None:
             client.prepare(refs)
             bad = ClaimRef("default", "nope", "not-a-uid")
             client.prepare([bad])
+            counted = (
+                'dradriver_dra_call_duration_seconds_count{api="v1",method="NodePrepareResources"} 2.0',
+                'dradriver_claim_errors_total{method="NodePrepareResources",reason="invalid_reference"} 1.0',
+            )
+            # A call is counted once its answer is out, by the server's thread: it may come after it.
+            wait_for(lambda: all(line in scrape(port) for line in counted), 10, " and ".join(counted))
             text = scrape(port)
             assert "dradriver_prepared_claims 3.0" in text
             assert "dradriver_kubelet_registered 1.0" in text
-            assert (
-                'dradriver_dra_call_duration_seconds_count{api="v1",method="NodePrepareResources"} 2.0'
-                in text
-            )
-            assert (
-                'dradriver_claim_errors_total{method="NodePrepareResources",reason="invalid_reference"} 1.0'
-                in text
-            )
             assert 'dradriver_build_info{version="0.1.0"} 1.0' in text
             client.unprepare(refs)
             assert "dradriver_prepared_claims 0.0" in scrape(port)

@@ -14,6 +14,7 @@ from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
 from dradriver.prepare.claims import DirectoryClaimSource
+from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
@@ -67,7 +68,15 @@ class Node:
         self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
         self.mig_metrics = RecordedMigMetrics()
 
-    def driver(self, *, claims: object = None, recover: bool = True) -> GpuDriver:
+    def driver(
+        self,
+        *,
+        claims: object = None,
+        recover: bool = True,
+        host_nodes: HostDeviceNodes | None = None,
+        uvm_scanned: bool = True,
+    ) -> GpuDriver:
+        """`uvm_scanned` False: the nvidia-uvm module was not loaded when the node was scanned."""
         driver = GpuDriver(
             driver_name=DRIVER,
             pool_name="node-1",
@@ -75,11 +84,12 @@ class Node:
             claims=claims or DirectoryClaimSource(self.claims_dir),  # type: ignore[arg-type]
             cdi_dir=self.cdi,
             store=self.store,
-            common_edits=common_edits(self.inventory.nvidia_uvm_major, []),
+            common_edits=common_edits(self.inventory.nvidia_uvm_major if uvm_scanned else None, []),
             caps_major=self.inventory.nvidia_caps_major,
             sharing=self.sharing,
             boot_id=self.boot_id,
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
+            host_nodes=host_nodes,
         )
         if recover:
             driver.recover()

@@ -115,3 +115,23 @@ def test_mounts_carry_bind_options() -> None:
         "rprivate",
     ]
     assert cdi.validate(rendered) == []
+
+
+def test_claim_wide_edits_shared_by_specs_are_encoded_and_checked_as_their_own() -> None:
+    """The host driver's mounts go into every spec: worked out once per edits object, what is
+    written and what is refused are what the whole spec gives."""
+    mounts = tuple(cdi.Mount(f"/host/lib{i}.so.1", f"/usr/lib64/lib{i}.so.1") for i in range(40))
+    common = cdi.ContainerEdits(env=("NVIDIA_VISIBLE_DEVICES=void",), mounts=mounts)
+    assert common + cdi.ContainerEdits() is common
+    for n in range(3):
+        device = cdi.CdiDevice(f"uid{n}-gpu-{n}", cdi.ContainerEdits(env=(f"N={n}",)))
+        spec = cdi.render(cdi.ClaimSpec("k8s.gpu.dradriver.dev/claim", (device,), common))
+        assert cdi.validate(spec) == []
+        assert json.loads(cdi.encode(spec)) == json.loads(json.dumps(spec))
+    bad = cdi.ContainerEdits(mounts=(cdi.Mount("relative", "/x", ("ro",)),))
+    spec = cdi.render(cdi.ClaimSpec("k8s.gpu.dradriver.dev/claim", (device,), bad))
+    for _ in range(2):  # the second time from what the first worked out
+        assert cdi.validate(spec) == [
+            "containerEdits.mounts[0]: hostPath (absolute) and containerPath are required",
+            "containerEdits.mounts[0].options: needs bind or rbind (runc fails without)",
+        ]

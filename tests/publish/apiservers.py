@@ -37,6 +37,8 @@ class Backend:
     tmp: Path
     fake: FakeApiServer | None = None
     nodes: list[str] = field(default_factory=list)
+    #: Pods of the default namespace a test made.
+    pods: list[str] = field(default_factory=list)
     proxies: list[TcpProxy] = field(default_factory=list)
     clients: list[KubeClient] = field(default_factory=list)
 
@@ -84,6 +86,11 @@ class Backend:
     def cleanup(self) -> None:
         for proxy in self.proxies:
             proxy.close()
+        for pod in self.pods:
+            with contextlib.suppress(NotFoundError):
+                self.direct.request(
+                    "DELETE", f"/api/v1/namespaces/default/pods/{pod}", query=[("gracePeriodSeconds", "0")]
+                )
         for node in self.nodes:
             delete_node_slices(self.direct, driver_name=TEST_DRIVER, node_name=node)
             with contextlib.suppress(NotFoundError):

@@ -36,6 +36,7 @@ RESOURCES = {
     # plural: (api prefix, kind, namespaced)
     "nodes": ("/api/v1", "Node", False),
     "events": ("/api/v1", "Event", True),
+    "pods": ("/api/v1", "Pod", True),
     "resourceslices": ("/apis/resource.k8s.io/v1", "ResourceSlice", False),
     "deviceclasses": ("/apis/resource.k8s.io/v1", "DeviceClass", False),
     "resourceclaims": ("/apis/resource.k8s.io/v1", "ResourceClaim", True),

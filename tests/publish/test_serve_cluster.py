@@ -18,24 +18,22 @@ from tests.helpers import ServeProcess, allocated_claim, free_port, http_get, sh
 from tests.publish.apiservers import CLAIMS, TEST_DRIVER, Backend, create_allocated_claim
 
 
+def serve_on(backend: Backend, root: Path, node: str, *extra: str) -> ServeProcess:
+    """`serve` for `node` on the backend's API server, claims fetched from it, started."""
+    return ServeProcess(
+        root,
+        ["--kubeconfig", str(backend.kubeconfig), "--node-name", node, *extra],
+        {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
+        TEST_DRIVER,
+        claims_from_files=False,
+    ).start()
+
+
 def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backend) -> None:
     node = backend.make_node()
     port = free_port()
     with short_tmpdir() as root:
-        serve = ServeProcess(
-            root,
-            [
-                "--kubeconfig",
-                str(backend.kubeconfig),
-                "--node-name",
-                node,
-                "--metrics-address",
-                f"127.0.0.1:{port}",
-            ],
-            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
-            TEST_DRIVER,
-            claims_from_files=False,
-        ).start()
+        serve = serve_on(backend, root, node, "--metrics-address", f"127.0.0.1:{port}")
         try:
             wait_for(lambda: len(backend.slices(node)) == 1, 15, f"our slice (log: {serve.log()})")
             (published,) = backend.slices(node)
@@ -86,13 +84,7 @@ def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backen
 def test_serve_unprepares_claims_deleted_from_the_api_server(backend: Backend) -> None:
     node = backend.make_node()
     with short_tmpdir() as root:
-        serve = ServeProcess(
-            root,
-            ["--kubeconfig", str(backend.kubeconfig), "--node-name", node, "--stale-claim-grace", "1"],
-            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
-            TEST_DRIVER,
-            claims_from_files=False,
-        ).start()
+        serve = serve_on(backend, root, node, "--stale-claim-grace", "1")
         try:
             claim = allocated_claim(
                 "short-lived", uid(2), [{"request": "gpu", "device": "gpu-4"}], pool=node, driver=TEST_DRIVER
@@ -163,13 +155,7 @@ def test_serve_reads_nothing_of_other_nodes(backend: Backend) -> None:
     seen = len(backend.fake.requests) if backend.fake is not None else 0
     watches_before = _claim_watches(backend) if backend.fake is None else 0
     with short_tmpdir() as root:
-        serve = ServeProcess(
-            root,
-            ["--kubeconfig", str(backend.kubeconfig), "--node-name", node],
-            {"DRADRIVER_DRIVER_NAME": TEST_DRIVER},
-            TEST_DRIVER,
-            claims_from_files=False,
-        ).start()
+        serve = serve_on(backend, root, node)
         try:
             wait_for(lambda: len(backend.slices(node)) == 1, 15, f"our slice (log: {serve.log()})")
             claim = allocated_claim(

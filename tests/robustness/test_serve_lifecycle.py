@@ -56,7 +56,6 @@ def taken_port() -> Iterator[int]:
         ("foreign-address", "cannot listen: Cannot assign requested address"),
         ("unknown-host", "--metrics-address no-such-host.invalid:"),
         ("cdi-dir-under-a-file", "--cdi-dir"),
-        ("state-dir-under-a-file", "--state-dir"),
     ],
 )
 def test_failures_after_the_sockets_exist_remove_them_and_say_one_line(case: str, message: str) -> None:
@@ -67,7 +66,6 @@ def test_failures_after_the_sockets_exist_remove_them_and_say_one_line(case: str
             "foreign-address": ["--metrics-address", f"192.0.2.1:{free_port()}"],  # TEST-NET-1: not ours
             "unknown-host": ["--metrics-address", f"no-such-host.invalid:{free_port()}"],
             "cdi-dir-under-a-file": ["--cdi-dir", str(root / "file" / "cdi")],
-            "state-dir-under-a-file": ["--state-dir", str(root / "file" / "state")],
         }[case]
         serve = ServeProcess(root, extra)
         assert run_to_exit(serve) == 1
@@ -79,6 +77,18 @@ def test_failures_after_the_sockets_exist_remove_them_and_say_one_line(case: str
         assert errors[0]["event"] == "dradriver serve failed"
         assert message in str(errors[0]["error"])
         assert any(r["event"] == "plugin sockets are up" for r in records)  # it did get that far
+        assert leftovers(serve) == []
+
+
+def test_a_state_dir_that_cannot_be_locked_stops_serve_before_the_sockets_in_one_line() -> None:
+    """The instance lock lives in the state directory: it is taken before any socket exists."""
+    with short_tmpdir() as root:
+        (root / "file").write_text("")
+        serve = ServeProcess(root, ["--state-dir", str(root / "file" / "state")])
+        assert run_to_exit(serve) == 1
+        [record] = json_lines(serve.log())
+        assert record["event"] == "dradriver serve failed"
+        assert f"--state-dir {root / 'file' / 'state'}: cannot take the lock" in str(record["error"])
         assert leftovers(serve) == []
 
 

@@ -175,6 +175,27 @@ def duration(value: str) -> float:
     return seconds
 
 
+def bounded(kind: str, low: float, high: float, unit: str = "") -> Callable[[str], float]:
+    """argparse type for a finite number from `low` to `high` (a `kind`, in `unit`)."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and low <= number <= high):
+            raise argparse.ArgumentTypeError(
+                f"invalid {kind} {_clip(value)!r}: must be a number{unit} from {low:g} to {high:g}"
+            )
+        return number
+
+    return parse
+
+
+#: argparse type for a percentage.
+percent = bounded("percentage", 0, 100)
+
+
 def positive_duration(value: str) -> float:
     seconds = duration(value)
     if seconds <= 0:

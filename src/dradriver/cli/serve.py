@@ -22,11 +22,14 @@ from dradriver.cli._common import (
     duration,
     env_flag,
     existing_directory,
+    percent,
     state_dir,
 )
 
 #: Default of --rescan-interval.
 DEFAULT_RESCAN_SECONDS = 30.0
+#: Default of --telemetry-interval: a scrape every 15 s sees readings at most this old.
+DEFAULT_TELEMETRY_SECONDS = 5.0
 
 
 def register(subparsers: Any) -> None:
@@ -74,7 +77,16 @@ def register(subparsers: Any) -> None:
         "--proc-root",
         type=absolute_path,
         default=Path("/proc"),
-        help="where the host driver's /proc files are read (/proc/devices, /proc/driver/nvidia-caps)",
+        help="the host's /proc: the host driver's files (/proc/devices, /proc/driver/nvidia-caps) and, "
+        "for the telemetry, the cgroups of the processes on the GPUs",
+    )
+    env_flag(
+        parser,
+        "--host-dev",
+        type=absolute_path,
+        default=Path("/dev"),
+        help="where the host's /dev is mounted in this container: a device node a claim's CDI spec "
+        "names (/dev/nvidia-uvm, /dev/nvidia-caps/*) is created there when the host driver has not yet",
     )
     env_flag(
         parser,
@@ -108,6 +120,30 @@ def register(subparsers: Any) -> None:
         type=probe_address,
         metavar="[HOST]:PORT",
         help="serve /healthz and /readyz (and /metrics) here, e.g. 127.0.0.1:8080; off when unset",
+    )
+    env_flag(
+        parser,
+        "--telemetry-interval",
+        type=duration,
+        default=DEFAULT_TELEMETRY_SECONDS,
+        metavar="SECONDS",
+        help="read every device's utilisation, memory, power and the like this often for /metrics "
+        "(with --metrics-address; 0: no device telemetry)",
+    )
+    env_flag(
+        parser,
+        "--idle-threshold",
+        type=percent,
+        metavar="PERCENT",
+        help="with --idle-window: a prepared claim whose devices all stay below this SM utilisation "
+        "gets an Event (on the claim and its pods) and a dradriver_claim_idle_seconds series; off when unset",
+    )
+    env_flag(
+        parser,
+        "--idle-window",
+        type=duration,
+        metavar="SECONDS",
+        help="how long a claim must stay below --idle-threshold to be reported idle",
     )
     env_flag(
         parser,
@@ -168,6 +204,12 @@ def run(args: argparse.Namespace) -> int:
         flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
         raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
     _check_input_files(args)
+    if (args.idle_threshold is None) != (args.idle_window is None):
+        raise CLIError("--idle-threshold and --idle-window go together: give both, or neither")
+    if args.idle_threshold is not None and not (args.metrics_address and args.telemetry_interval):
+        raise CLIError(
+            "--idle-threshold needs device telemetry: --metrics-address and a --telemetry-interval above 0"
+        )
 
     health = None
     if args.health_config is not None:  # read before the sockets come up: a bad file is exit 2
@@ -198,7 +240,11 @@ def run(args: argparse.Namespace) -> int:
         stale_claim_grace=args.stale_claim_grace,
         health=health,
         proc_root=args.proc_root,
+        host_dev=args.host_dev,
         pod_uid=args.pod_uid,
         rescan_interval=args.rescan_interval,
+        telemetry_interval=args.telemetry_interval,
+        idle_threshold=args.idle_threshold,
+        idle_window=args.idle_window,
     )
     return Daemon(config).run()

@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dradriver.prepare.cdi import spec_state
     from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore
 
     directory = state_dir(args)
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             "preparedAt": c.prepared_at.isoformat(),
             "recovered": c.recovered,
             "cdiFile": c.cdi_file,
+            # The runtime fails every container of a claim whose spec is gone or changed.
+            **({"cdiSpec": spec_state(Path(c.cdi_file), c.cdi_spec)} if c.cdi_file else {}),
             "devices": [
                 {
                     "device": d.device,
@@ -155,6 +158,8 @@ def _health_report(directory: Path) -> dict[str, Any]:
 
 #: Short names of the checkpoint states, for the table.
 _STATES = {"PrepareCompleted": "prepared", "PrepareStarted": "preparing"}
+#: What the STATE column says instead when the claim's CDI spec is not as written.
+_BROKEN_SPECS = {"missing": "spec missing", "differs": "spec changed"}
 
 
 def _table() -> Any:
@@ -181,19 +186,27 @@ def _print_table(console: Any, directory: Path, rows: list[dict[str, Any]], have
     table.add_column("CLAIM", overflow="fold", ratio=1, min_width=16)
     for column in ("STATE", "DEVICE", "HEALTH", "SHARING", "REQUESTS"):
         table.add_column(column, no_wrap=column != "REQUESTS", overflow="fold")
+    broken = [row for row in rows if row.get("cdiSpec") in _BROKEN_SPECS]
     for row in rows:
         claim = f"{row['namespace']}/{row['name']}" if row["name"] else f"(recovered) {row['uid']}"
+        state = _BROKEN_SPECS.get(row.get("cdiSpec", ""), _STATES.get(row["state"], row["state"]))
         for i, d in enumerate(row["devices"] or [{}]):
             sharing = (d.get("sharing") or "") + (" admin" if d.get("adminAccess") else "")
             table.add_row(
                 claim if i == 0 else "",
-                _STATES.get(row["state"], row["state"]) if i == 0 else "",
+                state if i == 0 else "",
                 d.get("device", "(none of ours)"),
                 d.get("health", ""),
                 sharing.strip() or "-",
                 ",".join(d.get("requests", [])) or ("all" if d else ""),
             )
     console.print(table)
+    if broken:
+        console.print(
+            f"{len(broken)} claim(s) with a missing or changed CDI spec: their containers cannot start; "
+            "the kubelet's next prepare of the claim, or a restart of serve, rewrites it",
+            markup=False,
+        )
 
 
 def _print_health(console: Any, directory: Path, report: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
+    from dradriver.telemetry.sampler import TelemetryReader
 
 __all__ = [
     "NVIDIA_CHAR_MAJOR",
@@ -59,6 +60,11 @@ class DeviceLibrary(Protocol):
     def mig_control(self, state_dir: Path) -> MigControl:
         """Create and destroy MIG devices on these GPUs (--partitionable); like `health_source`,
         the result holds what it needs itself and outlives `close()`."""
+        ...
+
+    def telemetry(self, state_dir: Path) -> TelemetryReader:
+        """Read utilisation, memory, power and the like of these devices; like `health_source`,
+        the reader holds what it needs itself and outlives `close()`."""
         ...
 
     def close(self) -> None: ...

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
+    from dradriver.telemetry.sampler import TelemetryReader
 
 _UUID_NAMESPACE = uuid.UUID("6f1d3c1e-8f7a-4c53-9a55-2b1f0f0de7a1")
 
@@ -157,6 +158,12 @@ class FakeLibrary:
         from dradriver.mig.fake import STATE_FILE, FakeMigControl
 
         return FakeMigControl(self._inventory, state_dir / STATE_FILE)
+
+    def telemetry(self, state_dir: Path) -> TelemetryReader:
+        """Idle figures, and what `dradriver fake-event` set, from the state directory."""
+        from dradriver.telemetry.fake import FakeTelemetry
+
+        return FakeTelemetry(state_dir)
 
     def close(self) -> None:
         """Nothing to release; present for the `DeviceLibrary` interface."""

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
+    from dradriver.telemetry.sampler import TelemetryReader
 
 #: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).
 BRAND_NAMES = {
@@ -74,6 +75,16 @@ ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 _MIG_ENABLED = 1
 _MIG_NAME_PREFIX = "MIG "
 _T = TypeVar("_T")
+
+
+def unsupported_as_none(nvml: Any, fn: Callable[..., _T], *args: Any) -> _T | None:
+    """`fn(*args)`, or None for a call some GPUs or drivers do not support (NOT_SUPPORTED, a
+    symbol this driver lacks, an argument this GPU has no such thing for); other NVML errors
+    are raised."""
+    try:
+        return fn(*args)
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_InvalidArgument):
+        return None
 
 
 class _CallFailedError(Exception):
@@ -192,6 +203,12 @@ class NvmlLibrary:
 
         return NvmlMigControl(library_path=self._library_path, proc_root=self._proc_root)
 
+    def telemetry(self, state_dir: Path) -> TelemetryReader:
+        """Utilisation, memory, power, clocks, ECC and NVLink through NVML, with its own reference."""
+        from dradriver.telemetry.nvml import NvmlTelemetry
+
+        return NvmlTelemetry()
+
     def close(self) -> None:
         if self._open:
             self._open = False
@@ -206,13 +223,9 @@ class NvmlLibrary:
             raise _CallFailedError(fn.__name__, err) from None
 
     def _optional(self, fn: Callable[..., _T], *args: Any) -> _T | None:
-        """A call some GPUs or drivers do not support: NOT_SUPPORTED / missing symbol -> None."""
-        nvml = self._nvml
         try:
-            return fn(*args)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_InvalidArgument):
-            return None
-        except nvml.NVMLError as err:
+            return unsupported_as_none(self._nvml, fn, *args)
+        except self._nvml.NVMLError as err:
             raise _CallFailedError(fn.__name__, err) from None
 
     def discover(self) -> NodeInventory:

@@ -9,6 +9,7 @@ checkpoint or write a spec.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from collections.abc import Mapping
@@ -20,6 +21,33 @@ MAX_SOCKET_PATH_BYTES = 107
 #: Directories we create: the kubelet, the runtime and `dradriver status` read them, nobody else writes.
 DIRECTORY_MODE = 0o755
 _TEMP_SUFFIX = ".tmp"
+
+
+class StorageError(Exception):
+    """A write to a directory we own failed (a full, read-only or failing disk); str() is one
+    line naming the directory and the errno. Whoever raises it has changed nothing."""
+
+
+def error_text(err: OSError) -> str:
+    """`ENOSPC (No space left on device)`: the errno by name, what an operator searches for."""
+    name = errno.errorcode.get(err.errno or 0, f"errno {err.errno}")
+    return f"{name} ({err.strerror or err})"
+
+
+def storage_error(action: str, directory: Path, err: OSError) -> StorageError:
+    """`cannot <action> in <directory>: ENOSPC (No space left on device)`."""
+    return StorageError(f"cannot {action} in {directory}: {error_text(err)}")
+
+
+def check_writable(directory: Path, target_name: str, size: int) -> None:
+    """Write and remove a temp file of `size` bytes beside `target_name` (recovery's leftover
+    cleanup removes it after a crash): OSError where a write of that size would fail now."""
+    dir_fd = _open_directory(directory)
+    try:
+        tmp = _write_temp(dir_fd, target_name, b"\0" * size, 0o600, durable=False)
+        os.unlink(tmp, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def ensure_directory(path: Path, mode: int = DIRECTORY_MODE) -> None:

@@ -112,4 +112,9 @@ class HealthSource(Protocol):
         """The published GPUs changed (live inventory): watch these from now on."""
         ...
 
+    def driver_problem(self) -> str | None:
+        """Why no GPU can be watched now (the host driver unloaded or being upgraded), or None:
+        every device is unhealthy for as long as it lasts, and healthy again when it ends."""
+        ...
+
     def close(self) -> None: ...

@@ -113,6 +113,10 @@ class FakeHealthSource:
     def watch(self, gpu_uuids: Sequence[str]) -> None:
         """Nothing to register: `locate` follows the published devices."""
 
+    def driver_problem(self) -> str | None:
+        """Fake GPUs have no host driver to lose."""
+        return None
+
     def close(self) -> None:
         """Nothing held open between polls."""
 

@@ -63,6 +63,7 @@ class HealthMonitor:
         # Guards targets and tracker: the inventory's thread retargets while this one steps.
         self._lock = threading.Lock()
         self._watch: tuple[str, ...] | None = None  # GPUs for the source to watch, from its own thread
+        self._driver_problem: str | None = None
 
     def start(self) -> None:
         """Report what cannot be watched, let every sink see the initial state, start the thread."""
@@ -99,14 +100,28 @@ class HealthMonitor:
         if watch is not None:
             self._source.watch(watch)
         events = self._source.next_events(timeout)
+        driver_problem = self._source.driver_problem()
         with self._lock:
             now = self._clock()
             changes: list[Transition] = []
+            if driver_problem != self._driver_problem:
+                changes += self._driver_changed(driver_problem)
             for event in events:
                 changes += self._on_event(event, now)
             changes += self._recheck(now)
             if changes:
                 self._apply(changes)
+
+    def _driver_changed(self, problem: str | None) -> list[Transition]:
+        """The host driver went away (every device unhealthy, none re-checked) or came back
+        (all of them healthy again: nothing happened to the GPUs themselves)."""
+        self._driver_problem = problem
+        devices = self._targets.device_names
+        if problem is None:
+            log.info("the host driver is back: devices healthy again", devices=len(devices))
+            return self._tracker.unpin(devices, self._wall())
+        log.warning("the host driver is not available: devices unhealthy", reason=problem)
+        return self._tracker.pin(dict.fromkeys(devices, Problem("host-driver", problem)))
 
     def retarget(self, devices: Sequence[PublishedDevice], gone: Mapping[str, Problem]) -> None:
         """The published devices are now `devices`; `gone` (some of them) lost their hardware."""
@@ -117,6 +132,10 @@ class HealthMonitor:
             self._tracker.forget(before - names)
             changes = self._tracker.pin(gone)
             changes += self._tracker.unpin(names - set(gone), self._wall())
+            if self._driver_problem is not None:  # still no host driver: the new devices neither
+                changes += self._tracker.pin(
+                    dict.fromkeys(names, Problem("host-driver", self._driver_problem))
+                )
             self._watch = self._targets.gpu_uuids
             self._apply(changes)  # also when only devices were dropped: their taints go
 

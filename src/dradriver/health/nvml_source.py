@@ -7,6 +7,13 @@ instance and compute instance ids (0xFFFFFFFF: the whole GPU).
 
 When the wait answers "GPU is lost" NVML does not say which GPU: every watched GPU is asked
 and those that no longer answer are reported lost (NVIDIA's driver taints every device instead).
+
+When NVML answers that the host driver is not loaded, or no longer initialised (the driver was
+unloaded or upgraded under us, as the GPU operator's driver manager does), the handles are dead:
+the source reports a `driver_problem` (every device unhealthy, none re-checked) and initialises
+NVML again with backoff until it works, then registers the GPUs anew, reports the problem gone
+and asks for a rescan (a new driver version changes published attributes). "GPU is lost" stays
+a problem of each GPU (re-checked, back after the quiet period), even when every GPU has it.
 Re-checking a GPU looks it up afresh and reads its temperature and row-remapping state: a lost
 GPU fails, and so does one with a row remap pending (it needs a reset) or over a threshold.
 """
@@ -33,6 +40,10 @@ from dradriver.health.events import (
 
 #: NVML's instance id for "the whole GPU" in event data.
 WHOLE_GPU = 0xFFFFFFFF
+#: Re-initialising NVML after the host driver went away: first after this long, then twice as
+#: long each time up to the most; so a driver back is seen within the most plus a monitor step.
+REINIT_FIRST_SECONDS = 0.25
+REINIT_MOST_SECONDS = 4.0
 
 log = logs.get_logger(component="health", source="nvml")
 
@@ -79,6 +90,9 @@ class NvmlHealthSource:
         self._lost: set[str] = set()
         self._next_poll = clock() if thresholds.enabled else None
         self._set: Any = None
+        self._driver_problem: str | None = None
+        self._reinit_at = 0.0
+        self._reinit_wait = REINIT_FIRST_SECONDS
         try:
             self._call("nvmlInit", pynvml.nvmlInit)
         except _CallError as err:
@@ -100,7 +114,13 @@ class NvmlHealthSource:
     def unmonitored(self) -> Mapping[str, str]:
         return dict(self._unmonitored)
 
+    def driver_problem(self) -> str | None:
+        return self._driver_problem
+
     def next_events(self, timeout: float) -> list[HealthEvent]:
+        if self._driver_problem is not None:
+            self._reinitialize(timeout)
+            return []
         if self._set is None:  # nothing to wait on: just let the caller's time pass
             time.sleep(timeout)
             return []
@@ -116,6 +136,9 @@ class NvmlHealthSource:
             data = self._call("nvmlEventSetWait", self._nvml.nvmlEventSetWait_v2, self._set, wait_ms)
         except _CallError as err:
             if isinstance(err.error, self._nvml.NVMLError_Timeout):
+                return []
+            if self._driver_gone(err.error):
+                self._lose_driver(str(err))
                 return []
             events = self._find_lost() if isinstance(err.error, self._nvml.NVMLError_GpuIsLost) else []
             if not events:
@@ -171,6 +194,51 @@ class NvmlHealthSource:
             self._call("nvmlShutdown", self._nvml.nvmlShutdown)
         except _CallError as err:
             log.debug("NVML shutdown failed", error=str(err))
+
+    # -- the host driver going away and coming back ----------------------------------------------
+
+    def _driver_gone(self, error: Exception) -> bool:
+        nvml = self._nvml
+        return isinstance(error, nvml.NVMLError_DriverNotLoaded | nvml.NVMLError_Uninitialized)
+
+    def _lose_driver(self, problem: str) -> None:
+        """The handles died with the driver: nothing is freed or shut down, all is set up anew."""
+        log.error("the host driver is not available: initialising NVML again until it is", error=problem)
+        self._driver_problem = f"the host driver is not available: {problem}"
+        self._set = None
+        self._open = False
+        self._uuid_at.clear()
+        self._reinit_wait = REINIT_FIRST_SECONDS
+        self._reinit_at = self._clock() + self._reinit_wait
+
+    def _reinitialize(self, timeout: float) -> None:
+        """One attempt, when due (else wait for it, at most `timeout`), to initialise NVML again."""
+        wait = self._reinit_at - self._clock()
+        if wait > 0:
+            time.sleep(min(wait, timeout))
+            return
+        try:
+            self._call("nvmlInit", self._nvml.nvmlInit)
+        except _CallError as err:
+            self._reinit_wait = min(2 * self._reinit_wait, REINIT_MOST_SECONDS)
+            self._reinit_at = self._clock() + self._reinit_wait
+            log.debug("NVML cannot be initialised yet", error=str(err), retry_in_seconds=self._reinit_wait)
+            return
+        self._open = True
+        self._unmonitored = {}
+        self._lost.clear()
+        try:
+            self._set = self._call("nvmlEventSetCreate", self._nvml.nvmlEventSetCreate)
+            for uuid in self._uuids:
+                try:
+                    self._register(uuid)
+                except _CallError as err:
+                    self._unmonitored[uuid] = str(err)
+        except _CallError as err:
+            self._unmonitored = dict.fromkeys(self._uuids, str(err))
+        self._driver_problem = None
+        log.info("the host driver is back: NVML initialised again", unmonitored=len(self._unmonitored))
+        self._inventory_changed()
 
     # -- helpers -------------------------------------------------------------------------------
 

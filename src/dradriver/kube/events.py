@@ -31,16 +31,39 @@ def node_event(
     *, node_name: str, node_uid: str | None, component: str, reason: str, message: str, event_type: EventType
 ) -> Json:
     """A core/v1 Event about Node `node_name`, reported by `component` from that node."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 3] + "..."
     involved: Json = {"apiVersion": "v1", "kind": "Node", "name": node_name}
     if node_uid:
         involved["uid"] = node_uid
+    return object_event(
+        involved,
+        namespace=EVENT_NAMESPACE,
+        node_name=node_name,
+        component=component,
+        reason=reason,
+        message=message,
+        event_type=event_type,
+    )
+
+
+def object_event(
+    involved: Json,
+    *,
+    namespace: str,
+    node_name: str,
+    component: str,
+    reason: str,
+    message: str,
+    event_type: EventType,
+) -> Json:
+    """A core/v1 Event about `involved` (apiVersion, kind, name, uid; namespace for a namespaced
+    object), kept in `namespace`, reported by `component` from this node."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{node_name}.", "namespace": EVENT_NAMESPACE},
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
         "involvedObject": involved,
         "reason": reason,
         "message": message,
@@ -53,7 +76,8 @@ def node_event(
 
 
 class NodeEventSender:
-    """Sends Node Events from a thread of its own, so a slow API server never holds up the caller.
+    """Sends this node's Events (about the Node, or with `send_about` about an object on it: a
+    claim, a pod) from a thread of its own, so a slow API server never holds up the caller.
 
     Events are a courtesy next to the log: when the queue is full or the API server refuses one,
     it is logged and dropped.
@@ -64,14 +88,26 @@ class NodeEventSender:
         self._node = node_name
         self._component = component
         self._uid: str | None = None
-        self._queue: queue.Queue[tuple[str, str, EventType] | None] = queue.Queue(capacity)
+        # (reason, message, type, the object and its namespace; None: the Node)
+        self._queue: queue.Queue[tuple[str, str, EventType, tuple[Json, str] | None] | None] = queue.Queue(
+            capacity
+        )
         self._log = get_logger(component="events", node=node_name)
         self._thread = threading.Thread(target=self._run, name="node-events", daemon=True)
         self._thread.start()
 
     def send(self, reason: str, message: str, event_type: EventType) -> None:
+        self._put((reason, message, event_type, None))
+
+    def send_about(
+        self, involved: Json, namespace: str, reason: str, message: str, event_type: EventType
+    ) -> None:
+        self._put((reason, message, event_type, (involved, namespace)))
+
+    def _put(self, item: tuple[str, str, EventType, tuple[Json, str] | None]) -> None:
+        reason, message = item[0], item[1]
         try:
-            self._queue.put_nowait((reason, message, event_type))
+            self._queue.put_nowait(item)
         except queue.Full:
             self._log.warning("too many Events queued; dropping one", event_reason=reason, message=message)
 
@@ -85,18 +121,31 @@ class NodeEventSender:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            reason, message, event_type = item
+            reason, message, event_type, about = item
             try:
-                if self._uid is None:
-                    self._uid = self._client.node_uid(self._node)
-                event = node_event(
-                    node_name=self._node,
-                    node_uid=self._uid,
-                    component=self._component,
-                    reason=reason,
-                    message=message,
-                    event_type=event_type,
-                )
-                self._client.create_event(EVENT_NAMESPACE, event)
+                if about is not None:
+                    involved, namespace = about
+                    event = object_event(
+                        involved,
+                        namespace=namespace,
+                        node_name=self._node,
+                        component=self._component,
+                        reason=reason,
+                        message=message,
+                        event_type=event_type,
+                    )
+                else:
+                    if self._uid is None:
+                        self._uid = self._client.node_uid(self._node)
+                    namespace = EVENT_NAMESPACE
+                    event = node_event(
+                        node_name=self._node,
+                        node_uid=self._uid,
+                        component=self._component,
+                        reason=reason,
+                        message=message,
+                        event_type=event_type,
+                    )
+                self._client.create_event(namespace, event)
             except KubeError as err:
-                self._log.warning("could not create a Node Event", event_reason=reason, error=str(err))
+                self._log.warning("could not create an Event", event_reason=reason, error=str(err))

@@ -134,7 +134,7 @@ class _DRAPluginAdapter:
                 )
                 if self._share_ids and device.share_id is not None:
                     out.share_id = device.share_id
-        self._log_done("NodePrepareResources", results.values(), started, lambda r: r.error)
+        self._log_done(context, "NodePrepareResources", results.values(), started, lambda r: r.error)
         self._trace("NodePrepareResources response", response)
         return response
 
@@ -148,7 +148,7 @@ class _DRAPluginAdapter:
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             response.claims[uid].error = error
-        self._log_done("NodeUnprepareResources", errors.values(), started, lambda e: e)
+        self._log_done(context, "NodeUnprepareResources", errors.values(), started, lambda e: e)
         self._trace("NodeUnprepareResources response", response)
         return response
 
@@ -167,19 +167,24 @@ class _DRAPluginAdapter:
             log.exception(f"{method} crashed")
             context.abort(grpc.StatusCode.INTERNAL, _clipped(f"internal error in {method}: {err}"))
 
-    def _log_done(self, method: str, outcomes: Any, started: float, error_of: Any) -> None:
+    def _log_done(
+        self, context: grpc.ServicerContext, method: str, outcomes: Any, started: float, error_of: Any
+    ) -> None:
         seconds = time.perf_counter() - started
         failed = [error_of(o) for o in outcomes if error_of(o)]
+        unanswered = _unanswered(context)
 
         def done() -> None:
-            self._service.recorder.record(method, self._version, seconds, failed, None)
-            log.info(
+            self._service.recorder.record(method, self._version, seconds, failed, unanswered)
+            (log.warning if unanswered else log.info)(
                 method,
                 api=self._version,
                 claims=len(outcomes),
                 failed=len(failed),
                 ms=round(seconds * 1000, 2),
                 **({"errors": failed[:5]} if failed else {}),
+                # The work is done (and recorded), but the kubelet got no answer: it retries.
+                **({"unanswered": unanswered} if unanswered else {}),
             )
 
         logs.later(done)
@@ -203,6 +208,14 @@ def _logged_after_answer(context: grpc.ServicerContext) -> Iterator[None]:
         return
     with logs.holding(held):
         yield
+
+
+def _unanswered(context: grpc.ServicerContext) -> str | None:
+    """Why the kubelet gets no answer to a call that is done: DEADLINE_EXCEEDED or CANCELLED."""
+    if context.is_active():
+        return None
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:

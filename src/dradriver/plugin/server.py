@@ -12,6 +12,7 @@ and only then renamed into place. The lock file is opened without following syml
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -29,7 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dradriver import logs
-from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory
+from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory, error_text
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
@@ -40,6 +41,8 @@ _STAGING_PREFIX = ".b"
 _STAGED_NAME = "s"
 #: The file all instances of the driver on a node lock around prepare/unprepare (as the Go helper).
 SERIALIZE_LOCK = "serialize.lock"
+#: One instance per state directory (beside the checkpoint), whatever sockets it serves.
+STATE_LOCK = "state.lock"
 #: gRPC worker threads: prepare/unprepare calls plus one long-lived health stream per kubelet.
 MAX_WORKERS = 16
 #: How often the watchdog checks that our sockets still exist.
@@ -85,17 +88,31 @@ class PluginPaths:
     dra_socket: Path
     registration_socket: Path
     lock_file: Path
+    #: Beside the checkpoint it guards, wherever the sockets are: exclusive, or with rolling
+    #: updates shared by the instances (each with its own `instance_state_lock` beside it).
+    state_lock: Path
+    instance_state_lock: Path | None = None
 
     @classmethod
     def for_driver(
-        cls, driver_name: str, plugins_dir: Path, registry_dir: Path, instance: str = ""
+        cls,
+        driver_name: str,
+        plugins_dir: Path,
+        registry_dir: Path,
+        instance: str = "",
+        state_dir: Path | None = None,
     ) -> PluginPaths:
         plugin_dir = plugins_dir / driver_name
+        state = state_dir or plugin_dir
         return cls(
             plugin_dir=plugin_dir,
             dra_socket=plugin_dir / dra_socket_name(instance),
             registration_socket=registry_dir / registration_socket_name(driver_name, instance),
             lock_file=plugin_dir / f"serve{_suffix(instance)}.lock",
+            state_lock=state / STATE_LOCK,
+            instance_state_lock=state / f"{Path(STATE_LOCK).stem}{_suffix(instance)}.lock"
+            if instance
+            else None,
         )
 
     @property
@@ -116,44 +133,96 @@ class PluginPaths:
 
 
 class InstanceLock:
-    """An exclusive flock on a file holding our pid: a second instance fails instead of taking our sockets."""
+    """An exclusive flock on a file holding our pid: a second instance fails instead of taking
+    what the lock guards (`guards`: our sockets, our state directory). A `shared` lock is held by
+    every instance of a rolling update together; it holds no pid (each instance's own lock
+    beside it does) and is never removed, as others may hold it."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(
+        self, path: Path, guards: str = "take over its sockets", *, shared: bool = False, flag: str = ""
+    ) -> None:
+        self.path = path
+        self._guards = guards
+        self._shared = shared
+        self._flag = flag
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        ensure_directory(self._path.parent)
+        """StartupError (one line, naming the directory's flag if any) if it cannot be taken."""
+        try:
+            ensure_directory(self.path.parent)
+            self._file = self._take()
+        except OSError as err:
+            where = f"{self._flag} {self.path.parent}: " if self._flag else ""
+            raise StartupError(f"{where}cannot take the lock {self.path}: {error_text(err)}") from None
+
+    def _take(self) -> IO[str]:
         while True:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
             handle = os.fdopen(fd, "r+")
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, (fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.seek(0)
-                owner = handle.read(64).strip() or "unknown"
+                owner = ", ".join(_holders(self.path, handle)) or "unknown"
                 handle.close()
                 raise StartupError(
-                    f"another dradriver serve (pid {owner}) holds {self._path}; "
-                    "refusing to take over its sockets"
+                    f"another dradriver serve (pid {owner}) holds {self.path}; refusing to {self._guards}"
                 ) from None
             # The holder may have unlinked the file between our open and our lock: retry on the new one.
-            if self._path.exists() and os.stat(self._path).st_ino == os.fstat(handle.fileno()).st_ino:
+            if self._held_at_path(handle):
                 break
             handle.close()
-        os.fchmod(handle.fileno(), LOCK_FILE_MODE)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._file = handle
+        if not self._shared:
+            try:
+                os.fchmod(handle.fileno(), LOCK_FILE_MODE)
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
+            except OSError:  # a full disk: leave nothing behind
+                self.path.unlink(missing_ok=True)
+                handle.close()
+                raise
+        return handle
+
+    def _held_at_path(self, handle: IO[str]) -> bool:
+        try:
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+    def still_held(self) -> bool:
+        """Whether the file at the path is still the one we lock (its directory was not removed)."""
+        return self._file is None or self._held_at_path(self._file)
+
+    def retake(self) -> None:
+        """Lock the file anew where it was removed (the directory wiped under us), holding the old
+        one until then; StartupError if another instance took it meanwhile."""
+        if self._file is None:
+            return
+        ensure_directory(self.path.parent)
+        fresh = self._take()
+        self._file.close()
+        self._file = fresh
 
     def release(self) -> None:
         if self._file is None:
             return
-        self._path.unlink(missing_ok=True)  # while still holding the lock, so no one can be racing us
+        if not self._shared and self._held_at_path(self._file):
+            self.path.unlink()  # while still holding the lock, so no one can be racing us
         self._file.close()
         self._file = None
+
+
+def _holders(path: Path, handle: IO[str]) -> list[str]:
+    """The pids of the instances holding the lock at `path`: written in it by an exclusive holder,
+    or in the per-instance locks beside it (`<name>-<pod UID>.lock`) by the holders of a shared one."""
+    handle.seek(0)
+    owners = [handle.read(64).strip()]
+    for other in sorted(path.parent.glob(f"{path.stem}-*{path.suffix}")):
+        with contextlib.suppress(OSError):
+            owners.append(other.read_text()[:64].strip())
+    return [owner for owner in owners if owner]
 
 
 def instance_alive(registry_dir: Path, driver_name: str, instance: str) -> bool:
@@ -274,7 +343,19 @@ class PluginServer:
         self._board = board
         self._registration = registration
         self._watch_interval = watch_interval
-        self._lock = InstanceLock(paths.lock_file)
+        guards, flag = "share its state directory", "--state-dir"
+        rolling = paths.instance_state_lock is not None
+        self._locks = [
+            InstanceLock(paths.lock_file),
+            InstanceLock(paths.state_lock, guards, shared=rolling, flag=flag),
+            *(
+                [InstanceLock(paths.instance_state_lock, guards, flag=flag)]
+                if paths.instance_state_lock
+                else []
+            ),
+        ]
+        #: Told when another instance took a lock whose file was removed under us (the daemon stops).
+        self.on_lock_lost: Callable[[str], None] = lambda _message: None
         self._dra: _SocketServer | None = None
         self._reg: _SocketServer | None = None
         self._stopping = threading.Event()
@@ -299,19 +380,19 @@ class PluginServer:
         """Take the lock, serve the DRA socket, then (unless `register` is False: see `register`)
         the registration socket; StartupError (with nothing left behind) if not."""
         self.paths.check()
-        try:
-            self._lock.acquire()
-        except OSError as err:
-            raise StartupError(
-                f"cannot take the lock {self.paths.lock_file}: {err.strerror or err}"
-            ) from None
+        for i, lock in enumerate(self._locks):
+            try:
+                lock.acquire()
+            except StartupError:
+                self._release_locks(self._locks[:i])
+                raise
         try:
             self._dra = self._serve_dra()
             if register:
                 self._reg = self._serve_registration()
         except BaseException as err:
             self._stop_sockets(grace=0)
-            self._lock.release()
+            self._release_locks(self._locks)
             if isinstance(err, OSError):
                 raise StartupError(f"cannot create the plugin sockets: {err}") from None
             raise
@@ -336,7 +417,12 @@ class PluginServer:
             self._watchdog.join()
         self._board.close()  # ends health streams so they do not hold up the drain
         self._stop_sockets(grace)
-        self._lock.release()
+        self._release_locks(self._locks)
+
+    @staticmethod
+    def _release_locks(locks: list[InstanceLock]) -> None:
+        for lock in reversed(locks):
+            lock.release()
 
     def abandon(self) -> None:
         """Remove our sockets and lock without waiting for anything: the last act of a process
@@ -344,7 +430,7 @@ class PluginServer:
         for server in (self._reg, self._dra):
             if server is not None:
                 server.remove()
-        self._lock.release()
+        self._release_locks(self._locks)
 
     def liveness_problem(self) -> str | None:
         """None while both sockets are served (the watchdog restores them within a second)."""
@@ -380,9 +466,22 @@ class PluginServer:
     def _watch(self) -> None:
         while not self._stopping.wait(self._watch_interval):
             try:
+                self._restore_locks()
                 self._restore_sockets()
+            except StartupError as err:
+                log.error("another instance took a lock removed under us: stopping", error=str(err))
+                self.on_lock_lost(str(err))
+                return
             except Exception:
                 log.exception("could not re-create a socket; retrying")
+
+    def _restore_locks(self) -> None:
+        """A lock file removed under us (the plugins directory wiped) is locked anew, so that a
+        second instance started later still finds us."""
+        for lock in self._locks:
+            if not lock.still_held():
+                log.warning("a lock file was removed; taking it again", path=str(lock.path))
+                lock.retake()
 
     def _restore_sockets(self) -> None:
         with self._restart_lock:

@@ -10,13 +10,25 @@ The rules enforced here are the CDI library's, which are stricter than its JSON 
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from dradriver.files.write import ensure_directory, is_temp_name, write_files_atomically
+from dradriver.files import FileReadError, read_bytes
+from dradriver.files.write import (
+    check_writable,
+    ensure_directory,
+    is_temp_name,
+    storage_error,
+    temp_name,
+    write_files_atomically,
+)
+
+T = TypeVar("T")
 
 CDI_CLASS = "claim"
 #: Bind options for everything we mount from the host (what NVIDIA's toolkit uses).
@@ -91,6 +103,10 @@ class Mount:
 
 @dataclass(frozen=True)
 class ContainerEdits:
+    """Edits as runtimes apply them. The same claim-wide edits (the host driver's dozens of mounts)
+    go into every spec: their JSON is built once per object (treat it as read-only), and adding
+    nothing keeps the object, so that `validate` and the writer can reuse what they did with it."""
+
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -99,11 +115,17 @@ class ContainerEdits:
         return bool(self.env or self.device_nodes or self.mounts)
 
     def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        if not other:
+            return self
         return ContainerEdits(
             self.env + other.env, self.device_nodes + other.device_nodes, self.mounts + other.mounts
         )
 
     def to_json(self) -> dict[str, Any]:
+        return self._json
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.env:
             out["env"] = list(self.env)
@@ -184,11 +206,48 @@ def validate(spec: Mapping[str, Any]) -> list[str]:
         seen.add(name)
         if not device.get("containerEdits"):
             problems.append(f"devices[{i}].containerEdits: must not be empty")
-    for where, edits in [("containerEdits", spec.get("containerEdits", {}))] + [
-        (f"devices[{i}].containerEdits", d.get("containerEdits", {})) for i, d in enumerate(devices)
-    ]:
-        problems += _edit_problems(where, edits)
+    common = spec.get("containerEdits")
+    if common is not None:
+        problems += _SHARED_EDITS.get(common, "problems", lambda: _edit_problems("containerEdits", common))
+    for i, device in enumerate(devices):
+        problems += _edit_problems(f"devices[{i}].containerEdits", device.get("containerEdits", {}))
     return problems
+
+
+class _SharedEditsMemo:
+    """What was worked out for a claim-wide edits object (`ContainerEdits.to_json` hands out the
+    same dict to every spec): its problems and its encoding, kept while the object is held here,
+    so that its identity cannot be another's. The last few objects only: a rescan replaces them."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[object, dict[str, Any]]] = {}
+
+    def get(self, edits: object, what: str, compute: Callable[[], T]) -> T:
+        entry = self._entries.get(id(edits))
+        if entry is None or entry[0] is not edits:
+            if len(self._entries) >= self._size:
+                del self._entries[next(iter(self._entries))]
+            entry = self._entries[id(edits)] = (edits, {})
+        values = entry[1]
+        if what not in values:
+            values[what] = compute()
+        value: T = values[what]
+        return value
+
+
+_SHARED_EDITS = _SharedEditsMemo()
+
+
+def encode(spec: Mapping[str, Any]) -> bytes:
+    """A spec as written: compact JSON (the C encoder, ten times faster than an indenting one),
+    the claim-wide edits' part encoded once per edits object."""
+    common = spec.get("containerEdits")
+    if common is None:
+        return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+    rest = json.dumps({k: v for k, v in spec.items() if k != "containerEdits"}, separators=(",", ":"))
+    text = _SHARED_EDITS.get(common, "json", lambda: json.dumps(common, separators=(",", ":")))
+    return f'{rest[:-1]},"containerEdits":{text}}}\n'.encode()
 
 
 def _edit_problems(where: str, edits: Mapping[str, Any]) -> list[str]:
@@ -219,6 +278,26 @@ class InvalidSpecError(ValueError):
 SPEC_FILE_MODE = 0o644
 #: Our specs are a few KiB; anything larger in our name was not written by us.
 MAX_SPEC_BYTES = 1024 * 1024
+
+
+def read_spec(path: Path) -> dict[str, Any] | None:
+    """A spec of ours as written, or None if it is missing, not a regular file (a planted
+    symlink or device is never followed), too large or not a JSON object."""
+    try:
+        data = json.loads(read_bytes(path, MAX_SPEC_BYTES, follow_symlinks=False))
+    except (FileReadError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def spec_state(path: Path, recorded: Mapping[str, Any] | None) -> str:
+    """How a prepared claim's spec file compares with the spec recorded for it: "ok", "missing",
+    "differs" (also unreadable: emptied, garbage), or "unverified" (an older version recorded none)."""
+    if recorded is None:
+        return "unverified"
+    if not os.path.lexists(path):
+        return "missing"
+    return "ok" if read_spec(path) == recorded else "differs"
 
 
 class CdiDirectory:
@@ -254,8 +333,8 @@ class CdiDirectory:
         for claim_uid, spec in specs.items():
             if problems := validate(spec):
                 errors[claim_uid] = InvalidSpecError("; ".join(problems))
-            else:  # compact: the C encoder, ten times faster than an indenting one
-                files[claim_uid] = json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+            else:
+                files[claim_uid] = encode(spec)
         if not files:
             return errors
         try:
@@ -269,12 +348,45 @@ class CdiDirectory:
         return errors | {names[name]: err for name, err in failed.items()}
 
     def remove(self, claim_uid: str) -> bool:
+        """Remove a claim's spec; False if there is none (also on a read-only directory, where
+        unlink fails with EROFS before it looks: a rollback of a spec never written)."""
         target = self.file_for(claim_uid)
         try:
             target.unlink()
         except FileNotFoundError:
             return False
+        except OSError:
+            if not os.path.lexists(target):
+                return False
+            raise
         return True
+
+    def set_aside(self, claim_uid: str) -> Path | None:
+        """Rename a claim's spec to a temp name (runtimes ignore it, recovery removes it) until the
+        checkpoint says the claim is gone; None if it has none. StorageError if it cannot be."""
+        target = self.file_for(claim_uid)
+        aside = self.path / temp_name(target.name)
+        try:
+            os.rename(target, aside)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise storage_error(f"remove the CDI spec of claim {claim_uid}", self.path, err) from err
+        return aside
+
+    def put_back(self, claim_uid: str, aside: Path) -> None:
+        """Undo `set_aside`: the checkpoint still lists the claim."""
+        os.rename(aside, self.file_for(claim_uid))
+
+    def check_writable(self) -> None:
+        """StorageError unless a spec can be written and removed here now (start-up checks before
+        it changes anything)."""
+        if not self.path.is_dir():
+            return  # nothing to remove at start-up; the first prepare creates it
+        try:
+            check_writable(self.path, f"{self._prefix}probe.json", 4096)
+        except OSError as err:
+            raise storage_error("write CDI specs", self.path, err) from err
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of ours in the directory."""
@@ -287,15 +399,7 @@ class CdiDirectory:
         )
 
     def read(self, claim_uid: str) -> dict[str, Any] | None:
-        """A spec of ours as written, or None if it is missing, not a regular file (a planted
-        symlink or device is never followed), too large or not a JSON object."""
-        from dradriver.files import FileReadError, read_bytes
-
-        try:
-            data = json.loads(read_bytes(self.file_for(claim_uid), MAX_SPEC_BYTES, follow_symlinks=False))
-        except (FileReadError, ValueError, RecursionError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_spec(self.file_for(claim_uid))
 
     def remove_temp_files(self) -> list[Path]:
         """Leftovers of writes interrupted by a crash; runtimes ignore them, we clean them up."""

@@ -40,7 +40,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dradriver.files import FileReadError, read_bytes
-from dradriver.files.write import ensure_directory, is_temp_name, write_atomically
+from dradriver.files.write import (
+    check_writable,
+    ensure_directory,
+    is_temp_name,
+    storage_error,
+    write_atomically,
+)
 
 CHECKPOINT_VERSION = 1
 FILE_NAME = "checkpoint.json"
@@ -104,6 +110,9 @@ class ClaimRecord(_Model):
     devices: tuple[DeviceRecord, ...] = ()
     #: The CDI spec file written for the claim.
     cdi_file: str = ""
+    #: What was written there: a repeated prepare and recovery check the file against it and
+    #: rewrite it if it was deleted, emptied or changed. Left out of the file when unset.
+    cdi_spec: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
     prepared_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     #: Rebuilt from the CDI directory after the checkpoint was lost: name and namespace unknown.
     recovered: bool = False
@@ -222,10 +231,23 @@ class CheckpointStore:
         # A newer version's top-level fields, kept as encode keeps them (canonical: sorted keys).
         fields |= {key: canonical(value) for key, value in (checkpoint.model_extra or {}).items()}
         data = b"{%s}" % b",".join(canonical(key) + b":" + fields[key] for key in sorted(fields))
-        ensure_directory(self.path.parent)
-        # Without a boot id nothing tells a later boot that this state is void: it must be durable.
-        write_atomically(self.path, _document(data), mode=FILE_MODE, durable=not checkpoint.boot_id)
+        try:
+            ensure_directory(self.path.parent)
+            # Without a boot id nothing tells a later boot that this state is void: it must be durable.
+            write_atomically(self.path, _document(data), mode=FILE_MODE, durable=not checkpoint.boot_id)
+        except OSError as err:  # the file is as it was: the caller undoes what it did in memory
+            raise storage_error("write the checkpoint", self.path.parent, err) from err
         self._seen = _identity(os.stat(self.path))
+
+    def check_writable(self) -> None:
+        """StorageError unless a checkpoint as large as the current one can be written now (start-up
+        checks before it changes anything)."""
+        try:
+            ensure_directory(self.path.parent)
+            size = self.path.stat().st_size if self.path.is_file() else 0
+            check_writable(self.path.parent, FILE_NAME, max(size, 4096))
+        except OSError as err:
+            raise storage_error("write the checkpoint", self.path.parent, err) from err
 
     def last_boot(self) -> str | None:
         """The boot id `mark_boot` last wrote, or None (never written, or unreadable)."""
@@ -236,8 +258,11 @@ class CheckpointStore:
 
     def mark_boot(self, boot_id: str) -> None:
         """Durably note that this boot's saves begin (once a boot, when `last_boot` is another)."""
-        ensure_directory(self.path.parent)
-        write_atomically(self._marker, boot_id.encode() + b"\n", mode=FILE_MODE)
+        try:
+            ensure_directory(self.path.parent)
+            write_atomically(self._marker, boot_id.encode() + b"\n", mode=FILE_MODE)
+        except OSError as err:
+            raise storage_error("write the boot marker", self.path.parent, err) from err
 
     def quarantine(self) -> Path:
         """Move an untrustworthy file aside (kept for post-mortems) so start-up can go on."""

@@ -207,3 +207,42 @@ class ApiClaimSource:
         except KubeError as err:
             raise ClaimSourceError(str(err)) from err
         return claim
+
+
+#: A pod a claim is reserved for: namespace, name, UID.
+PodKey = tuple[str, str, str]
+
+
+class ReservationsTap:
+    """A claim source that remembers the pods each fetched claim is reserved for
+    (`status.reservedFor`): what the telemetry labels a prepared claim's devices with. Every
+    fetch refreshes it, prepare's and the stale-claim check's alike (at least once a minute)."""
+
+    def __init__(self, source: ClaimSource) -> None:
+        self._source = source
+        self.authoritative = source.authoritative
+        self.remote = source.remote
+        self._lock = threading.Lock()  # guards _pods; held for one assignment or lookup
+        self._pods: dict[str, tuple[PodKey, ...]] = {}
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        claim = self._source.get(namespace, name)
+        uid = str((claim.get("metadata") or {}).get("uid", ""))
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        pods = tuple(
+            (namespace, str(r.get("name", "")), str(r.get("uid", "")))
+            for r in reserved
+            if isinstance(r, dict) and r.get("resource") == "pods" and not r.get("apiGroup")
+        )
+        with self._lock:
+            self._pods[uid] = pods
+        return claim
+
+    def pods(self, uid: str) -> tuple[PodKey, ...]:
+        with self._lock:
+            return self._pods.get(uid, ())
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop what is known of claims other than `keep` (those no longer prepared)."""
+        with self._lock:
+            self._pods = {uid: pods for uid, pods in self._pods.items() if uid in keep}

@@ -10,7 +10,11 @@ replaced; otherwise a crash leaves spec files without records, orphans that reco
 So a call costs O(claims) and one or two checkpoint writes, however many claims it carries, plus
 two per MIG device made. Unprepare undoes the steps in reverse. A crash at any point leaves a
 state that `recover` rolls back or keeps whole at the next start: nothing is half-prepared, no
-CDI file is orphaned and no MIG device we made is left without a claim. Calls for the same
+CDI file is orphaned and no MIG device we made is left without a claim. The checkpoint write is
+the commit point: when it fails (a full, read-only or failing disk) the call undoes what it set
+up and fails its claims, so memory and disk stay as the checkpoint says and the kubelet's retry
+does the work again; unprepare sets specs aside until the write succeeds. A repeated prepare
+checks each claim's spec against the one recorded and rewrites it if it differs. Calls for the same
 claim are serialized, different claims proceed concurrently (MIG reconfiguration is serialized
 by the `MigManager`).
 
@@ -38,6 +42,7 @@ from typing import Any
 from dradriver import logs
 from dradriver.devicemodel import PossibleMig
 from dradriver.discovery import Gpu, MigDevice
+from dradriver.files.write import StorageError, storage_error
 from dradriver.mig import MigError
 from dradriver.names import dns_label_error, dns_subdomain_error, uid_error
 from dradriver.plugin.driver import CallError, ClaimRef, PreparedDevice, PrepareResult
@@ -57,6 +62,7 @@ from dradriver.prepare.claims import (
     ClaimSourceError,
     ClaimUnusableError,
 )
+from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
@@ -92,6 +98,8 @@ class Recovery:
     #: Claims whose rollback failed (a MIG device could not be removed yet): kept PrepareStarted.
     rollback_failed: list[str] = field(default_factory=list)
     orphans_removed: list[str] = field(default_factory=list)
+    #: Prepared claims whose spec was missing or changed, written again.
+    specs_rewritten: list[str] = field(default_factory=list)
     temp_files_removed: int = 0
 
 
@@ -100,8 +108,8 @@ class _Batch:
     """What `GpuDriver._prepare_batch` did."""
 
     results: dict[str, PrepareResult] = field(default_factory=dict)
-    #: UIDs of the claims it prepared (not those it found prepared already).
-    prepared: list[str] = field(default_factory=list)
+    #: The records of the claims it prepared (not those it found prepared already).
+    prepared: list[ClaimRecord] = field(default_factory=list)
     #: Whether the checkpoint must be written before the call answers.
     write: bool = False
 
@@ -156,6 +164,7 @@ class GpuDriver:
         boot_id: str,
         mig: MigManager,
         serialize: SerializeLock | None = None,
+        host_nodes: HostDeviceNodes | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -165,6 +174,8 @@ class GpuDriver:
         self._store = store
         self._common = common_edits
         self._caps_major = caps_major
+        #: None with fake GPUs: their nodes are no host's.
+        self._host_nodes = host_nodes
         self._sharing = sharing
         self._mig = mig
         self._boot_id = boot_id
@@ -205,6 +216,9 @@ class GpuDriver:
             return self._recover()
 
     def _recover(self) -> Recovery:
+        # A full or read-only disk fails start-up here, before a spec or a record is touched.
+        self._store.check_writable()
+        self._cdi.check_writable()
         report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
         last_boot = self._store.last_boot()
         try:
@@ -254,6 +268,9 @@ class GpuDriver:
             if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
                 self._cdi.remove(uid)
                 report.orphans_removed.append(uid)
+        report.specs_rewritten, failed = self._restore_specs(list(claims.values()))
+        for uid, error in failed.items():
+            log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
         with self._state_lock:
             # A model_copy keeps the fields a newer version wrote at the top level.
             self._state = state.model_copy(update={"boot_id": self._boot_id, "claims": claims})
@@ -261,6 +278,27 @@ class GpuDriver:
                 self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
             self._store.save(self._state)
         return report
+
+    def _restore_specs(self, records: Sequence[ClaimRecord]) -> tuple[list[str], dict[str, str]]:
+        """Rewrite (atomically) the spec of each prepared claim whose file is missing or differs
+        from what was written (deleted, emptied, overwritten): the UIDs rewritten, and the error
+        of each that cannot be. A record of an older version, which kept no spec, is not checked."""
+        stale = {
+            r.uid: r.cdi_spec
+            for r in records
+            if r.cdi_spec is not None
+            and r.state is ClaimState.PREPARE_COMPLETED
+            and self._cdi.read(r.uid) != r.cdi_spec
+        }
+        if not stale:
+            return [], {}
+        log.warning("CDI specs of prepared claims were missing or changed: rewriting", claims=sorted(stale))
+        errors = {
+            uid: "its CDI spec was missing or changed and "
+            + str(storage_error("rewrite it", self._cdi.path, err) if isinstance(err, OSError) else err)
+            for uid, err in self._cdi.write_many(stale).items()
+        }
+        return sorted(stale.keys() - errors.keys()), errors
 
     def _before_this_boot(self, boot_id: str | None) -> bool:
         return bool(boot_id and self._boot_id and boot_id != self._boot_id)
@@ -292,6 +330,7 @@ class GpuDriver:
                 state=ClaimState.PREPARE_COMPLETED,
                 devices=tuple(records),
                 cdi_file=str(self._cdi.file_for(uid)),
+                cdi_spec=spec,
                 recovered=True,
             )
         return CheckpointData(boot_id=self._boot_id, claims=claims)
@@ -312,12 +351,47 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=claim)
             else:
                 fetched.append((ref, claim))
+        batch = _Batch()
         with self._exclusive(), self._claim_locks([ref.uid for ref, _ in fetched]):
-            batch = self._prepare_batch(fetched)
-            if batch.write:
-                self._persist()
+            with self._state_lock:
+                before = dict(self._state.claims)
+            try:
+                self._prepare_batch(fetched, batch)
+                if batch.write:
+                    self._persist()
+            except StorageError as err:
+                self._undo_call(before, fetched, batch, err)
+            else:
+                self._log_prepared(batch.prepared)
         results.update(batch.results)
         return results
+
+    def _undo_call(
+        self,
+        before: dict[str, ClaimRecord],
+        fetched: Sequence[tuple[ClaimRef, ResourceClaim]],
+        batch: _Batch,
+        error: StorageError,
+    ) -> None:
+        """The checkpoint write of a prepare failed: undo what the call set up (sharing, MIG
+        devices, specs), so that memory and disk are as the checkpoint says, and fail each claim
+        it would have prepared; the kubelet's retry does the work again."""
+        with self._state_lock:
+            current = dict(self._state.claims)
+            touched = {u for u in current.keys() | before.keys() if current.get(u) is not before.get(u)}
+            self._state.claims.clear()
+            self._state.claims.update(before)
+        for uid in touched:
+            if (record := current.get(uid)) is not None:
+                try:
+                    self._release(record)
+                except (SharingError, MigError, OSError) as undo_error:
+                    log.error("could not undo an unrecorded prepare", uid=uid, error=str(undo_error))
+        for ref, _ in fetched:
+            result = batch.results.get(ref.uid)
+            if result is None or (ref.uid in touched and not result.error):
+                batch.results[ref.uid] = PrepareResult(error=f"claim {ref}: not prepared: {error}")
+        log.error("prepare not recorded: undone", claims=len(touched), error=str(error))
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         with self._exclusive():
@@ -334,21 +408,37 @@ class GpuDriver:
             else:
                 refs.setdefault(ref.uid, ref)
         with self._claim_locks(list(refs)):
-            released = []
+            released: dict[str, Path | None] = {}  # the spec of each, set aside until the write
             for uid, ref in refs.items():
                 record = self._state.claims.get(uid)
                 errors[uid] = ""  # never prepared here, or already unprepared: success
                 if record is None:
                     continue
                 try:
-                    self._release(record)
-                except (SharingError, MigError) as err:
+                    aside = self._cdi.set_aside(uid)
+                except StorageError as err:  # nothing undone yet: the claim stays whole
                     errors[uid] = f"claim {ref}: {err}"
                     continue
-                released.append(uid)
-                log.info("unprepared", claim=str(ref), uid=uid)
-            if released:
-                self._forget(released)
+                try:
+                    self._release(record, keep_cdi=True)
+                except (SharingError, MigError) as err:
+                    if aside is not None:
+                        self._cdi.put_back(uid, aside)
+                    errors[uid] = f"claim {ref}: {err}"
+                    continue
+                released[uid] = aside
+            try:
+                self._forget(list(released))
+            except StorageError as err:  # still prepared: the specs go back, the kubelet retries
+                for uid, aside in released.items():
+                    if aside is not None:
+                        self._cdi.put_back(uid, aside)
+                    errors[uid] = f"claim {refs[uid]}: not unprepared: {err}"
+                return errors
+            for uid, aside in released.items():
+                if aside is not None:
+                    aside.unlink(missing_ok=True)
+                log.info("unprepared", claim=str(refs[uid]), uid=uid)
         return errors
 
     def records(self) -> list[ClaimRecord]:
@@ -426,18 +516,19 @@ class GpuDriver:
             raise CallError(f"get resource claims: claim {ref} got replaced")
         return claim
 
-    def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]]) -> _Batch:
+    def _prepare_batch(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], batch: _Batch) -> None:
         """Prepare claims whose locks are held: plan all, reserve all, make their MIG devices,
-        write specs and record all completed in memory; the caller writes the checkpoint once,
-        before answering, if the batch says so."""
-        batch = _Batch()
+        write specs and record all completed in memory, filling `batch`; the caller writes the
+        checkpoint once, before answering, if the batch says so."""
         results = batch.results
         replaced: list[str] = []
         planned: list[ClaimPlan] = []
+        again: dict[ClaimRef, ClaimRecord] = {}
         for ref, claim in claims:
             existing = self._state.claims.get(ref.uid)
             if existing is not None and _same_devices(existing, claim, self.driver_name):
                 results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
+                again[ref] = existing
                 continue
             if existing is not None:
                 if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
@@ -466,6 +557,10 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=str(err))
                 continue
             planned.append(plan)
+        _, failed_rewrites = self._restore_specs(list(again.values()))
+        for ref in again:
+            if (rewrite_error := failed_rewrites.get(ref.uid)) is not None:
+                results[ref.uid] = PrepareResult(error=f"claim {ref}: {rewrite_error}")
         self._release_stale_holders(planned)
         started = self._start(planned, replaced, results)
         completed: list[ClaimRecord] = []
@@ -481,6 +576,8 @@ class GpuDriver:
                     self._state.claims[ref.uid] = _with_created_migs(self._state.claims[ref.uid], devices)
                 spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
                 common = self._common + self._apply_sharing(ref, devices)
+                if self._host_nodes is not None:
+                    common = self._host_nodes.complete(common, (d.edits for d in spec_devices))
             except (SharingError, MigError, EditsError) as err:
                 self._fail(ref.uid, err, failed, results)
                 continue
@@ -492,17 +589,30 @@ class GpuDriver:
             if uid in rolled_back or uid in results:
                 continue
             if (error := written.get(uid)) is not None:
-                self._fail(uid, error, failed, results)
+                problem = (
+                    storage_error("write the CDI spec", self._cdi.path, error)
+                    if isinstance(error, OSError)
+                    else error
+                )
+                self._fail(uid, problem, failed, results)
             else:
                 completed.append(
-                    self._state.claims[uid].model_copy(update={"state": ClaimState.PREPARE_COMPLETED})
+                    self._state.claims[uid].model_copy(
+                        update={"state": ClaimState.PREPARE_COMPLETED, "cdi_spec": specs.get(uid)}
+                    )
                 )
         with self._state_lock:
             for record in failed:
                 self._state.claims.pop(record.uid, None)
             for record in completed:
                 self._state.claims[record.uid] = record
-        # One line per claim, unless a call carries so many that one line for all says more.
+        for record in completed:
+            results[record.uid] = _result(record)
+        batch.prepared = completed
+        batch.write = bool(started or replaced)
+
+    def _log_prepared(self, completed: Sequence[ClaimRecord]) -> None:
+        """One line per claim, unless a call carries so many that one line for all says more."""
         each = log.info if len(completed) <= LOG_EACH_CLAIM_UP_TO else log.debug
         for record in completed:
             each(
@@ -511,14 +621,10 @@ class GpuDriver:
                 uid=record.uid,
                 devices=[d.device for d in record.devices],
             )
-            results[record.uid] = _result(record)
         if len(completed) > LOG_EACH_CLAIM_UP_TO:
             log.info(
                 "prepared claims", count=len(completed), claims=[f"{r.namespace}/{r.name}" for r in completed]
             )
-        batch.prepared = [record.uid for record in completed]
-        batch.write = bool(started or replaced)
-        return batch
 
     def _fail(
         self,
@@ -536,6 +642,9 @@ class GpuDriver:
             failed.append(record)
         except (SharingError, MigError) as undo_error:
             log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
+        except OSError as undo_error:  # a spec file no record names: recovery removes it
+            failed.append(record)
+            log.error("prepare failed, its spec not removed", claim=str(ref), error=str(undo_error))
         log.warning("prepare failed, rolled back", claim=str(ref), error=str(error))
         if isinstance(error, MigError) and error.reason == "insufficient_resources":
             message = (
@@ -770,9 +879,16 @@ class GpuDriver:
             self._cdi.remove(record.uid)
 
     def _forget(self, uids: Sequence[str]) -> None:
+        """Drop the records of these claims, in memory only if the checkpoint write succeeds."""
         with self._state_lock:
-            if [self._state.claims.pop(uid, None) for uid in uids].count(None) < len(uids):
+            gone = {uid: record for uid in uids if (record := self._state.claims.pop(uid, None)) is not None}
+            if not gone:
+                return
+            try:
                 self._store.save(self._state)
+            except StorageError:
+                self._state.claims.update(gone)
+                raise
 
     @contextmanager
     def _claim_lock(self, uid: str, timeout: float) -> Iterator[bool]:

@@ -63,15 +63,19 @@ def device_edits(name: str, hardware: Gpu | MigDevice, caps_major: int | None) -
     return ContainerEdits(env=env, device_nodes=(gpu_node(hardware.parent_minor), *caps))
 
 
+def uvm_nodes(uvm_major: int) -> tuple[DeviceNode, ...]:
+    """/dev/nvidia-uvm and /dev/nvidia-uvm-tools, which the CUDA runtime opens."""
+    return (
+        DeviceNode(path="/dev/nvidia-uvm", type="c", major=uvm_major, minor=0),
+        DeviceNode(path="/dev/nvidia-uvm-tools", type="c", major=uvm_major, minor=1),
+    )
+
+
 def control_nodes(uvm_major: int | None) -> tuple[DeviceNode, ...]:
-    """/dev/nvidiactl always; the UVM nodes (needed by the CUDA runtime) when their major is known."""
-    nodes = [DeviceNode(path="/dev/nvidiactl", type="c", major=NVIDIA_CHAR_MAJOR, minor=NVIDIACTL_MINOR)]
-    if uvm_major is not None:
-        nodes += [
-            DeviceNode(path="/dev/nvidia-uvm", type="c", major=uvm_major, minor=0),
-            DeviceNode(path="/dev/nvidia-uvm-tools", type="c", major=uvm_major, minor=1),
-        ]
-    return tuple(nodes)
+    """/dev/nvidiactl always; the UVM nodes when their major is known (on a real node the
+    prepare step adds them later, see `prepare.devnodes`)."""
+    nvidiactl = DeviceNode(path="/dev/nvidiactl", type="c", major=NVIDIA_CHAR_MAJOR, minor=NVIDIACTL_MINOR)
+    return (nvidiactl, *(uvm_nodes(uvm_major) if uvm_major is not None else ()))
 
 
 def common_edits(uvm_major: int | None, driver_mounts: Sequence[Mount]) -> ContainerEdits:

@@ -1,10 +1,21 @@
 """The host driver's user-space files that containers need, found under `--driver-root`.
 
-Hook-free: each versioned library (`libcuda.so.570.124.06`) is bind-mounted read-only into
-`/usr/local/nvidia/lib64`, once under its own name and once under each SONAME that points to it
-on the host (`libcuda.so.1`), and `nvidia-smi` into `/usr/local/nvidia/bin`. The nvidia/cuda images
-already have those directories on LD_LIBRARY_PATH and PATH; no `nvidia-cdi-hook`, no ldconfig run
-inside the container, so nothing on the host beyond the driver itself is required.
+Hook-free, and found by any glibc image with no configuration: each versioned library
+(`libcuda.so.580.159.04`) is bind-mounted read-only under its own name and under each SONAME that
+points to it on the host (`libcuda.so.1`) into three directories:
+
+- `/usr/lib/<multiarch triplet>` (Debian, Ubuntu and everything built on them, the Python and
+  Jupyter images among them) and `/usr/lib64` (the RHEL family, UBI): the dynamic loader searches
+  its system directories when the image's own `ld.so.cache` has no entry, and a cache entry that
+  names a file there (a CUDA stub, a compat package) finds our file mounted over it;
+- `/usr/local/nvidia/lib64`, which the nvidia/cuda images name in their `LD_LIBRARY_PATH`.
+
+No `LD_LIBRARY_PATH` is set (an image's own stays as it is), no hook runs `ldconfig` in the
+container (which would need a hook binary on the host and a writable root), and the mounts need
+no writable root: the runtime creates their targets before it makes the root read-only.
+`nvidia-smi` goes to `/usr/bin` (on every image's PATH) and `/usr/local/nvidia/bin`, as the ELF
+binary itself: a driver root's `nvidia-smi` may be a shell script that wraps it, which an image
+without a shell cannot run, so a script is followed to the binary it names.
 
 `driver_root` is where this process sees the driver; `host_driver_root` is the same tree as the
 container runtime on the host sees it (they differ when the plugin runs in a container that
@@ -13,13 +24,19 @@ mounts the host's driver root elsewhere). Specs must contain host paths.
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 from pathlib import Path
 
+from dradriver import logs
 from dradriver.discovery.driverroot import LIBRARY_DIRS, find_binary, find_library, resolve_in_root
 from dradriver.prepare.cdi import Mount
 
 CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_BIN_DIR = "/usr/local/nvidia/bin"
+#: On the PATH of every image (the OCI default and every distribution's).
+IMAGE_BIN_DIR = "/usr/bin"
 #: What CUDA and NVML applications load; graphics and video libraries are left out on purpose.
 COMPUTE_LIBRARIES = (
     "libcuda",
@@ -33,9 +50,29 @@ COMPUTE_LIBRARIES = (
     "libnvidia-opencl",
 )
 BINARIES = ("nvidia-smi", "nvidia-debugdump")
+#: A wrapper script is read this far for the path of the binary it runs.
+_MAX_SCRIPT_BYTES = 64 * 1024
+_ELF_MAGIC = b"\x7fELF"
+_ABSOLUTE_PATH = re.compile(rb"/[A-Za-z0-9_.+/-]+")
+
+log = logs.get_logger(component="prepare")
 
 
-def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str) -> list[Mount]:
+def image_lib_dirs(machine: str | None = None) -> tuple[str, ...]:
+    """The library directories a glibc image's loader searches by default, for this machine
+    (`x86_64`, `aarch64`): the multiarch one of Debian and Ubuntu, then the RHEL family's."""
+    machine = machine or platform.machine()
+    return (f"/usr/lib/{machine}-linux-gnu", "/usr/lib64")
+
+
+def library_dirs(machine: str | None = None) -> tuple[str, ...]:
+    """Every container directory the libraries are mounted into."""
+    return (*image_lib_dirs(machine), CONTAINER_LIB_DIR)
+
+
+def driver_mounts(
+    driver_root: Path, host_driver_root: Path, driver_version: str, machine: str | None = None
+) -> list[Mount]:
     """The mounts of the host driver's files. A library found through a symlink (a distribution's
     `/usr/lib/x86_64-linux-gnu/libcuda.so.<v>` pointing into `/usr/local/nvidia/lib64`) is mounted
     from the file it resolves to, with the SONAME links of that file's directory."""
@@ -48,14 +85,51 @@ def driver_mounts(driver_root: Path, host_driver_root: Path, driver_version: str
         found = _versioned_library(driver_root, f"{library}.so.{driver_version}")
         if found is None:
             continue
-        mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{found.name}"))
-        for soname in _sonames_of(driver_root, found):
-            mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{soname}"))
+        for name in (found.name, *_sonames_of(driver_root, found)):
+            mounts += [Mount(host_path(found), f"{d}/{name}") for d in library_dirs(machine)]
     for binary in BINARIES:
         found = find_binary(driver_root, binary)
-        if found is not None:
-            mounts.append(Mount(host_path(found), f"{CONTAINER_BIN_DIR}/{binary}"))
+        if found is None:
+            continue
+        executable = real_executable(driver_root, found)
+        if executable is None:
+            log.warning(
+                "host driver tool left out of container specs: not an ELF binary, nor a script "
+                "naming one under the driver root",
+                tool=host_path(found),
+            )
+            continue
+        mounts += [Mount(host_path(executable), f"{d}/{binary}") for d in (IMAGE_BIN_DIR, CONTAINER_BIN_DIR)]
     return mounts
+
+
+def real_executable(driver_root: Path, found: Path) -> Path | None:
+    """`found` if it is an ELF file; for a script (`#!`), the first executable ELF file under
+    `driver_root` whose absolute path the script names; else None."""
+    try:
+        with found.open("rb") as file:
+            head = file.read(_MAX_SCRIPT_BYTES)
+    except OSError:
+        return None
+    if head.startswith(_ELF_MAGIC):
+        return found
+    if not head.startswith(b"#!"):
+        return None
+    for match in _ABSOLUTE_PATH.finditer(head.partition(b"\n")[2]):
+        target = resolve_in_root(driver_root, match.group().decode())
+        if target is not None and target != found and _is_elf_executable(target):
+            return target
+    return None
+
+
+def _is_elf_executable(path: Path) -> bool:
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return False
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == _ELF_MAGIC
+    except OSError:
+        return False
 
 
 def _versioned_library(driver_root: Path, name: str) -> Path | None:

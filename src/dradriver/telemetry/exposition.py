@@ -1,0 +1,131 @@
+"""The readings as Prometheus metric families (pure: readings in, families out).
+
+Every device series carries `device`, `uuid` and `gpu_uuid` (the GPU a MIG device is on, else the
+GPU itself), and while the device is prepared `claim_namespace`, `claim_name`, `claim_uid`,
+`pods` (the pods its ResourceClaim is reserved for, `namespace/name`, comma-separated) and
+`sharing`; a device held by several claims (shares) has one series per claim. Per-pod series
+(`dradriver_pod_gpu_*`) exist where a device's processes map to the pods of its holders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from dradriver.telemetry.model import THROTTLE_REASONS, DeviceSample, Holder, Reading
+
+DEVICE_LABELS = [
+    "device",
+    "uuid",
+    "gpu_uuid",
+    "claim_namespace",
+    "claim_name",
+    "claim_uid",
+    "pods",
+    "sharing",
+]
+#: A pod series: the pod, then the device and claim labels (not `pods` and `sharing`).
+POD_LABELS = ["namespace", "pod", *DEVICE_LABELS[:6]]
+
+#: (metric name, help, value of a sample or None, scale)
+_GAUGES: list[tuple[str, str, str, float]] = [
+    (
+        "dradriver_gpu_sm_utilization_ratio",
+        "Share of time a kernel ran on the device",
+        "sm_util_percent",
+        0.01,
+    ),
+    (
+        "dradriver_gpu_memory_bandwidth_utilization_ratio",
+        "Share of time device memory was read or written",
+        "memory_util_percent",
+        0.01,
+    ),
+    ("dradriver_gpu_framebuffer_used_bytes", "Device memory in use", "fb_used_bytes", 1.0),
+    ("dradriver_gpu_framebuffer_total_bytes", "Device memory in all", "fb_total_bytes", 1.0),
+    ("dradriver_gpu_power_watts", "Power draw", "power_watts", 1.0),
+    ("dradriver_gpu_temperature_celsius", "GPU temperature", "temperature_celsius", 1.0),
+]
+
+
+def _labels(reading: Reading, holder: Holder | None) -> list[str]:
+    target = reading.target
+    if holder is None:
+        return [target.device, target.uuid, target.gpu_uuid, "", "", "", "", ""]
+    pods = ",".join(str(pod) for pod in holder.pods)
+    return [
+        target.device,
+        target.uuid,
+        target.gpu_uuid,
+        holder.claim_namespace,
+        holder.claim_name,
+        holder.claim_uid,
+        pods,
+        holder.sharing,
+    ]
+
+
+def _series(reading: Reading) -> Iterator[tuple[list[str], DeviceSample]]:
+    """Label values and sample of each series a device has: one per holder, or one unheld."""
+    if reading.sample is None:
+        return
+    holders: list[Holder | None] = [*reading.holders] or [None]
+    for holder in holders:
+        yield _labels(reading, holder), reading.sample
+
+
+def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    out: list[GaugeMetricFamily | CounterMetricFamily] = []
+    for name, help_text, attribute, scale in _GAUGES:
+        family = GaugeMetricFamily(name, help_text, labels=DEVICE_LABELS)
+        for reading in readings:
+            for labels, sample in _series(reading):
+                value = getattr(sample, attribute)
+                if value is not None:
+                    family.add_metric(labels, value * scale)
+        out.append(family)
+    clocks = GaugeMetricFamily("dradriver_gpu_clock_hertz", "Current clock", labels=[*DEVICE_LABELS, "clock"])
+    throttle = GaugeMetricFamily(
+        "dradriver_gpu_clock_event_reason",
+        "1 while this reason holds the clocks down (NVML clock event reasons)",
+        labels=[*DEVICE_LABELS, "reason"],
+    )
+    ecc = CounterMetricFamily(
+        "dradriver_gpu_ecc_errors", "ECC errors since the host driver loaded", labels=[*DEVICE_LABELS, "type"]
+    )
+    nvlink = GaugeMetricFamily(
+        "dradriver_gpu_nvlink_link_up", "1 while the NVLink link is up", labels=[*DEVICE_LABELS, "link"]
+    )
+    for reading in readings:
+        for labels, sample in _series(reading):
+            for clock, hertz in (("sm", sample.sm_clock_hz), ("memory", sample.memory_clock_hz)):
+                if hertz is not None:
+                    clocks.add_metric([*labels, clock], hertz)
+            if sample.throttle_reasons is not None:
+                for reason in THROTTLE_REASONS.values():
+                    throttle.add_metric([*labels, reason], 1.0 if reason in sample.throttle_reasons else 0.0)
+            for kind, count in (("corrected", sample.ecc_corrected), ("uncorrected", sample.ecc_uncorrected)):
+                if count is not None:
+                    ecc.add_metric([*labels, kind], count)
+            for link, up in enumerate(sample.nvlink_up or ()):
+                nvlink.add_metric([*labels, str(link)], 1.0 if up else 0.0)
+    out += [clocks, throttle, ecc, nvlink]
+    pod_sm = GaugeMetricFamily(
+        "dradriver_pod_gpu_sm_utilization_ratio",
+        "A pod's share of the device's SM time, from its processes",
+        labels=POD_LABELS,
+    )
+    pod_fb = GaugeMetricFamily(
+        "dradriver_pod_gpu_framebuffer_used_bytes", "Device memory a pod's processes use", labels=POD_LABELS
+    )
+    for reading in readings:
+        for share in reading.shares:
+            holder = next(h for h in reading.holders if share.pod in h.pods)
+            labels = [share.pod.namespace, share.pod.name, *_labels(reading, holder)[:6]]
+            if share.sm_util_percent is not None:
+                pod_sm.add_metric(labels, share.sm_util_percent / 100)
+            if share.used_bytes is not None:
+                pod_fb.add_metric(labels, share.used_bytes)
+    out += [pod_sm, pod_fb]
+    return out

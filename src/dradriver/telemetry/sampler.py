@@ -1,0 +1,182 @@
+"""Reads every published device on a timer, off the scrape and off the DRA calls.
+
+A scrape never touches NVML nor formats a device series: each reading is rendered to the
+Prometheus text format once, in the sampler's thread, and a scrape appends those bytes, so its
+cost does not grow with the devices. A slow or hung NVML call delays the next reading, never a
+prepare (the sampler holds no lock of the driver's; it copies the prepared claims' records, as
+`status` does).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dradriver import logs
+from dradriver.prepare.checkpoint import ClaimRecord
+from dradriver.telemetry.exposition import families
+from dradriver.telemetry.model import (
+    DeviceSample,
+    Holder,
+    PodRef,
+    Reading,
+    Target,
+    holders_by_device,
+    readings,
+)
+
+log = logs.get_logger(component="telemetry")
+
+
+class TelemetryReader(Protocol):
+    """A backend's reading of its devices; `close()` releases it (NVML shutdown)."""
+
+    def read(self, targets: Sequence[Target]) -> dict[str, DeviceSample]:
+        """UUID -> sample, for each target that could be read (failures are left out)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float = 0.0  # time.time() of the reading
+    read_seconds: float = 0.0
+    readings: list[Reading] = field(default_factory=list)
+    #: The reading in the Prometheus text format, what a scrape appends.
+    exposition: bytes = b""
+
+
+def pod_of_pid(proc_root: Path) -> Callable[[int], str | None]:
+    """The pod UID of a process, from `<proc_root>/<pid>/cgroup` (None: gone, or not in a pod)."""
+    from dradriver.telemetry.model import pod_uid_of_cgroup
+
+    def lookup(pid: int) -> str | None:
+        try:
+            text = (proc_root / str(pid) / "cgroup").read_text()
+        except OSError:
+            return None
+        return pod_uid_of_cgroup(text)
+
+    return lookup
+
+
+class TelemetrySampler:
+    """Keeps the latest readings of the published devices, refreshed every `interval` seconds."""
+
+    def __init__(
+        self,
+        reader: TelemetryReader,
+        *,
+        targets: Callable[[], Sequence[Target]],
+        records: Callable[[], list[ClaimRecord]],
+        pods_of: Callable[[str], Sequence[PodRef]],
+        pod_of_pid: Callable[[int], str | None],
+        interval: float,
+        on_reading: Callable[[Snapshot], None] = lambda _snapshot: None,
+        idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict,
+    ) -> None:
+        """`on_reading` sees each reading before it is rendered; `idle` gives the claims below
+        the idle threshold then, with their seconds so far."""
+        self._reader = reader
+        self._targets = targets
+        self._records = records
+        self._pods_of = pods_of
+        self._pod_of_pid = pod_of_pid
+        self.interval = interval
+        self._on_reading = on_reading
+        self._idle = idle
+        self._snapshot = Snapshot(exposition=render(Snapshot(), {}))
+        self._lock = threading.Lock()  # guards _snapshot only; held for an assignment or a read
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read_once(self) -> Snapshot:
+        started = time.perf_counter()
+        targets = list(self._targets())
+        samples = self._reader.read(targets)
+        held: dict[str, list[Holder]] = holders_by_device(self._records(), self._pods_of)
+        snapshot = Snapshot(
+            taken_at=time.time(),
+            read_seconds=time.perf_counter() - started,
+            readings=readings(targets, samples, held, self._pod_of_pid),
+        )
+        self._on_reading(snapshot)
+        snapshot = replace(snapshot, exposition=render(snapshot, self._idle()))
+        with self._lock:
+            self._snapshot = snapshot
+        return snapshot
+
+    def exposition(self) -> bytes:
+        """The latest reading as /metrics serves it."""
+        return self.snapshot().exposition
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self._snapshot
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._reader.close()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.read_once()
+            except Exception:
+                log.exception("reading the devices' telemetry failed; trying again later")
+            if self._stop.wait(self.interval):
+                return
+
+
+class _Fixed(Collector):
+    def __init__(self, families: list[GaugeMetricFamily | CounterMetricFamily]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families
+
+
+def render(snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]]) -> bytes:
+    """A reading, its age and cost and the idle claims in the Prometheus text format."""
+    out = families(snapshot.readings)
+    out.append(
+        GaugeMetricFamily(
+            "dradriver_telemetry_read_duration_seconds",
+            "How long the latest reading of every device took",
+            value=snapshot.read_seconds,
+        )
+    )
+    out.append(
+        GaugeMetricFamily(
+            "dradriver_telemetry_timestamp_seconds",
+            "When the latest reading was taken (Unix time); 0 before the first",
+            value=snapshot.taken_at,
+        )
+    )
+    idle_seconds = GaugeMetricFamily(
+        "dradriver_claim_idle_seconds",
+        "How long a prepared claim's devices have stayed below the idle threshold (--idle-threshold)",
+        labels=["claim_namespace", "claim_name", "claim_uid", "pods"],
+    )
+    for holder, seconds in idle.values():
+        pods = ",".join(map(str, holder.pods))
+        idle_seconds.add_metric([holder.claim_namespace, holder.claim_name, holder.claim_uid, pods], seconds)
+    out.append(idle_seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(out))
+    return generate_latest(registry)

@@ -1,0 +1,93 @@
+"""The node's telemetry wired together: a sampler over the backend's reader, its collector on
+/metrics, and idle claims reported as log lines and Events (the daemon calls `start`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dradriver import logs
+from dradriver.devicemodel import PublishedDevice
+from dradriver.prepare.checkpoint import ClaimRecord
+from dradriver.prepare.claims import ReservationsTap
+from dradriver.telemetry.idle import IdlePolicy, IdleTracker
+from dradriver.telemetry.model import Holder, PodRef, Target, targets
+from dradriver.telemetry.sampler import Snapshot, TelemetryReader, TelemetrySampler, pod_of_pid
+
+if TYPE_CHECKING:
+    from dradriver.kube.events import NodeEventSender
+
+log = logs.get_logger(component="telemetry")
+
+
+class IdleReporter:
+    """An idle claim: a log line, and a Warning Event on the claim and on each of its pods."""
+
+    def __init__(self, policy: IdlePolicy, events: NodeEventSender | None) -> None:
+        self.policy = policy
+        self._events = events
+
+    def report(self, holder: Holder, seconds: float) -> None:
+        message = (
+            f"the devices of claim {holder.claim} have stayed below {self.policy.threshold_percent:g}% SM "
+            f"utilisation for {seconds:.0f}s (dradriver never evicts; free the GPUs if they are not needed)"
+        )
+        log.warning("claim idle", claim=holder.claim, uid=holder.claim_uid, idle_seconds=round(seconds))
+        if self._events is None:
+            return
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": holder.claim_namespace,
+            "name": holder.claim_name,
+            "uid": holder.claim_uid,
+        }
+        self._events.send_about(claim, holder.claim_namespace, "GPUIdle", message, "Warning")
+        for pod in holder.pods:
+            involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
+            involved["uid"] = pod.uid
+            self._events.send_about(involved, pod.namespace, "GPUIdle", message, "Warning")
+
+
+def start(
+    reader: TelemetryReader,
+    *,
+    serve: Callable[[Callable[[], bytes]], None],
+    published: Callable[[], Sequence[PublishedDevice]],
+    records: Callable[[], list[ClaimRecord]],
+    reservations: ReservationsTap,
+    proc_root: Path,
+    interval: float,
+    idle: IdleReporter | None,
+) -> TelemetrySampler:
+    """Start reading the devices every `interval` seconds, each reading handed to `serve` for
+    /metrics; the caller stops the sampler."""
+    tracker = IdleTracker(idle.policy) if idle is not None else None
+
+    def current_targets() -> list[Target]:
+        return targets(published(), records())
+
+    def pods_of(uid: str) -> list[PodRef]:
+        return [PodRef(*pod) for pod in reservations.pods(uid)]
+
+    def on_reading(snapshot: Snapshot) -> None:
+        reservations.forget({r.uid for r in records()})
+        if tracker is not None and idle is not None:
+            for holder, seconds in tracker.update(time.monotonic(), snapshot.readings):
+                idle.report(holder, seconds)
+
+    sampler = TelemetrySampler(
+        reader,
+        targets=current_targets,
+        records=records,
+        pods_of=pods_of,
+        pod_of_pid=pod_of_pid(proc_root),
+        interval=interval,
+        on_reading=on_reading,
+        idle=lambda: tracker.idle(time.monotonic()) if tracker is not None else {},
+    )
+    serve(sampler.exposition)
+    sampler.start()
+    return sampler
