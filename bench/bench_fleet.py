@@ -531,12 +531,12 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             pools.wait_empty(60)
             step = Step(n, load=f"{os.getloadavg()[0]:.2f}")
             meter.mark()
-            first = time.perf_counter()
-            for node in nodes[:n]:
-                fleet.spawn(node)
-                if opts.stagger:
+            first = last = time.perf_counter()
+            for i, node in enumerate(nodes[:n]):
+                if i and opts.stagger:
                     time.sleep(opts.stagger)
-            last = time.perf_counter()
+                last = time.perf_counter()
+                fleet.spawn(node)
             complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
             fleet.check_alive()
             step.complete_after_first, step.complete_after_last = complete - first, complete - last
