@@ -6,7 +6,9 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,14 +59,17 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[Deployment]:
     """A single-node cluster from these binaries (tests/e2e/cluster.py) running the release's
-    `fake` overlay, for as long as the block runs."""
+    `fake` overlay, for as long as the block runs; its directory is removed afterwards unless the
+    block failed."""
     from tests.e2e.cluster import LocalCluster
     from tests.e2e.plugin import Deployment
     from tests.e2e.realcluster import RealCluster
     from tests.release.release import ReleaseDirectory
 
-    local = LocalCluster(k8s_bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
+    work = Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp"))
+    local = LocalCluster(k8s_bin, work)
     local.start()
+    failed = True
     try:
         release = ReleaseDirectory.read(release_dir)
         local.import_image(release.archive)
@@ -72,8 +77,14 @@ def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[
         deployment = Deployment(cluster, release, "overlays/fake")
         deployment.install()
         yield deployment
+        failed = False
     finally:
         local.stop()
+        # The components' logs (tens of MB a run) are worth keeping only when something failed.
+        if failed:
+            print(f"the local cluster's logs are in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 #: One sample of a Prometheus text exposition: (metric name, sorted label pairs) -> value.
