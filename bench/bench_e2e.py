@@ -20,7 +20,14 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import add_cluster_arguments, fake_overlay_on_local_cluster, summary
+from bench.common import (
+    add_cluster_arguments,
+    bucket_quantile,
+    fake_overlay_on_local_cluster,
+    histogram,
+    parse_metrics,
+    summary,
+)
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.kube import KubeClient, NotFoundError
 from tests.e2e.workloads import wait_unprepared
@@ -78,28 +85,10 @@ def delete(client: KubeClient, name: str, force: bool = False) -> None:
 
 
 def histogram_quantile(text: str, metric: str, labels: dict[str, str], q: float) -> tuple[float, int]:
-    """Prometheus-style quantile (linear within the bucket) of a histogram on the node's /metrics."""
-    buckets = []
-    for line in text.splitlines():
-        if not line.startswith(f"{metric}_bucket{{"):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            bound = float("inf") if found["le"] == "+Inf" else float(found["le"])
-            buckets.append((bound, float(line.rsplit(" ", 1)[1])))
-    buckets.sort()
-    total = buckets[-1][1]
-    rank = q * total
-    previous_bound, previous_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return previous_bound, int(total)
-            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
-                count - previous_count
-            ), int(total)
-        previous_bound, previous_count = bound, count
-    return previous_bound, int(total)
+    """Prometheus-style quantile (linear within the bucket) of a histogram on the node's /metrics,
+    and how many observations it has."""
+    buckets = histogram(parse_metrics(text), metric, **labels)
+    return bucket_quantile(buckets, q), int(buckets[-1][1])
 
 
 def histogram_totals(text: str, metric: str, labels: dict[str, str]) -> tuple[float, float]:

@@ -175,9 +175,9 @@ def api_server_for(
     return admin, kubeconfigs, claims
 
 
-def grant_plugin_role(admin: KubeClient, user: str) -> None:
-    """The plugin's ClusterRole from deploy/base/rbac.yaml, bound to `user`."""
-    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
+def grant_plugin_role(admin: KubeClient, user: str, rbac: Path = RBAC) -> None:
+    """The plugin's ClusterRole from `rbac` (deploy/base/rbac.yaml), bound to `user`."""
+    role = next(d for d in yaml.safe_load_all(rbac.read_text()) if d["kind"] == "ClusterRole")
     with contextlib.suppress(ConflictError):  # created for the first plugin already
         admin.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", body=role)
     binding = {

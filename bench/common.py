@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shutil
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -56,14 +59,17 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[Deployment]:
     """A single-node cluster from these binaries (tests/e2e/cluster.py) running the release's
-    `fake` overlay, for as long as the block runs."""
+    `fake` overlay, for as long as the block runs; its directory is removed afterwards unless the
+    block failed."""
     from tests.e2e.cluster import LocalCluster
     from tests.e2e.plugin import Deployment
     from tests.e2e.realcluster import RealCluster
     from tests.release.release import ReleaseDirectory
 
-    local = LocalCluster(k8s_bin, Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp")))
+    work = Path(tempfile.mkdtemp(prefix="dradriver-bench-", dir="/var/tmp"))
+    local = LocalCluster(k8s_bin, work)
     local.start()
+    failed = True
     try:
         release = ReleaseDirectory.read(release_dir)
         local.import_image(release.archive)
@@ -71,8 +77,76 @@ def fake_overlay_on_local_cluster(k8s_bin: Path, release_dir: Path) -> Iterator[
         deployment = Deployment(cluster, release, "overlays/fake")
         deployment.install()
         yield deployment
+        failed = False
     finally:
         local.stop()
+        # The components' logs (tens of MB a run) are worth keeping only when something failed.
+        if failed:
+            print(f"the local cluster's logs are in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+#: One sample of a Prometheus text exposition: (metric name, sorted label pairs) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> Samples:
+    """The samples of a Prometheus text exposition (comments skipped)."""
+    samples: Samples = {}
+    for line in text.splitlines():
+        match = SAMPLE_LINE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        samples[name, tuple(sorted(LABEL.findall(labels or "")))] = float(value)
+    return samples
+
+
+def metric_sum(
+    samples: Samples, name: str, by: Sequence[str] = (), **where: str
+) -> dict[tuple[str, ...], float]:
+    """Sum of `name`'s samples whose labels match `where`, grouped by the labels `by`."""
+    sums: dict[tuple[str, ...], float] = {}
+    for (metric, labels), value in samples.items():
+        if metric != name:
+            continue
+        found = dict(labels)
+        if all(found.get(k) == v for k, v in where.items()):
+            key = tuple(found.get(label, "") for label in by)
+            sums[key] = sums.get(key, 0.0) + value
+    return sums
+
+
+def histogram(samples: Samples, metric: str, **where: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative buckets (upper bound, count), summed over the series matching `where`."""
+    by_bound = metric_sum(samples, f"{metric}_bucket", ("le",), **where)
+    return sorted((float("inf") if le == "+Inf" else float(le), n) for (le,), n in by_bound.items())
+
+
+def bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Prometheus-style quantile of cumulative buckets: linear within the bucket it falls in (the
+    largest finite bound when it falls in +Inf)."""
+    rank = q * buckets[-1][1]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
+                count - previous_count
+            )
+        previous_bound, previous_count = bound, count
+    return previous_bound
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The slope of the least-squares line through the points (xs[i], ys[i])."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
 def proc_status(pid: int) -> dict[str, str]:

@@ -1,0 +1,724 @@
+"""Issue 25: what N nodes' plugins cost one real kube-apiserver, dradriver beside the Go reference.
+
+Run (repository root, after `make .venv/.installed`; each dradriver build a production install,
+`python3 -m venv /tmp/prod && /tmp/prod/bin/pip install .`):
+
+    .venv/bin/python -m bench.bench_fleet --k8s-bin DIR --go-plugin FILE \\
+        --ours dradriver=/tmp/prod/bin/dradriver [--ours before=/tmp/old/bin/dradriver=OLD_RBAC] \\
+        [--sizes 1,10,50,100] [--idle 40] [--claims 40 --claim-rate 4] [--stagger 1.0]
+
+With the defaults one build takes about 8 minutes on 2 cores (100 dradriver instances hold about
+7.2 GB, 100 Go ones 4.1 GB).
+
+`--k8s-bin` holds etcd and kube-apiserver (`../shared/k8s/unpack.sh DIR`), `--go-plugin` the
+unpacked ../shared/anchors plugin. `--ours LABEL=EXECUTABLE[=RBAC]` adds a dradriver build; its
+ClusterRole comes from RBAC (default: this tree's deploy/base/rbac.yaml), so that an older build
+runs with the permissions it shipped with. `--no-go` leaves the Go reference out.
+
+Each plugin gets a fresh etcd + kube-apiserver (tests/e2e/cluster.py `ControlPlane`) with one
+Node object per fake node and, per node, a user bound to the plugin's ClusterRole (as
+bench_vs_go). Nothing else talks to that API server but the bench: no kubelet, no controllers.
+Then, for each N in --sizes, ascending:
+
+- start: every instance of the previous N is stopped and every ResourceSlice deleted, then N
+  instances are spawned at once (or --stagger seconds apart), each with its own node name,
+  kubeconfig, directories and an 8-GPU fake profile (dradriver) or `--num-devices 8` (Go), like a
+  DaemonSet rolled out on N fresh nodes. "complete" is when every node's pool has all its slices
+  (as many slices of the pool's newest generation as their `resourceSliceCount`), seen by a watch
+  the bench holds on all ResourceSlices; the start window ends --settle seconds later.
+- idle: a window of --idle seconds with nothing but the instances running;
+- churn: --claims ResourceClaims, one every 1/--claim-rate seconds, each allocated to the next
+  fake node (status.allocation written through the status subresource, naming the node's pool, a
+  device and the driver) and deleted --claim-life claims later: three claim changes each (created,
+  allocated, deleted).
+
+Everything is read from the API server itself: its /metrics (apiserver_request_total by verb and
+resource, apiserver_longrunning_requests for the watches open, apiserver_watch_events_total and
+_sizes for resourceclaims, go_memstats_heap_inuse_bytes), /proc of its process (CPU, RSS) and
+/proc/net/tcp (its established connections). Requests of the API server's own
+loopback clients (system_client="kube-apiserver") and the bench's /metrics scrapes are left out;
+before any instance runs, an equally long window with none measures what remains of the control
+plane's own traffic, and requests are reported net of that rate (about 0 with nothing else
+running). A churn with no instance gives the claim watch events the control plane delivers by
+itself (N = 0). Growth per added node is the least-squares slope over the sizes. Instances'
+RSS is read from /proc at the end of each idle window.
+
+The API server's `apiserver_registered_watchers` is gone in 1.36; the open watches come from
+`apiserver_longrunning_requests{verb="WATCH"}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.bench_vs_go import RBAC, grant_plugin_role
+from bench.common import Samples, cpu_seconds, least_squares_slope, metric_sum, parse_metrics, rss_mb
+from dradriver import logs
+from dradriver.kube import KubeClient, load_client
+from dradriver.kube.client import WatchEvent
+from dradriver.kube.reflector import Reflector
+from dradriver.kube.retry import Backoff
+from tests.e2e.cluster import ControlPlane, node_ip
+from tests.helpers import write_gpu_profile
+
+NAMESPACE = "fleet"
+DEVICES = 8
+CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+WRITES = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
+#: The bench's own scrapes, left out of every count.
+OWN = ("GET /metrics",)
+
+Json = dict[str, Any]
+
+
+def node_name(i: int) -> str:
+    return f"fleet-node-{i:03d}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    driver: str
+    rbac: Path
+    #: argv(node, root, kubeconfig)
+    argv: Callable[[str, Path, Path], list[str]]
+
+
+def ours(label: str, executable: Path, rbac: Path) -> Variant:
+    driver = "gpu.dradriver.dev"
+
+    def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
+        profile = write_gpu_profile(root / "profile.yaml", DEVICES)
+        return [
+            str(executable), "serve", "--fake-gpus", str(profile), "--node-name", node,
+            "--driver-name", driver,
+            "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+            "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
+        ]  # fmt: skip
+
+    return Variant(label, driver, rbac, argv)
+
+
+def go(binary: Path) -> Variant:
+    driver = "gpu.example.com"
+
+    def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
+        return [
+            str(binary), "--node-name", node, "--driver-name", driver, "--device-profile", "gpu",
+            "--num-devices", str(DEVICES), "--cdi-root", str(root / "cdi"),
+            "--kubelet-registrar-directory-path", str(root / "reg"),
+            "--kubelet-plugins-directory-path", str(root / "plugins"), "--kubeconfig", str(kubeconfig),
+        ]  # fmt: skip
+
+    return Variant("Go reference", driver, RBAC, argv)
+
+
+# --- the API server ------------------------------------------------------------------------------
+
+
+class ApiServer:
+    """The API server's /metrics (as its admin) and its process's /proc."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self._port = plane.apiserver_port
+        self._context = ssl.create_default_context(cafile=str(plane.pki.ca.cert))
+        self._context.load_cert_chain(
+            str(plane.work_dir / "pki/admin.crt"), str(plane.work_dir / "pki/admin.key")
+        )
+        process = next(c.process for c in plane.components if c.name == "kube-apiserver")
+        assert process is not None
+        self.pid = process.pid
+
+    def scrape(self) -> Samples:
+        connection = http.client.HTTPSConnection("127.0.0.1", self._port, context=self._context, timeout=30)
+        try:
+            connection.request("GET", "/metrics")
+            return parse_metrics(connection.getresponse().read().decode())
+        finally:
+            connection.close()
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss(self) -> float:
+        return rss_mb(self.pid)
+
+    def connections(self) -> int:
+        """Established TCP connections to its port (each HTTP/1.1 watch holds one; HTTP/2
+        multiplexes a client's requests on one)."""
+        port = f"{self._port:04X}"
+        count = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                count += fields[1].rsplit(":", 1)[1] == port and fields[3] == "01"
+        return count
+
+
+def heap_mb(samples: Samples) -> float:
+    """The API server's Go heap in use: steadier than its RSS, which the Go runtime returns lazily."""
+    return metric_sum(samples, "go_memstats_heap_inuse_bytes").get((), 0.0) / 2**20
+
+
+def requests(samples: Samples) -> dict[str, float]:
+    """Requests so far by "VERB resource[/subresource]" (a non-resource URL by its path), less the
+    API server's own loopback clients (system_client="kube-apiserver": leases, endpoints, openapi)."""
+    counts = metric_sum(
+        samples, "apiserver_request_total", ("verb", "resource", "subresource"), system_client=""
+    )
+    out: dict[str, float] = {}
+    for (verb, resource, subresource), value in counts.items():
+        what = f"{resource}/{subresource}" if resource and subresource else resource or subresource
+        key = f"{verb} {what}"
+        if key not in OWN:
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def watches(samples: Samples) -> dict[str, float]:
+    """Watches open now, by resource."""
+    counts = metric_sum(samples, "apiserver_longrunning_requests", ("resource",), verb="WATCH")
+    return {resource: value for (resource,), value in counts.items()}
+
+
+def claim_watch_events(samples: Samples) -> tuple[float, float]:
+    """Watch events delivered for ResourceClaims so far, and their bytes."""
+    events = metric_sum(samples, "apiserver_watch_events_total", resource="resourceclaims")
+    sizes = metric_sum(samples, "apiserver_watch_events_sizes_sum", resource="resourceclaims")
+    return events.get((), 0.0), sizes.get((), 0.0)
+
+
+def difference(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after.keys() | before.keys()}
+
+
+@dataclass
+class Window:
+    """Two scrapes and the API server's CPU between them."""
+
+    seconds: float
+    requests: dict[str, float]
+    cpu: float
+
+
+class Meter:
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self._samples: Samples = {}
+        self._at = 0.0
+        self._cpu = 0.0
+
+    def mark(self) -> Samples:
+        self._cpu, self._at = self.server.cpu(), time.monotonic()
+        self._samples = self.server.scrape()
+        return self._samples
+
+    def since_mark(self) -> tuple[Window, Samples]:
+        samples = self.server.scrape()
+        window = Window(
+            time.monotonic() - self._at,
+            difference(requests(samples), requests(self._samples)),
+            self.server.cpu() - self._cpu,
+        )
+        return window, samples
+
+
+# --- the pools, as the API server has them -------------------------------------------------------
+
+
+class Pools:
+    """Every ResourceSlice, through one watch the bench holds for the whole run."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._slices: dict[str, Json] = {}
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+
+        def list_objects() -> tuple[list[Json], str]:
+            listed = client.list_resource_slices()
+            return listed["items"], listed["metadata"]["resourceVersion"]
+
+        self._reflector = Reflector(
+            what="resourceslices",
+            list_objects=list_objects,
+            watch=lambda rv: client.watch_resource_slices(None, rv),
+            on_list=self._listed,
+            on_event=self._event,
+            backoff=Backoff(),
+            log=logs.get_logger(component="bench-fleet"),
+        )
+        self._thread = threading.Thread(target=self._reflector.run, args=(self._stop,), daemon=True)
+        self._thread.start()
+
+    def _listed(self, items: list[Json]) -> None:
+        with self._changed:
+            self._slices = {s["metadata"]["name"]: s for s in items}
+            self._changed.notify_all()
+
+    def _event(self, event: WatchEvent) -> None:
+        with self._changed:
+            name = event.object["metadata"]["name"]
+            if event.type == "DELETED":
+                self._slices.pop(name, None)
+            else:
+                self._slices[name] = event.object
+            self._changed.notify_all()
+
+    def _incomplete(self, driver: str, nodes: list[str]) -> int:
+        pools: dict[str, list[Json]] = {}
+        for s in self._slices.values():
+            if s["spec"]["driver"] == driver:
+                pools.setdefault(s["spec"]["pool"]["name"], []).append(s["spec"]["pool"])
+        missing = 0
+        for node in nodes:
+            pool = pools.get(node, [])
+            newest = max((p["generation"] for p in pool), default=None)
+            current = [p for p in pool if p["generation"] == newest]
+            if not current or len(current) != current[0]["resourceSliceCount"]:
+                missing += 1
+        return missing
+
+    def wait_complete(self, driver: str, nodes: list[str], timeout: float) -> float:
+        """Waits until every node's pool is complete; returns when (perf_counter)."""
+        with self._changed:
+            done = self._changed.wait_for(lambda: not self._incomplete(driver, nodes), timeout)
+            if not done:
+                missing = self._incomplete(driver, nodes)
+                raise RuntimeError(f"{missing} of {len(nodes)} pools incomplete after {timeout:.0f}s")
+            return time.perf_counter()
+
+    def wait_empty(self, timeout: float) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: not self._slices, timeout), "slices left"
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reflector.close()
+        self._thread.join(10)
+
+
+# --- the instances -------------------------------------------------------------------------------
+
+
+@dataclass
+class Instance:
+    node: str
+    process: subprocess.Popen[bytes]
+    root: Path
+
+
+@dataclass
+class Fleet:
+    variant: Variant
+    work: Path
+    kubeconfigs: dict[str, Path]
+    instances: list[Instance] = field(default_factory=list)
+
+    def spawn(self, node: str) -> Instance:
+        root = self.work / node
+        shutil.rmtree(root, ignore_errors=True)
+        for directory in ("reg", "plugins", "cdi"):
+            (root / directory).mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        with (root / "plugin.log").open("wb") as out:
+            process = subprocess.Popen(
+                self.variant.argv(node, root, self.kubeconfigs[node]),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        instance = Instance(node, process, root)
+        self.instances.append(instance)
+        return instance
+
+    def check_alive(self) -> None:
+        for instance in self.instances:
+            if instance.process.poll() is not None:
+                log = (instance.root / "plugin.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{self.variant.label} on {instance.node} exited: {log}")
+
+    def rss_mb(self) -> list[float]:
+        return [rss_mb(i.process.pid) for i in self.instances]
+
+    def cpu_seconds(self) -> list[float]:
+        return [cpu_seconds(i.process.pid) for i in self.instances]
+
+    def stop(self) -> None:
+        """SIGTERM to all at once, then wait; SIGKILL whatever is left after 30 s."""
+        for instance in self.instances:
+            if instance.process.poll() is None:
+                instance.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for instance in self.instances:
+            try:
+                instance.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                instance.process.kill()
+                instance.process.wait(10)
+        self.instances.clear()
+
+
+# --- the claim churn -----------------------------------------------------------------------------
+
+
+def allocated_claim(admin: KubeClient, name: str, driver: str, node: str, device: str) -> None:
+    claim = admin.request(
+        "POST",
+        CLAIMS,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": driver, "pool": node, "device": device}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        }
+    }
+    admin.request("PUT", f"{CLAIMS}/{name}/status", body=claim)
+
+
+def churn(admin: KubeClient, driver: str, nodes: list[str], opts: argparse.Namespace, tag: str) -> int:
+    """Claims created, allocated and deleted at a steady rate; returns the claim changes made."""
+    interval = 1.0 / opts.claim_rate
+    alive: list[str] = []
+    next_at = time.monotonic()
+    for i in range(opts.claims):
+        node = nodes[i % len(nodes)]
+        name = f"churn-{tag}-{i}"
+        allocated_claim(admin, name, driver, node, f"gpu-{(i // len(nodes)) % DEVICES}")
+        alive.append(name)
+        if len(alive) > opts.claim_life:
+            admin.request("DELETE", f"{CLAIMS}/{alive.pop(0)}")
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    for name in alive:
+        admin.request("DELETE", f"{CLAIMS}/{name}")
+    changes: int = 3 * opts.claims
+    return changes
+
+
+def settled_claim_events(server: ApiServer) -> tuple[float, float, Samples]:
+    """Scrapes until the ResourceClaim watch event count stops moving (the last deletes' events
+    are sent after the DELETE answered)."""
+    samples = server.scrape()
+    events = claim_watch_events(samples)
+    while True:
+        time.sleep(0.5)
+        again = server.scrape()
+        if claim_watch_events(again) == events:
+            return events[0], events[1], again
+        samples, events = again, claim_watch_events(again)
+
+
+# --- one plugin, every size ----------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    n: int
+    start_requests: dict[str, float] = field(default_factory=dict)
+    start_seconds: float = 0.0
+    complete_after_first: float = 0.0
+    complete_after_last: float = 0.0
+    spawn_spread: float = 0.0
+    start_cpu: float = 0.0
+    idle_requests: dict[str, float] = field(default_factory=dict)
+    idle_cpu: float = 0.0
+    watches: dict[str, float] = field(default_factory=dict)
+    rss_mb: float = 0.0
+    heap_mb: float = 0.0
+    connections: int = 0
+    instance_rss_mb: list[float] = field(default_factory=list)
+    #: CPU seconds of each instance from its spawn to the end of the start window, and in the idle window.
+    instance_start_cpu: list[float] = field(default_factory=list)
+    instance_idle_cpu: list[float] = field(default_factory=list)
+    churn_events_per_change: float = 0.0
+    churn_bytes_per_change: float = 0.0
+    churn_requests: dict[str, float] = field(default_factory=dict)
+    churn_changes: int = 1
+    load: str = ""
+
+
+@dataclass
+class Result:
+    variant: Variant
+    baseline_rate: dict[str, float]
+    baseline_cpu: float
+    baseline_rss: float
+    baseline_heap: float
+    baseline_connections: int
+    baseline_watches: dict[str, float]
+    baseline_events_per_change: float
+    steps: list[Step]
+
+
+def net(window: Window, rate: dict[str, float], per: int) -> dict[str, float]:
+    """A window's requests less the control plane's own rate, per instance."""
+    keys = window.requests.keys() | rate.keys()
+    return {k: (window.requests.get(k, 0.0) - rate.get(k, 0.0) * window.seconds) / per for k in keys}
+
+
+def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
+    sizes: list[int] = opts.sizes
+    nodes = [node_name(i) for i in range(max(sizes))]
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/var/tmp"))
+    plane = ControlPlane(opts.k8s_bin, work / "plane", advertise_address=node_ip())
+    fleet = Fleet(variant, work / "nodes", {})
+    pools = None
+    try:
+        plane.start()
+        admin = load_client(str(plane.admin_kubeconfig))
+        assert admin is not None
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        admin.request("POST", "/api/v1/namespaces", body=namespace)
+        for node in nodes:
+            admin.request(
+                "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+            )
+            user = f"fleet-{node}"
+            grant_plugin_role(admin, user, variant.rbac)
+            fleet.kubeconfigs[node] = plane.kubeconfig_for(user, user)
+        pools = Pools(admin)
+        server = ApiServer(plane)
+        meter = Meter(server)
+        print(f"{variant.label}: control plane alone for {opts.idle:.0f}s", flush=True)
+        time.sleep(opts.settle)
+        meter.mark()
+        time.sleep(opts.idle)
+        quiet, quiet_samples = meter.since_mark()
+        rate = {k: v / quiet.seconds for k, v in quiet.requests.items()}
+        before_events = claim_watch_events(quiet_samples)
+        changes = churn(admin, variant.driver, nodes, opts, "0")
+        events, _, _ = settled_claim_events(server)
+        result = Result(
+            variant,
+            rate,
+            quiet.cpu / quiet.seconds,
+            server.rss(),
+            heap_mb(quiet_samples),
+            server.connections(),
+            watches(quiet_samples),
+            (events - before_events[0]) / changes,
+            [],
+        )
+        for n in sizes:
+            fleet.stop()
+            admin.request("DELETE", SLICES)
+            pools.wait_empty(60)
+            step = Step(n, load=f"{os.getloadavg()[0]:.2f}")
+            meter.mark()
+            first = last = time.perf_counter()
+            for i, node in enumerate(nodes[:n]):
+                if i and opts.stagger:
+                    time.sleep(opts.stagger)
+                last = time.perf_counter()
+                fleet.spawn(node)
+            complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
+            fleet.check_alive()
+            step.complete_after_first, step.complete_after_last = complete - first, complete - last
+            step.spawn_spread = last - first
+            time.sleep(opts.settle)
+            started, _ = meter.since_mark()
+            step.start_seconds = started.seconds
+            step.start_requests = net(started, rate, n)
+            step.start_cpu = started.cpu
+            step.instance_start_cpu = fleet.cpu_seconds()
+            meter.mark()
+            time.sleep(opts.idle)
+            idle, idle_samples = meter.since_mark()
+            step.instance_idle_cpu = [
+                (after - before) / idle.seconds
+                for before, after in zip(step.instance_start_cpu, fleet.cpu_seconds(), strict=True)
+            ]
+            fleet.check_alive()
+            step.idle_requests = {k: v * 60 / idle.seconds for k, v in net(idle, rate, n).items()}
+            step.idle_cpu = idle.cpu / idle.seconds
+            step.watches = difference(watches(idle_samples), result.baseline_watches)
+            step.rss_mb = server.rss()
+            step.heap_mb = heap_mb(idle_samples)
+            step.connections = server.connections()
+            step.instance_rss_mb = fleet.rss_mb()
+            meter.mark()
+            events_before, bytes_before, _ = settled_claim_events(server)
+            changes = step.churn_changes = churn(admin, variant.driver, nodes[:n], opts, str(n))
+            events, sizes_after, _ = settled_claim_events(server)
+            churned, _ = meter.since_mark()
+            step.churn_events_per_change = (events - events_before) / changes
+            step.churn_bytes_per_change = (sizes_after - bytes_before) / changes
+            # The bench's own writes (a create, a status update and a delete per claim) left out.
+            own = {"POST resourceclaims": opts.claims, "PUT resourceclaims/status": opts.claims}
+            own["DELETE resourceclaims"] = opts.claims
+            step.churn_requests = {k: v - own.get(k, 0) / n for k, v in net(churned, rate, n).items()}
+            result.steps.append(step)
+            print(f"{variant.label} N={n}: {summary_line(step)}", flush=True)
+        return result
+    finally:
+        fleet.stop()
+        if pools is not None:
+            pools.close()
+        plane.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def total(counts: dict[str, float], verbs: tuple[str, ...] | None = None) -> float:
+    return sum(v for k, v in counts.items() if verbs is None or k.split(" ", 1)[0] in verbs)
+
+
+def summary_line(step: Step) -> str:
+    return (
+        f"start {total(step.start_requests):.1f} req/node, complete {step.complete_after_last:.1f}s "
+        f"after the last spawn ({step.complete_after_first:.1f}s after the first), "
+        f"idle {total(step.idle_requests):.2f} req/node/min "
+        f"({total(step.idle_requests, WRITES):.2f} writes), "
+        f"watches {total(step.watches):.0f}, claim events/change {step.churn_events_per_change:.2f}, "
+        f"API server RSS {step.rss_mb:.0f} MB, "
+        f"instance RSS median {statistics.median(step.instance_rss_mb):.1f} MB, "
+        f"load {step.load}"
+    )
+
+
+def breakdown(counts: dict[str, float], threshold: float = 0.05) -> str:
+    """The per-node requests by verb and resource, those above the noise."""
+    shown = sorted((k, v) for k, v in counts.items() if abs(v) >= threshold)
+    return ", ".join(f"{k} {v:.1f}" for k, v in shown) or "none"
+
+
+ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
+    ("start: requests per node", "{:.1f}", lambda s: total(s.start_requests)),
+    ("start: writes per node", "{:.1f}", lambda s: total(s.start_requests, WRITES)),
+    ("start: last spawn -> every pool complete (s)", "{:.1f}", lambda s: s.complete_after_last),
+    ("start: first spawn -> every pool complete (s)", "{:.1f}", lambda s: s.complete_after_first),
+    ("start: first spawn -> last spawn (s)", "{:.1f}", lambda s: s.spawn_spread),
+    ("idle: requests per node per minute", "{:.2f}", lambda s: total(s.idle_requests)),
+    ("idle: writes per node per minute", "{:.2f}", lambda s: total(s.idle_requests, WRITES)),
+    ("watches open (all instances)", "{:.0f}", lambda s: total(s.watches)),
+    ("ResourceClaim watches open", "{:.0f}", lambda s: s.watches.get("resourceclaims", 0.0)),
+    ("claim churn: watch events per claim change", "{:.2f}", lambda s: s.churn_events_per_change),
+    ("claim churn: watch bytes per claim change", "{:,.0f}", lambda s: s.churn_bytes_per_change),
+    (
+        "claim churn: plugin requests per node per claim change",
+        "{:.3f}",
+        lambda s: total(s.churn_requests) / s.churn_changes,
+    ),
+    ("API server idle CPU (% of a core)", "{:.2f}", lambda s: s.idle_cpu * 100),
+    ("API server CPU during start (s)", "{:.1f}", lambda s: s.start_cpu),
+    ("API server RSS after idle (MB)", "{:.0f}", lambda s: s.rss_mb),
+    ("API server Go heap in use after idle (MB)", "{:.1f}", lambda s: s.heap_mb),
+    ("TCP connections to the API server", "{:.0f}", lambda s: s.connections),
+    (
+        "instance CPU from spawn to complete + settle, median (s)",
+        "{:.2f}",
+        lambda s: statistics.median(s.instance_start_cpu),
+    ),
+    (
+        "instance idle CPU, median (% of a core)",
+        "{:.2f}",
+        lambda s: statistics.median(s.instance_idle_cpu) * 100,
+    ),
+    ("instance RSS, median (MB)", "{:.1f}", lambda s: statistics.median(s.instance_rss_mb)),
+    ("instances' RSS, all (MB)", "{:,.0f}", lambda s: sum(s.instance_rss_mb)),
+]
+
+
+def report(results: list[Result], sizes: list[int]) -> str:
+    lines = []
+    head = " | ".join(f"N={n}" for n in sizes)
+    for result in results:
+        lines += [f"#### {result.variant.label}", ""]
+        lines.append(f"| figure | N=0 | {head} | slope per added node |")
+        lines.append("|" + " --- |" * (len(sizes) + 3))
+        for label, form, value in ROWS:
+            values = [value(s) for s in result.steps]
+            zero = {
+                "watches open (all instances)": "0",
+                "ResourceClaim watches open": "0",
+                "claim churn: watch events per claim change": f"{result.baseline_events_per_change:.2f}",
+                "API server idle CPU (% of a core)": f"{result.baseline_cpu * 100:.2f}",
+                "API server RSS after idle (MB)": f"{result.baseline_rss:.0f}",
+                "API server Go heap in use after idle (MB)": f"{result.baseline_heap:.1f}",
+                "TCP connections to the API server": f"{result.baseline_connections}",
+            }.get(label, "")
+            slope = f"{least_squares_slope(sizes, values):.3g}" if len(sizes) > 1 else "-"
+            cells = " | ".join(form.format(v) for v in values)
+            lines.append(f"| {label} | {zero} | {cells} | {slope} |")
+        lines.append("")
+        for step in result.steps:
+            lines.append(f"- N={step.n} start, per node: {breakdown(step.start_requests)}")
+            lines.append(f"- N={step.n} idle, per node per minute: {breakdown(step.idle_requests)}")
+            lines.append(f"- N={step.n} watches open: {breakdown(step.watches)}; load average {step.load}")
+        lines.append(
+            "- control plane alone, per minute: "
+            + breakdown({k: v * 60 for k, v in result.baseline_rate.items()})
+        )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def variant_arg(value: str) -> tuple[str, Path, Path]:
+    label, _, rest = value.partition("=")
+    executable, _, rbac = rest.partition("=")
+    if not label or not executable:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected LABEL=EXECUTABLE[=RBAC]")
+    return label, Path(executable), Path(rbac) if rbac else RBAC
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--k8s-bin", type=Path, default=os.environ.get("DRADRIVER_E2E_BIN"))
+    parser.add_argument("--go-plugin", type=Path)
+    parser.add_argument("--no-go", action="store_true")
+    parser.add_argument("--ours", type=variant_arg, action="append", default=[])
+    parser.add_argument(
+        "--sizes", type=lambda v: sorted(int(n) for n in v.split(",")), default=[1, 10, 50, 100]
+    )
+    parser.add_argument("--idle", type=float, default=40.0, help="seconds of each idle window")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after every pool is complete")
+    parser.add_argument("--stagger", type=float, default=0.0, help="seconds between two spawns")
+    parser.add_argument("--start-timeout", type=float, default=300.0)
+    parser.add_argument("--claims", type=int, default=40)
+    parser.add_argument("--claim-rate", type=float, default=4.0, help="claims created per second")
+    parser.add_argument("--claim-life", type=int, default=4, help="claims alive at once")
+    opts = parser.parse_args()
+    if opts.k8s_bin is None:
+        parser.error("--k8s-bin (or DRADRIVER_E2E_BIN) is required")
+    variants = [ours(label, executable, rbac) for label, executable, rbac in opts.ours]
+    if not opts.no_go:
+        if opts.go_plugin is None:
+            parser.error("--go-plugin is required (or --no-go)")
+        variants.append(go(opts.go_plugin))
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    results = [run_variant(v, opts) for v in variants]
+    print()
+    print(f"started {started}, {os.cpu_count()} CPUs, load average now {os.getloadavg()}")
+    print(report(results, opts.sizes))
+
+
+if __name__ == "__main__":
+    main()
