@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bench_vs_go import RBAC, grant_plugin_role
+from bench.bench_vs_go import RBAC, dradriver_argv, go_argv, grant_plugin_role
 from bench.common import Samples, cpu_seconds, least_squares_slope, metric_sum, parse_metrics, rss_mb
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
@@ -73,7 +73,6 @@ from dradriver.kube.client import WatchEvent
 from dradriver.kube.reflector import Reflector
 from dradriver.kube.retry import Backoff
 from tests.e2e.cluster import ControlPlane, node_ip
-from tests.helpers import write_gpu_profile
 
 NAMESPACE = "fleet"
 DEVICES = 8
@@ -103,13 +102,7 @@ def ours(label: str, executable: Path, rbac: Path) -> Variant:
     driver = "gpu.dradriver.dev"
 
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
-        profile = write_gpu_profile(root / "profile.yaml", DEVICES)
-        return [
-            str(executable), "serve", "--fake-gpus", str(profile), "--node-name", node,
-            "--driver-name", driver,
-            "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-            "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
-        ]  # fmt: skip
+        return dradriver_argv(executable, node, driver, root, kubeconfig, DEVICES)
 
     return Variant(label, driver, rbac, argv)
 
@@ -118,12 +111,7 @@ def go(binary: Path) -> Variant:
     driver = "gpu.example.com"
 
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
-        return [
-            str(binary), "--node-name", node, "--driver-name", driver, "--device-profile", "gpu",
-            "--num-devices", str(DEVICES), "--cdi-root", str(root / "cdi"),
-            "--kubelet-registrar-directory-path", str(root / "reg"),
-            "--kubelet-plugins-directory-path", str(root / "plugins"), "--kubeconfig", str(kubeconfig),
-        ]  # fmt: skip
+        return go_argv(binary, node, driver, root, kubeconfig, DEVICES)
 
     return Variant("Go reference", driver, RBAC, argv)
 

@@ -91,18 +91,35 @@ class Plugin:
         return root / "reg" / f"{self.driver}-reg.sock", root / "plugins" / self.driver / "dra.sock"
 
 
+def go_argv(binary: Path, node: str, driver: str, root: Path, kubeconfig: Path, devices: int) -> list[str]:
+    """The Go reference on `root`'s kubelet directories (reg, plugins) and CDI directory."""
+    return [
+        str(binary), "--node-name", node, "--driver-name", driver, "--device-profile", "gpu",
+        "--num-devices", str(devices), "--cdi-root", str(root / "cdi"),
+        "--kubelet-registrar-directory-path", str(root / "reg"),
+        "--kubelet-plugins-directory-path", str(root / "plugins"), "--kubeconfig", str(kubeconfig),
+    ]  # fmt: skip
+
+
+def dradriver_argv(
+    executable: Path, node: str, driver: str, root: Path, kubeconfig: Path, devices: int
+) -> list[str]:
+    """`serve` on fake GPUs (a profile of `devices` GPUs) with `root`'s directories, as go_argv."""
+    profile = write_gpu_profile(root / "profile.yaml", devices)
+    return [
+        str(executable), "serve", "--fake-gpus", str(profile), "--node-name", node,
+        "--driver-name", driver,
+        "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+        "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
+    ]  # fmt: skip
+
+
 def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
     driver = "gpu.example.com"
 
     def argv(root: Path, kubeconfig: Path, devices: int) -> list[str]:
         limit = ["--kube-api-qps", "1000", "--kube-api-burst", "1000"] if raised_limit else []
-        return [
-            str(binary), "--node-name", NODE, "--driver-name", driver, "--device-profile", "gpu",
-            "--num-devices", str(devices), "--cdi-root", str(root / "cdi"),
-            "--kubelet-registrar-directory-path", str(root / "reg"),
-            "--kubelet-plugins-directory-path", str(root / "plugins"), "--kubeconfig", str(kubeconfig),
-            *limit,
-        ]  # fmt: skip
+        return [*go_argv(binary, NODE, driver, root, kubeconfig, devices), *limit]
 
     label = "Go reference" if raised_limit else "Go reference (default client limit)"
     return Plugin(label, driver, "go", argv)
@@ -114,13 +131,7 @@ def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
     driver = "gpu-baseline.dradriver.dev" if baseline else "gpu.dradriver.dev"
 
     def argv(root: Path, kubeconfig: Path, devices: int) -> list[str]:
-        profile = write_gpu_profile(root / "profile.yaml", devices)
-        return [
-            str(executable), "serve", "--fake-gpus", str(profile), "--node-name", NODE,
-            "--driver-name", driver,
-            "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-            "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
-        ]  # fmt: skip
+        return dradriver_argv(executable, NODE, driver, root, kubeconfig, devices)
 
     if baseline:
         return Plugin("dradriver baseline", driver, "base", argv)

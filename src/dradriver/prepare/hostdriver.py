@@ -24,6 +24,7 @@ mounts the host's driver root elsewhere). Specs must contain host paths.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -132,6 +133,20 @@ def _is_elf_executable(path: Path) -> bool:
         return False
 
 
+def _names_in(directory: Path) -> tuple[str, ...]:
+    """The entries of a library directory: listed once for all the libraries looked up in it (a
+    distribution's /usr/lib/<triplet> holds over a thousand), again only once it has changed."""
+    try:
+        return _listing(str(directory), directory.stat().st_mtime_ns)
+    except OSError:
+        return ()
+
+
+@functools.lru_cache(maxsize=16)
+def _listing(directory: str, mtime_ns: int) -> tuple[str, ...]:  # noqa: ARG001 - the cache key
+    return tuple(os.listdir(directory))
+
+
 def _versioned_library(driver_root: Path, name: str) -> Path | None:
     """The file `name` (libcuda.so.580.159.04) in the library directories, or reached from them
     through a link by any other name (only `libcuda.so.1 -> /usr/local/nvidia/lib64/...` there)."""
@@ -143,7 +158,8 @@ def _versioned_library(driver_root: Path, name: str) -> Path | None:
         if base is None or not base.is_dir():
             continue
         # The unversioned development link (libcuda.so) too.
-        for entry in sorted(base.glob(f"{name.partition('.so.')[0]}.so*")):
+        prefix = f"{name.partition('.so.')[0]}.so"
+        for entry in sorted(base / n for n in _names_in(base) if n.startswith(prefix)):
             target = resolve_in_root(driver_root, str(entry.relative_to(driver_root)))
             if target is not None and target.name == name and target.is_file():
                 return target
