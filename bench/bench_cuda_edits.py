@@ -50,7 +50,7 @@ def driver_root(root: Path) -> tuple[Path, Path]:
     version = inventory.driver_version
     libs = root / "driver" / LIB_DIR
     libs.mkdir(parents=True)
-    nvml = build_library(root / "build")
+    nvml = build_library(root / "build", max_gpus=128)
     fakes = cuda.build(root / "build" / "cuda")
     for library in COMPUTE_LIBRARIES:
         source = nvml if library == "libnvidia-ml" else fakes.libcuda

@@ -73,7 +73,7 @@ def main() -> None:
         tmp = Path(work)
         fake = fake_driver(build_library(tmp / "lib"), tmp, inventory)
         config, unloaded = fake.config, fake.unloaded
-        serve = ServeProcess(root, ["--rescan-interval", "0"], fake.env, fake_gpus=None)
+        serve = ServeProcess(root, ["--rescan-interval", "0", *fake.serve_args], fake.env, fake_gpus=None)
         refs = []
         for gpu in range(len(inventory.gpus)):
             claim = allocated_claim(f"claim-{gpu}", uid(gpu), [{"request": "gpu", "device": f"gpu-{gpu}"}])

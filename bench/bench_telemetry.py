@@ -91,7 +91,7 @@ def telemetry_node(
     if nvml:
         write_proc(inventory, proc)
         lib_dir = root / "lib"
-        build_library(lib_dir)
+        build_library(lib_dir, telemetry=True)
         (root / "nvml.conf").write_text(config_text(inventory))
         (root / "driver-root").mkdir()
         env = {

@@ -55,7 +55,9 @@
  *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
  *                            the GPU registered for it; rewrite the config file first
  *
- * Telemetry: the environment variable FAKE_NVML_TELEMETRY names a file that every telemetry call
+ * Telemetry, in a build with -DFAKE_NVML_TELEMETRY_CALLS (harness.build_library(telemetry=True);
+ * the other builds keep the layout the driver-reload test was written against): the environment
+ * variable FAKE_NVML_TELEMETRY names a file that every telemetry call
  * reads again when it changed (so a test can change the figures under a running reader). Lines
  * (fields separated by spaces; GPU is the NVML index; a GPU with no line is idle):
  *
@@ -118,7 +120,9 @@ enum {
 /* What a line on the events FIFO produced when it is not an event. */
 #define NO_EVENT (-1)
 
-#define MAX_GPUS 128 /* the prepare benchmarks publish 128 */
+#ifndef MAX_GPUS
+#define MAX_GPUS 64 /* build with -DMAX_GPUS=128 for the prepare benchmarks' 128 */
+#endif
 #define MAX_PROFILES 256
 #define MAX_GIS 256
 #define MAX_CIS 512
@@ -696,22 +700,31 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *m
     return NVML_SUCCESS;
 }
 
+#ifdef FAKE_NVML_TELEMETRY_CALLS
 static unsigned long long telemetry_used(void *device);
+#endif
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
     ENTER("nvmlDeviceGetMemoryInfo", device);
     struct gpu *g = as_gpu(device);
+#ifdef FAKE_NVML_TELEMETRY_CALLS
     struct ci *mig = as_ci(device, KIND_MIG);
     if (mig) {
         memory->total = memory->free = mig->memory_mb * 1024 * 1024;
         memory->used = 0;
         return NVML_SUCCESS;
     }
+#endif
     if (!g)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = g->memory;
+#ifdef FAKE_NVML_TELEMETRY_CALLS
     memory->used = telemetry_used(device);
     memory->free = g->memory - memory->used;
+#else
+    memory->free = g->memory;
+    memory->used = 0;
+#endif
     return NVML_SUCCESS;
 }
 
@@ -1212,6 +1225,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
             *device = &state.gpus[i].tag;
             return NVML_SUCCESS;
         }
+#ifdef FAKE_NVML_TELEMETRY_CALLS
     for (int i = 0; i < state.ncis; i++) /* MIG devices too, as NVML since R470 */
         if (state.cis[i].alive && !strcmp(state.cis[i].uuid, uuid)) {
             if (state.gpus[state.gis[state.cis[i].gi].gpu].lost)
@@ -1219,6 +1233,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
             *device = &state.cis[i].tag;
             return NVML_SUCCESS;
         }
+#endif
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -1413,6 +1428,7 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned time
 }
 
 /* --- telemetry (FAKE_NVML_TELEMETRY) ----------------------------------------------------------- */
+#ifdef FAKE_NVML_TELEMETRY_CALLS
 
 #define MAX_PROCS 64
 #define MAX_NVLINKS 18
@@ -1624,3 +1640,4 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizatio
         return NVML_ERROR_NOT_FOUND;
     return listed(sampled, count, samples != NULL);
 }
+#endif /* FAKE_NVML_TELEMETRY_CALLS */

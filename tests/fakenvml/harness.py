@@ -55,15 +55,34 @@ def compiler() -> str | None:
     return shutil.which("cc")
 
 
-def build_library(out_dir: Path, soname: str = SONAME) -> Path:
-    """Compile the fake with the system C compiler into `out_dir/<soname>`; returns its path."""
+def build_library(
+    out_dir: Path, soname: str = SONAME, *, telemetry: bool = False, max_gpus: int | None = None
+) -> Path:
+    """Compile the fake with the system C compiler into `out_dir/<soname>`; returns its path.
+    `telemetry`: with the telemetry calls (FAKE_NVML_TELEMETRY); `max_gpus`: room for more GPUs
+    than the default 64."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH")
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / soname
+    defines = (["-DFAKE_NVML_TELEMETRY_CALLS"] if telemetry else []) + (
+        [f"-DMAX_GPUS={max_gpus}"] if max_gpus else []
+    )
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{soname}", "-o", library, SOURCE],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            *defines,
+            f"-Wl,-soname,{soname}",
+            "-o",
+            library,
+            SOURCE,
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -207,13 +226,15 @@ class EventPipe:
 
 @dataclass
 class FakeDriver:
-    """The fake NVML as a process under test loads it (`env`), and what drives it: its config,
-    its events FIFO, and the file whose existence unloads the host driver."""
+    """The fake NVML as a process under test loads it (`env`, and `serve_args`: its /proc files,
+    the nvidia-uvm major among them, which prepare needs), and what drives it: its config, its
+    events FIFO, and the file whose existence unloads the host driver."""
 
     config: Path
     events: EventPipe
     unloaded: Path
     env: dict[str, str]
+    serve_args: tuple[str, ...]
 
 
 def fake_driver(library: Path, directory: Path, inventory: NodeInventory) -> FakeDriver:
@@ -222,10 +243,11 @@ def fake_driver(library: Path, directory: Path, inventory: NodeInventory) -> Fak
     config.write_text(config_text(inventory))
     events = EventPipe(directory / "nvml-events")
     unloaded = directory / "driver-unloaded"
+    write_proc(inventory, directory / "proc")
     env = {
         "LD_LIBRARY_PATH": str(library.parent),
         CONFIG_ENV: str(config),
         EVENTS_ENV: str(events.path),
         UNLOADED_ENV: str(unloaded),
     }
-    return FakeDriver(config, events, unloaded, env)
+    return FakeDriver(config, events, unloaded, env, ("--proc-root", str(directory / "proc")))
