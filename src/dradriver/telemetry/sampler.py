@@ -30,6 +30,7 @@ from dradriver.telemetry.model import (
     Reading,
     Target,
     holders_by_device,
+    pod_uid_of_cgroup,
     readings,
 )
 
@@ -57,7 +58,6 @@ class Snapshot:
 
 def pod_of_pid(proc_root: Path) -> Callable[[int], str | None]:
     """The pod UID of a process, from `<proc_root>/<pid>/cgroup` (None: gone, or not in a pod)."""
-    from dradriver.telemetry.model import pod_uid_of_cgroup
 
     def lookup(pid: int) -> str | None:
         try:

@@ -37,18 +37,13 @@ class IdleReporter:
         log.warning("claim idle", claim=holder.claim, uid=holder.claim_uid, idle_seconds=round(seconds))
         if self._events is None:
             return
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "namespace": holder.claim_namespace,
-            "name": holder.claim_name,
-            "uid": holder.claim_uid,
-        }
-        self._events.send_about(claim, holder.claim_namespace, "GPUIdle", message, "Warning")
-        for pod in holder.pods:
-            involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
-            involved["uid"] = pod.uid
-            self._events.send_about(involved, pod.namespace, "GPUIdle", message, "Warning")
+        claim = ("resource.k8s.io/v1", "ResourceClaim", holder.claim_namespace, holder.claim_name)
+        about = [(*claim, holder.claim_uid)]
+        about += [("v1", "Pod", pod.namespace, pod.name, pod.uid) for pod in holder.pods]
+        for api_version, kind, namespace, name, uid in about:
+            involved = {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}
+            involved["uid"] = uid
+            self._events.send_about(involved, namespace, "GPUIdle", message, "Warning")
 
 
 def start(
