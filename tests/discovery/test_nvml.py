@@ -89,6 +89,18 @@ def test_error_on_one_gpu_skips_it_and_reports_why(fake_node: FakeNodeFactory) -
     assert names == ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
 
 
+def test_host_driver_unloaded_mid_scan_fails_the_scan_rather_than_skip_live_gpus(
+    fake_node: FakeNodeFactory,
+) -> None:
+    """The host driver unloaded after the count was read (a driver upgrade racing a rescan): the
+    GPUs after that point are not gone, so the scan fails (the rescan keeps what is published)."""
+    expected = open_library("dgx-h100").discover()
+    unloaded = Failure("nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_DRIVER_NOT_LOADED, gpu=6)
+    node = fake_node(expected, [unloaded])
+    with pytest.raises(DiscoveryError, match=r"host driver went away during the scan: .*Driver Not Loaded"):
+        node.discover()
+
+
 def test_lost_gpu_is_skipped(fake_node: FakeNodeFactory) -> None:
     expected = open_library("t4x4").discover()
     got = fake_node(

@@ -56,9 +56,8 @@
  *                            the GPU registered for it; rewrite the config file first
  *
  * Telemetry, in a build with -DFAKE_NVML_TELEMETRY_CALLS (harness.build_library(telemetry=True);
- * the other builds keep the layout the driver-reload test was written against): the environment
- * variable FAKE_NVML_TELEMETRY names a file that every telemetry call
- * reads again when it changed (so a test can change the figures under a running reader). Lines
+ * without it the telemetry symbols are absent, as on a driver without them): the environment
+ * variable FAKE_NVML_TELEMETRY names a file that every telemetry call reads again when it changed (so a test can change the figures under a running reader). Lines
  * (fields separated by spaces; GPU is the NVML index; a GPU with no line is idle):
  *
  *   util GPU SM MEM                  utilisation rates in percent (default 0 0)
@@ -111,6 +110,18 @@ enum {
     NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_UNKNOWN = 999,
 };
+
+/* Real NVML is thread-safe, and serve calls it from several threads (health, rescan, telemetry):
+   every exported call holds this lock, or a re-initialisation (which reloads the whole table)
+   could be seen half-done by another thread's enumeration. Recursive: calls call calls. */
+static pthread_mutex_t nvml_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static void nvml_unlock(int *locked) {
+    if (*locked)
+        pthread_mutex_unlock(&nvml_lock);
+}
+#define GUARD                                                                      \
+    pthread_mutex_lock(&nvml_lock);                                                \
+    __attribute__((cleanup(nvml_unlock))) int nvml_locked_ = 1
 
 #define EVENT_TYPE_SINGLE_BIT_ECC 0x1ULL
 #define EVENT_TYPE_DOUBLE_BIT_ECC 0x2ULL
@@ -585,6 +596,7 @@ static void reload_config(void) {
 }
 
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
+    GUARD;
     (void)flags;
     if (driver_unloaded())
         return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -607,6 +619,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 
 nvmlReturn_t nvmlShutdown(void) {
+    GUARD;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     if (--state.initialized == 0)
@@ -619,23 +632,27 @@ const char *nvmlErrorString(nvmlReturn_t result) {
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned length) {
+    GUARD;
     ENTER("nvmlSystemGetDriverVersion", NULL);
     return put_string(version, length, state.driver);
 }
 
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    GUARD;
     ENTER("nvmlSystemGetCudaDriverVersion", NULL);
     *version = state.cuda;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
+    GUARD;
     ENTER("nvmlDeviceGetCount_v2", NULL);
     *count = (unsigned)state.ngpus;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
+    GUARD;
     if (driver_unloaded())
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
@@ -650,6 +667,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **device) {
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned length) {
+    GUARD;
     pthread_mutex_lock(&mig_lock);
     nvmlReturn_t ret = injected("nvmlDeviceGetUUID", gpu_of(device));
     struct gpu *g = as_gpu(device);
@@ -667,12 +685,14 @@ nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned length) {
 }
 
 nvmlReturn_t nvmlDeviceGetName(void *device, char *name, unsigned length) {
+    GUARD;
     ENTER("nvmlDeviceGetName", device);
     struct gpu *g = as_gpu(device);
     return g ? put_string(name, length, g->name) : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 nvmlReturn_t nvmlDeviceGetBrand(void *device, unsigned *brand) {
+    GUARD;
     ENTER("nvmlDeviceGetBrand", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -682,6 +702,7 @@ nvmlReturn_t nvmlDeviceGetBrand(void *device, unsigned *brand) {
 }
 
 nvmlReturn_t nvmlDeviceGetArchitecture(void *device, unsigned *arch) {
+    GUARD;
     ENTER("nvmlDeviceGetArchitecture", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -691,6 +712,7 @@ nvmlReturn_t nvmlDeviceGetArchitecture(void *device, unsigned *arch) {
 }
 
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *minor) {
+    GUARD;
     ENTER("nvmlDeviceGetCudaComputeCapability", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -705,6 +727,7 @@ static unsigned long long telemetry_used(void *device);
 #endif
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
+    GUARD;
     ENTER("nvmlDeviceGetMemoryInfo", device);
     struct gpu *g = as_gpu(device);
 #ifdef FAKE_NVML_TELEMETRY_CALLS
@@ -729,6 +752,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory) {
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
+    GUARD;
     ENTER("nvmlDeviceGetMemoryInfo_v2", device);
     struct gpu *g = as_gpu(device);
     /* nvmlMemory_v2 = sizeof(nvmlMemory_v2_t) | 2 << 24, as NVML checks it. */
@@ -742,6 +766,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *device, nvmlMemory_v2_t *memory) {
 }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
+    GUARD;
     ENTER("nvmlDeviceGetPciInfo_v3", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -753,6 +778,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *device, nvmlPciInfo_t *pci) {
 }
 
 nvmlReturn_t nvmlDeviceGetMinorNumber(void *device, unsigned *minor) {
+    GUARD;
     ENTER("nvmlDeviceGetMinorNumber", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -762,6 +788,7 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(void *device, unsigned *minor) {
 }
 
 nvmlReturn_t nvmlDeviceGetNumaNodeId(void *device, unsigned *node) {
+    GUARD;
     ENTER("nvmlDeviceGetNumaNodeId", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -778,6 +805,7 @@ typedef struct {
 } nvmlDeviceAddressingMode_t;
 
 nvmlReturn_t nvmlDeviceGetAddressingMode(void *device, nvmlDeviceAddressingMode_t *mode) {
+    GUARD;
     ENTER("nvmlDeviceGetAddressingMode", device);
     struct gpu *g = as_gpu(device);
     if (!g || !mode)
@@ -789,6 +817,7 @@ nvmlReturn_t nvmlDeviceGetAddressingMode(void *device, nvmlDeviceAddressingMode_
 }
 
 nvmlReturn_t nvmlDeviceGetModuleId(void *device, unsigned *module_id) {
+    GUARD;
     ENTER("nvmlDeviceGetModuleId", device);
     struct gpu *g = as_gpu(device);
     if (!g || !module_id)
@@ -798,6 +827,7 @@ nvmlReturn_t nvmlDeviceGetModuleId(void *device, unsigned *module_id) {
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned *current, unsigned *pending) {
+    GUARD;
     ENTER("nvmlDeviceGetMigMode", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -809,6 +839,7 @@ nvmlReturn_t nvmlDeviceGetMigMode(void *device, unsigned *current, unsigned *pen
 }
 
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *device, unsigned *count) {
+    GUARD;
     ENTER("nvmlDeviceGetMaxMigDeviceCount", device);
     struct gpu *g = as_gpu(device);
     if (!g)
@@ -829,6 +860,7 @@ static nvmlReturn_t mig_device_by_index(struct gpu *g, unsigned index, void **mi
 }
 
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *device, unsigned index, void **mig) {
+    GUARD;
     ENTER("nvmlDeviceGetMigDeviceHandleByIndex", device);
     struct gpu *g = as_gpu(device);
     if (!g || index >= 7)
@@ -860,18 +892,22 @@ static nvmlReturn_t read_ci(const char *name, void *device, int what, unsigned *
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *device, unsigned *id) {
+    GUARD;
     return read_ci("nvmlDeviceGetGpuInstanceId", device, 0, id, NULL);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *device, unsigned *id) {
+    GUARD;
     return read_ci("nvmlDeviceGetComputeInstanceId", device, 1, id, NULL);
 }
 
 nvmlReturn_t nvmlDeviceGetAttributes_v2(void *device, nvmlDeviceAttributes_t *attributes) {
+    GUARD;
     return read_ci("nvmlDeviceGetAttributes_v2", device, 2, NULL, attributes);
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *device, unsigned id, void **instance) {
+    GUARD;
     ENTER("nvmlDeviceGetGpuInstanceById", device);
     struct gpu *g = as_gpu(device);
     if (!g || !instance)
@@ -885,6 +921,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *device, unsigned id, void **inst
 }
 
 nvmlReturn_t nvmlGpuInstanceGetInfo(void *instance, nvmlGpuInstanceInfo_t *info) {
+    GUARD;
     pthread_mutex_lock(&mig_lock);
     struct gi *g = as_gi(instance);
     nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
@@ -897,6 +934,7 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(void *instance, nvmlGpuInstanceInfo_t *info)
 }
 
 nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *instance, unsigned id, void **compute) {
+    GUARD;
     pthread_mutex_lock(&mig_lock);
     struct gi *g = as_gi(instance);
     nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
@@ -913,6 +951,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *instance, unsigned id, 
 }
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *compute, nvmlComputeInstanceInfo_t *info) {
+    GUARD;
     pthread_mutex_lock(&mig_lock);
     struct ci *c = as_ci(compute, KIND_CI);
     nvmlReturn_t ret = !state.initialized ? NVML_ERROR_UNINITIALIZED
@@ -934,6 +973,7 @@ static struct profile *find_profile(int gpu, int by_index, unsigned key) {
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(void *device, unsigned index, nvmlGpuInstanceProfileInfo_v2_t *info) {
+    GUARD;
     ENTER("nvmlDeviceGetGpuInstanceProfileInfoV", device);
     struct gpu *g = as_gpu(device);
     if (!g || info->version != ((unsigned)sizeof(nvmlGpuInstanceProfileInfo_v2_t) | 2u << 24))
@@ -951,6 +991,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(void *device, unsigned index, 
 
 nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigned profile_id, nvmlPlacement_t *placements,
                                                            unsigned *count) {
+    GUARD;
     ENTER("nvmlDeviceGetGpuInstancePossiblePlacements_v2", device);
     struct gpu *g = as_gpu(device);
     struct profile *p = g ? find_profile(g->tag.index, 0, profile_id) : NULL;
@@ -1052,6 +1093,7 @@ static nvmlReturn_t create_gi(struct gpu *g, unsigned profile_id, const nvmlPlac
 
 nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *device, unsigned profile_id, const nvmlPlacement_t *placement,
                                                       void **instance) {
+    GUARD;
     ENTER("nvmlDeviceCreateGpuInstanceWithPlacement", device);
     struct gpu *g = as_gpu(device);
     if (!g || !placement || !instance)
@@ -1065,6 +1107,7 @@ nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *device, unsigned pro
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstances(void *device, unsigned profile_id, void **instances, unsigned *count) {
+    GUARD;
     ENTER("nvmlDeviceGetGpuInstances", device);
     struct gpu *g = as_gpu(device);
     if (!g || !count || !find_profile(g->tag.index, 0, profile_id))
@@ -1090,6 +1133,7 @@ static const unsigned ci_profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
 
 nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *instance, unsigned profile, unsigned eng_profile,
                                                            nvmlComputeInstanceProfileInfo_v2_t *info) {
+    GUARD;
     pthread_mutex_lock(&mig_lock);
     struct gi *g = as_gi(instance);
     struct profile *p = g ? find_profile(g->gpu, 0, g->profile_id) : NULL;
@@ -1151,6 +1195,7 @@ static nvmlReturn_t create_ci(struct gi *g, unsigned profile_id, void **compute)
 }
 
 nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *instance, unsigned profile_id, void **compute) {
+    GUARD;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&mig_lock);
@@ -1168,6 +1213,7 @@ nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *instance, unsigned profi
 }
 
 nvmlReturn_t nvmlComputeInstanceDestroy(void *compute) {
+    GUARD;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&mig_lock);
@@ -1189,6 +1235,7 @@ nvmlReturn_t nvmlComputeInstanceDestroy(void *compute) {
 }
 
 nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
+    GUARD;
     if (!state.initialized)
         return NVML_ERROR_UNINITIALIZED;
     pthread_mutex_lock(&mig_lock);
@@ -1212,6 +1259,7 @@ nvmlReturn_t nvmlGpuInstanceDestroy(void *instance) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    GUARD;
     if (driver_unloaded())
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
@@ -1238,6 +1286,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
 }
 
 nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned sensor, unsigned *temperature) {
+    GUARD;
     ENTER("nvmlDeviceGetTemperature", device);
     struct gpu *g = as_gpu(device);
     if (!g || sensor != 0 || !temperature)
@@ -1249,6 +1298,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(void *device, unsigned sensor, unsigned *t
 /* errorType 1 = uncorrected, counterType 0 = volatile: the only counter this fake keeps. */
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned error_type, unsigned counter_type,
                                          unsigned long long *count) {
+    GUARD;
     ENTER("nvmlDeviceGetTotalEccErrors", device);
     struct gpu *g = as_gpu(device);
     if (!g || !count)
@@ -1259,6 +1309,7 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *device, unsigned error_type, unsi
 
 nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned *corrected, unsigned *uncorrected, unsigned *pending,
                                        unsigned *failure) {
+    GUARD;
     ENTER("nvmlDeviceGetRemappedRows", device);
     struct gpu *g = as_gpu(device);
     if (!g || !corrected || !uncorrected || !pending || !failure)
@@ -1275,6 +1326,7 @@ static int g_mig_capable(void *device) {
 }
 
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) {
+    GUARD;
     ENTER("nvmlDeviceGetSupportedEventTypes", device);
     if (!as_gpu(device) || !types)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -1289,6 +1341,7 @@ static struct event_set *as_event_set(void *handle) {
 }
 
 nvmlReturn_t nvmlEventSetCreate(void **set) {
+    GUARD;
     if (driver_unloaded())
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
@@ -1315,6 +1368,7 @@ nvmlReturn_t nvmlEventSetCreate(void **set) {
 }
 
 nvmlReturn_t nvmlEventSetFree(void *set) {
+    GUARD;
     if (!as_event_set(set))
         return NVML_ERROR_INVALID_ARGUMENT;
     close_event_set();
@@ -1322,6 +1376,7 @@ nvmlReturn_t nvmlEventSetFree(void *set) {
 }
 
 nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long types, void *set) {
+    GUARD;
     ENTER("nvmlDeviceRegisterEvents", device);
     struct gpu *g = as_gpu(device);
     if (!g || !as_event_set(set))
@@ -1391,6 +1446,7 @@ static long long now_ms(void) {
 }
 
 nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    GUARD;
     if (driver_unloaded())
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (!state.initialized)
@@ -1409,7 +1465,10 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned time
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         struct pollfd p = {event_set.fd, POLLIN, 0};
+        /* The only call that blocks: other threads' calls go on while it waits. */
+        pthread_mutex_unlock(&nvml_lock);
         int ready = poll(&p, event_set.fd >= 0 ? 1 : 0, (int)left);
+        pthread_mutex_lock(&nvml_lock);
         if (ready < 0 && errno != EINTR)
             return NVML_ERROR_UNKNOWN;
         if (ready > 0) {
@@ -1548,12 +1607,14 @@ typedef struct {
         return code_;
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *rates) {
+    GUARD;
     FIGURES("nvmlDeviceGetUtilizationRates", device);
     *rates = (nvmlUtilization_t){f.sm, f.mem};
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned *milliwatts) {
+    GUARD;
     FIGURES("nvmlDeviceGetPowerUsage", device);
     *milliwatts = f.power;
     return NVML_SUCCESS;
@@ -1561,6 +1622,7 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(void *device, unsigned *milliwatts) {
 
 /* NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 */
 nvmlReturn_t nvmlDeviceGetClockInfo(void *device, unsigned type, unsigned *mhz) {
+    GUARD;
     FIGURES("nvmlDeviceGetClockInfo", device);
     if (type != 1 && type != 2)
         return NVML_ERROR_NOT_SUPPORTED;
@@ -1569,12 +1631,14 @@ nvmlReturn_t nvmlDeviceGetClockInfo(void *device, unsigned type, unsigned *mhz) 
 }
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *device, unsigned long long *reasons) {
+    GUARD;
     FIGURES("nvmlDeviceGetCurrentClocksEventReasons", device);
     *reasons = f.reasons;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned link, unsigned *active) {
+    GUARD;
     FIGURES("nvmlDeviceGetNvLinkState", device);
     if (link >= f.nvlinks)
         return f.nvlinks ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
@@ -1596,6 +1660,7 @@ static nvmlReturn_t listed(unsigned n, unsigned *count, int have_buffer) {
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned *count, nvmlProcessInfo_t *infos) {
+    GUARD;
     ENTER("nvmlDeviceGetComputeRunningProcesses_v3", device);
     if (as_ci(device, KIND_MIG))
         return listed(0, count, 1);
@@ -1619,6 +1684,7 @@ typedef struct {
 /* Every process with an SM figure gives one sample, stamped now (NOT_FOUND: none). */
 nvmlReturn_t nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizationSample_t *samples, unsigned *count,
                                              unsigned long long since) {
+    GUARD;
     ENTER("nvmlDeviceGetProcessUtilization", device);
     (void)since;
     struct figures f;

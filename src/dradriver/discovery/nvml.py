@@ -87,11 +87,18 @@ def unsupported_as_none(nvml: Any, fn: Callable[..., _T], *args: Any) -> _T | No
         return None
 
 
+def host_driver_gone(nvml: Any, error: Exception) -> bool:
+    """Whether an NVML error says the host driver went away (unloaded for an upgrade): every
+    handle died with it, whichever call saw it first."""
+    return isinstance(error, nvml.NVMLError_DriverNotLoaded | nvml.NVMLError_Uninitialized)
+
+
 class _CallFailedError(Exception):
     """An NVML call failed for one device; carries which call, for the report."""
 
     def __init__(self, call: str, error: Exception) -> None:
         super().__init__(f"{call}: {error}")
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,10 @@ class NvmlLibrary:
             try:
                 gpus.append(self._gpu(index, scan))
             except _CallFailedError as err:
+                # The host driver unloaded mid-scan is no fact about this GPU: skipping it (and
+                # the ones after) would unpublish live GPUs; the whole scan fails and is retried.
+                if host_driver_gone(nvml, err.error):
+                    raise DiscoveryError(f"the host driver went away during the scan: {err}") from None
                 scan.skipped.append(SkippedDevice(index, str(err)))
         return NodeInventory(
             driver_version=driver_version,

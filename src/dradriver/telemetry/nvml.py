@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dradriver import logs
-from dradriver.discovery.nvml import unsupported_as_none
+from dradriver.discovery.nvml import host_driver_gone, unsupported_as_none
 from dradriver.telemetry.model import DeviceSample, ProcessSample, Target, throttle_names
 
 #: NVML keeps at most this many NVLink links per GPU (NVML_NVLINK_MAX_LINKS).
@@ -82,8 +82,7 @@ class NvmlTelemetry:
         try:
             return unsupported_as_none(nvml, fn, *args)
         except nvml.NVMLError as err:
-            gone = isinstance(err, nvml.NVMLError_DriverNotLoaded | nvml.NVMLError_Uninitialized)
-            raise _DeviceGoneError(f"{fn.__name__}: {err}", driver_gone=gone) from None
+            raise _DeviceGoneError(f"{fn.__name__}: {err}", driver_gone=host_driver_gone(nvml, err)) from None
 
     def _sample(self, target: Target) -> DeviceSample:
         nvml, call = self._nvml, self._optional
