@@ -249,11 +249,7 @@ class NvmlLibrary:
             try:
                 gpus.append(self._gpu(index, scan))
             except _CallFailedError as err:
-                # The host driver unloaded mid-scan is no fact about this GPU: skipping it (and
-                # the ones after) would unpublish live GPUs; the whole scan fails and is retried.
-                if host_driver_gone(nvml, err.error):
-                    raise DiscoveryError(f"the host driver went away during the scan: {err}") from None
-                scan.skipped.append(SkippedDevice(index, str(err)))
+                self._skip(scan, SkippedDevice(index, str(err)), err.error)
         return NodeInventory(
             driver_version=driver_version,
             cuda_driver_version=cuda_version,
@@ -352,17 +348,22 @@ class NvmlLibrary:
             except nvml.NVMLError_NotFound:
                 continue  # an empty slot
             except nvml.NVMLError as err:
-                scan.skipped.append(
-                    SkippedDevice(
-                        parent.index, f"MIG device {slot}: nvmlDeviceGetMigDeviceHandleByIndex: {err}"
-                    )
-                )
+                reason = f"MIG device {slot}: nvmlDeviceGetMigDeviceHandleByIndex: {err}"
+                self._skip(scan, SkippedDevice(parent.index, reason), err)
                 continue
             try:
                 devices.append(self._mig_device(parent, mig, names, scan.nodes))
             except _CallFailedError as err:
-                scan.skipped.append(SkippedDevice(parent.index, f"MIG device {slot}: {err}"))
+                self._skip(scan, SkippedDevice(parent.index, f"MIG device {slot}: {err}"), err.error)
         return tuple(sorted(devices, key=lambda d: (d.placement.start, d.compute_placement.start)))
+
+    def _skip(self, scan: _Scan, skipped: SkippedDevice, error: Exception) -> None:
+        """Skip a device NVML failed on, unless the host driver went away: that is no fact about
+        this device, and skipping it and the ones after would unpublish live devices (a rescan
+        racing a driver upgrade), so the whole scan fails and is retried."""
+        if host_driver_gone(self._nvml, error):
+            raise DiscoveryError(f"the host driver went away during the scan: {skipped.reason}")
+        scan.skipped.append(skipped)
 
     def _mig_device(self, parent: _Parent, mig: Any, names: dict[int, str], nodes: DriverNodes) -> MigDevice:
         nvml = self._nvml
