@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 from dradriver import __version__, logs
 from dradriver.files.write import StorageError
 from dradriver.health.board import HealthBoard
+from dradriver.kube.client import pick_config_source
 from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
 from dradriver.plugin.registration import RegistrationState
-from dradriver.plugin.server import PluginPaths, PluginServer, StartupError
+from dradriver.plugin.server import NodeScope, PluginPaths, PluginServer, StartupError
 from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
@@ -141,7 +142,16 @@ class Daemon:
         self.started_ns = time.time_ns()
         self.service = DRAService(self.driver)
         self.server = PluginServer(
-            self.paths, config.driver_name, self.service, self.board, self.registration
+            self.paths,
+            config.driver_name,
+            self.service,
+            self.board,
+            self.registration,
+            node=NodeScope(
+                config.node_name,
+                config.proc_root,
+                publishes=pick_config_source(config.kubeconfig, os.environ, Path.home()) is not None,
+            ),
         )
         self.server.on_lock_lost = self._fail
         self._stop = threading.Event()

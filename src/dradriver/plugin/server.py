@@ -33,6 +33,7 @@ from dradriver import logs
 from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory, error_text
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
+from dradriver.plugin.node_instances import other_instances
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
 #: sun_path is 108 bytes including the terminating NUL. Each socket is first bound as `s` in a
@@ -130,6 +131,20 @@ class PluginPaths:
             if len(os.fsencode(staged)) > MAX_SOCKET_PATH_BYTES:
                 limit = MAX_SOCKET_PATH_BYTES - (len(os.fsencode(staged)) - len(os.fsencode(sock.parent)))
                 raise StartupError(f"socket directory {sock.parent} is longer than {limit} bytes")
+
+
+@dataclass(frozen=True)
+class NodeScope:
+    """The node an instance serves, and its process table (`proc_root`: the host's /proc in the
+    DaemonSet): a second instance of the driver there is refused whatever its directories."""
+
+    name: str
+    proc_root: Path
+    #: This instance publishes the node's pool (has cluster access); a node-only one clashes with none.
+    publishes: bool
+
+    def others(self, driver_name: str, state_lock: Path) -> list[int]:
+        return other_instances(self.proc_root, driver_name, self.name, state_lock) if self.publishes else []
 
 
 class InstanceLock:
@@ -336,9 +351,11 @@ class PluginServer:
         registration: RegistrationState,
         *,
         watch_interval: float = WATCH_INTERVAL_SECONDS,
+        node: NodeScope | None = None,
     ) -> None:
         self.paths = paths
         self._driver_name = driver_name
+        self._node = node
         self._service = service
         self._board = board
         self._registration = registration
@@ -386,6 +403,13 @@ class PluginServer:
             except StartupError:
                 self._release_locks(self._locks[:i])
                 raise
+        if self._node is not None and (others := self._node.others(self._driver_name, self.paths.state_lock)):
+            self._release_locks(self._locks)
+            raise StartupError(
+                f"another dradriver serve of {self._driver_name} runs on node {self._node.name} "
+                f"(pid {', '.join(map(str, others))}) with a state directory other than "
+                f"{self.paths.state_lock.parent}; refusing to run a second instance on one node"
+            )
         try:
             self._dra = self._serve_dra()
             if register:
