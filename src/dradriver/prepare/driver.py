@@ -7,7 +7,8 @@
 - the preparer (`prepare.preparer`): plan → reserve → MIG → sharing → CDI → complete, and its
   reverse, `prepare.unprepare`.
 
-A claim's hops from the gRPC call to its CDI file (12, over 8 files):
+A claim's hops from the gRPC call to its CDI file (11) and its record (12), over 8 files (10 with
+MIG devices or sharing):
  1. `_DRAPluginAdapter.NodePrepareResources` (plugin/dra.py) turns the request into `ClaimRef`s;
  2. `DRAService.prepare` (plugin/dra.py) holds the answer to the kubelet's contract;
  3. `GpuDriver.prepare` (here) checks each reference;
@@ -19,7 +20,8 @@ A claim's hops from the gRPC call to its CDI file (12, over 8 files):
  8. `StaleHolders.free` (prepare/holders.py) frees devices held by claims that no longer use them;
  9. `Ledger.reserve` (prepare/ledger.py) records the claim PrepareStarted unless its devices are
     held;
-10. the claim's steps in `Preparer`: make its MIG devices, apply sharing, render the spec;
+10. the claim's steps in `Preparer`: make its MIG devices (`MigManager`, prepare/mig.py), apply
+    sharing (`SharingControl`, prepare/sharing.py), render the spec;
 11. `CdiDirectory.write_many` (prepare/cdi.py) writes the CDI file;
 12. `Ledger.complete` and `Ledger.persist` record it PrepareCompleted before the call answers.
 
@@ -153,8 +155,7 @@ class GpuDriver:
             else:
                 fetched.append((ref, claim))
         with self._exclusive(), self._ledger.claim_locks([ref.uid for ref, _ in fetched]):
-            batch = self._preparer.run(fetched, self._node)
-        results.update(batch.results)
+            results.update(self._preparer.run(fetched, self._node))
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:

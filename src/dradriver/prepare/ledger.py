@@ -3,15 +3,17 @@ devices the claims hold and the per-claim locks.
 
 Locking rule (outermost first; a lock is never taken while one below it is held):
 1. `serialize.lock` across instances (`prepare.shared`, taken by the driver around each call).
-2. The claim locks (`claim_locks`, `claim_lock`): a call holds those of every claim it prepares
-   or unprepares from before it first reads their records until its checkpoint write is done;
-   several are taken at once in UID order, so calls cannot deadlock. Different claims proceed
-   concurrently.
+2. The claim locks (`claim_locks`): a call holds those of every claim it prepares or unprepares
+   from before it first reads their records until its checkpoint write is done; they are taken
+   together in UID order, so calls cannot deadlock, and different claims proceed concurrently.
+   The one exception, freeing a stale holder (`prepare.holders`), takes that claim's lock while
+   holding its own with a timeout (`claim_lock`), and gives up when it runs out.
 3. The MIG manager's reconfiguration lock (`prepare.mig`): held while a MIG device is made, whose
    steps are recorded (`record_mig`) under it.
 4. The state lock, innermost: every read and change of the prepared state (`_state`) and every
-   checkpoint write is under it, inside the methods of this class, which never call out while
-   holding it (no NVML, sharing or API request) and never return the live claims dict.
+   read and write of the checkpoint file is under it, inside the methods of this class, which
+   never call out while holding it (no NVML, sharing or API request) and never hand out the live
+   claims dict (records are immutable).
 The table of claim locks has its own guard, held only to look an entry up or drop it.
 """
 
@@ -127,16 +129,18 @@ class Ledger:
 
     def check_writable(self) -> None:
         """StorageError unless the checkpoint can be written now."""
-        self._store.check_writable()
+        with self._state_lock:
+            self._store.check_writable()
 
     def read_disk(self) -> OnDisk:
         """The checkpoint and boot marker as start-up finds them; an unusable checkpoint is
         moved aside."""
-        last_boot = self._store.last_boot()
-        try:
-            return OnDisk(self._store.load(), last_boot)
-        except CheckpointError as err:
-            return OnDisk(None, last_boot, err, self._store.quarantine())
+        with self._state_lock:
+            last_boot = self._store.last_boot()
+            try:
+                return OnDisk(self._store.load(), last_boot)
+            except CheckpointError as err:
+                return OnDisk(None, last_boot, err, self._store.quarantine())
 
     def install(self, state: CheckpointData, claims: dict[str, ClaimRecord], last_boot: str | None) -> None:
         """Start from `state` with these claims, written to the checkpoint; the boot marker first
@@ -152,10 +156,10 @@ class Ledger:
         """Take the checkpoint as another instance left it, if it changed on disk: the number of
         claims it holds, or None when nothing was reloaded. Raises CheckpointError when the file
         cannot be read (ours stays; the next save replaces the bad file with it)."""
-        if not self._store.changed_on_disk():
-            return None
-        loaded = self._store.load()
         with self._state_lock:
+            if not self._store.changed_on_disk():
+                return None
+            loaded = self._store.load()
             self._state = (
                 loaded.model_copy(update={"claims": dict(loaded.claims)})
                 if loaded is not None

@@ -1,8 +1,9 @@
 """The prepare pipeline for the fetched claims of one call, whose claim locks are held.
 
 The claims go through the steps together:
-1. plan (pure; a claim prepared already with the same devices is answered from its record, one
-   prepared for another allocation is released first), building each device's CDI entry;
+1. plan each claim (`plan_claim`, pure) and build each device's CDI entry; a claim prepared
+   already with the same devices is answered from its record, one prepared for another
+   allocation is released first;
 2. free the devices stale holders keep (`prepare.holders`);
 3. reserve the devices of all of them as PrepareStarted (`Ledger.reserve`);
 4. per claim, the steps (`Preparer._steps`): make the MIG devices of allocated MIG placements
@@ -64,8 +65,8 @@ class NodeDevices:
 
 
 @dataclass
-class Batch:
-    """What `Preparer.run` did."""
+class _Batch:
+    """What `Preparer._prepare` did."""
 
     results: dict[str, PrepareResult] = field(default_factory=dict)
     #: The records of the claims it prepared (not those it found prepared already).
@@ -126,11 +127,14 @@ class Preparer:
         #: What each claim with devices goes through, in order, once its devices are reserved.
         self._steps: tuple[Step, ...] = (self._make_mig_devices, self._apply_sharing, self._render_spec)
 
-    def run(self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], node: NodeDevices) -> Batch:
-        """Prepare the claims on `node`, and write the checkpoint before answering if the batch
-        changed anything; when a checkpoint write fails, undo what the call set up."""
+    def run(
+        self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], node: NodeDevices
+    ) -> dict[str, PrepareResult]:
+        """Prepare the claims on `node` and write the checkpoint before answering if that changed
+        anything; when a checkpoint write fails, undo what the call set up. The result of each
+        claim, by UID."""
         before = self._ledger.snapshot()
-        batch = Batch()
+        batch = _Batch()
         try:
             self._prepare(claims, node, batch)
             if batch.write:
@@ -141,10 +145,10 @@ class Preparer:
             self._undo(before, claims, batch, err)
         else:
             _log_prepared(batch.prepared)
-        return batch
+        return batch.results
 
     def _prepare(
-        self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], node: NodeDevices, batch: Batch
+        self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], node: NodeDevices, batch: _Batch
     ) -> None:
         """The pipeline, filling `batch`; the records change in memory only."""
         results = batch.results
@@ -374,7 +378,7 @@ class Preparer:
         self,
         before: Mapping[str, ClaimRecord],
         claims: Sequence[tuple[ClaimRef, ResourceClaim]],
-        batch: Batch,
+        batch: _Batch,
         error: StorageError,
     ) -> None:
         """The checkpoint write of a prepare failed: undo what the call set up (sharing, MIG
