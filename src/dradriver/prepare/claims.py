@@ -11,10 +11,10 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from dradriver.kube import KubeClient
+from dradriver.files import FileInputError, load_documents
+from dradriver.kube import KubeClient, KubeError, NotFoundError
 
 
 class ClaimSourceError(Exception):
@@ -143,8 +143,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 
 def _read_claim_file(path: Path, stamp: tuple[int, int, int]) -> _ClaimFile:
-    from dradriver.files import FileInputError, load_documents
-
     try:
         documents = load_documents(path)
     except FileInputError as err:
@@ -198,8 +196,6 @@ class ApiClaimSource:
         self._client = client
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
-        from dradriver.kube import KubeError, NotFoundError
-
         try:
             claim: Mapping[str, Any] = self._client.get_resource_claim(namespace, name)
         except NotFoundError as err:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -31,15 +31,13 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-if TYPE_CHECKING:
-    from dradriver.prepare.resourceclaim import AllocatedConfig
+from dradriver.prepare.resourceclaim import AllocatedConfig
+from dradriver.quantity import Quantity, QuantityError
 
 API_VERSION = "gpu.dradriver.dev/v1alpha1"
 
 
 def _check_quantity(value: str) -> str:
-    from dradriver.quantity import Quantity, QuantityError
-
     try:
         quantity = Quantity.parse(value)
     except QuantityError as err:

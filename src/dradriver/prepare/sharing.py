@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Protocol
 
 from dradriver import logs
+from dradriver.discovery.driverroot import BINARY_DIRS, find_binary
 from dradriver.files.write import MAX_SOCKET_PATH_BYTES
 from dradriver.prepare.cdi import ContainerEdits, Mount
 from dradriver.prepare.config import Interval, Sharing, TimeSlicing
+from dradriver.quantity import Quantity
 
 #: nvidia-smi compute-policy --set-timeslice values.
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -271,8 +273,6 @@ class NvidiaSharing:
 
 def _host_tool(driver_root: Path, name: str) -> str:
     """The tool's path in the host driver; a missing one is named when it is first run."""
-    from dradriver.discovery.driverroot import BINARY_DIRS, find_binary
-
     found = find_binary(driver_root, name)
     return str(found) if found is not None else str(driver_root / BINARY_DIRS[0] / name)
 
@@ -288,6 +288,4 @@ def _pinned_limit(sharing: Sharing, device: SharedDevice) -> str | None:
     )
     if text is None:
         return None
-    from dradriver.quantity import Quantity
-
     return f"{Quantity.parse(text).as_approximate_float() / 2**20:.0f}M"

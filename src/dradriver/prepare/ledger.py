@@ -1,0 +1,373 @@
+"""The ledger of prepared claims: the one owner of the prepared state, its checkpoint, the
+devices the claims hold and the per-claim locks.
+
+Locking rule (outermost first; a lock is never taken while one below it is held):
+1. `serialize.lock` across instances (`prepare.shared`, taken by the driver around each call).
+2. The claim locks (`claim_locks`): a call holds those of every claim it prepares or unprepares
+   from before it first reads their records until its checkpoint write is done; they are taken
+   together in UID order, so calls cannot deadlock, and different claims proceed concurrently.
+   The one exception, freeing a stale holder (`prepare.holders`), takes that claim's lock while
+   holding its own with a timeout (`claim_lock`), and gives up when it runs out.
+3. The MIG manager's reconfiguration lock (`prepare.mig`): held while a MIG device is made, whose
+   steps are recorded (`record_mig`) under it.
+4. The state lock, innermost: every read and change of the prepared state (`_state`) and every
+   read and write of the checkpoint file is under it, inside the methods of this class, which
+   never call out while holding it (no NVML, sharing or API request) and never hand out the live
+   claims dict (records are immutable).
+The table of claim locks has its own guard, held only to look an entry up or drop it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dradriver.discovery import Gpu, MigDevice
+from dradriver.files.write import StorageError
+from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare.checkpoint import (
+    CheckpointData,
+    CheckpointError,
+    CheckpointStore,
+    ClaimRecord,
+    ClaimState,
+    DeviceRecord,
+    MigRecord,
+)
+from dradriver.prepare.plan import ClaimPlan, PlannedDevice, Published
+
+#: Prepared devices by the GPU they are on (see `Ledger._holders`).
+_Holders = dict[str, list[tuple[ClaimRecord, DeviceRecord]]]
+
+
+def _silicon(device: Published) -> tuple[int, range | None]:
+    """The GPU minor a device lives on and the memory slices it takes (None: all of them)."""
+    if isinstance(device, Gpu):
+        return device.minor, None
+    spot = device.placement
+    minor = device.parent_minor if isinstance(device, MigDevice) else device.parent.minor
+    return minor, range(spot.start, spot.start + spot.size)
+
+
+def overlaps(a: Published | None, b: Published) -> bool:
+    """Whether two devices share silicon: the same device, a GPU and one of its MIG devices or
+    placements, or MIG placements whose memory slices overlap. Two MIG devices of one GPU
+    instance (compute instances that split it) do not."""
+    if a is None:
+        return False
+    if isinstance(a, MigDevice) and isinstance(b, MigDevice):
+        return a.uuid == b.uuid
+    (minor_a, slices_a), (minor_b, slices_b) = _silicon(a), _silicon(b)
+    if minor_a != minor_b:
+        return False
+    return slices_a is None or slices_b is None or bool(set(slices_a) & set(slices_b))
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """What start-up found in the state directory."""
+
+    #: The checkpoint; None when there is none, or when it was unusable (then `error` says why).
+    checkpoint: CheckpointData | None
+    #: The boot id of the boot marker, or None.
+    last_boot: str | None
+    error: CheckpointError | None = None
+    #: Where the unusable checkpoint was moved.
+    quarantined: Path | None = None
+
+
+@dataclass
+class _ClaimLock:
+    """One claim's lock, and how many calls hold or wait for it (the entry goes at 0)."""
+
+    uid: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
+class Ledger:
+    """The claims prepared on this node (records, kept in the checkpoint), who holds which
+    device, and the per-claim locks. See the module docstring for the locking rule."""
+
+    def __init__(self, store: CheckpointStore, boot_id: str) -> None:
+        self._store = store
+        self.boot_id = boot_id
+        self._state = CheckpointData(boot_id=boot_id)
+        self._state_lock = threading.Lock()
+        self._locks_guard = threading.Lock()
+        self._claim_locks_by_uid: dict[str, _ClaimLock] = {}
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def get(self, uid: str) -> ClaimRecord | None:
+        with self._state_lock:
+            return self._state.claims.get(uid)
+
+    def records(self) -> list[ClaimRecord]:
+        with self._state_lock:
+            return list(self._state.claims.values())
+
+    def snapshot(self) -> dict[str, ClaimRecord]:
+        """The records by UID as they are now (a copy)."""
+        with self._state_lock:
+            return dict(self._state.claims)
+
+    def held_devices(self) -> set[str]:
+        """Names of the devices prepared claims hold (or are being prepared with)."""
+        with self._state_lock:
+            return {d.device for r in self._state.claims.values() for d in r.devices}
+
+    def created_instances(self) -> dict[tuple[str, int], str]:
+        """(GPU UUID, GPU instance id) -> placement device, for each MIG device made for a claim."""
+        with self._state_lock:
+            return self._state.created_gpu_instances()
+
+    # --- start-up ---------------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """StorageError unless the checkpoint can be written now."""
+        with self._state_lock:
+            self._store.check_writable()
+
+    def read_disk(self) -> OnDisk:
+        """The checkpoint and boot marker as start-up finds them; an unusable checkpoint is
+        moved aside."""
+        with self._state_lock:
+            last_boot = self._store.last_boot()
+            try:
+                return OnDisk(self._store.load(), last_boot)
+            except CheckpointError as err:
+                return OnDisk(None, last_boot, err, self._store.quarantine())
+
+    def install(self, state: CheckpointData, claims: dict[str, ClaimRecord], last_boot: str | None) -> None:
+        """Start from `state` with these claims, written to the checkpoint; the boot marker first
+        notes this boot's saves begin, once the previous boot's specs are gone."""
+        with self._state_lock:
+            # A model_copy keeps the fields a newer version wrote at the top level.
+            self._state = state.model_copy(update={"boot_id": self.boot_id, "claims": claims})
+            if self.boot_id and last_boot != self.boot_id:
+                self._store.mark_boot(self.boot_id)
+            self._store.save(self._state)
+
+    def reload_if_changed(self) -> int | None:
+        """Take the checkpoint as another instance left it, if it changed on disk: the number of
+        claims it holds, or None when nothing was reloaded. Raises CheckpointError when the file
+        cannot be read (ours stays; the next save replaces the bad file with it)."""
+        with self._state_lock:
+            if not self._store.changed_on_disk():
+                return None
+            loaded = self._store.load()
+            self._state = (
+                loaded.model_copy(update={"claims": dict(loaded.claims)})
+                if loaded is not None
+                else CheckpointData(boot_id=self.boot_id)
+            )
+            return len(self._state.claims)
+
+    # --- prepare ----------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        reservations: Sequence[tuple[ClaimPlan, ClaimRecord]],
+        replaced: Sequence[str],
+        devices: Mapping[str, Published],
+    ) -> dict[str, str]:
+        """Drop the `replaced` records and record each plan's PrepareStarted record unless one of
+        its devices is held by another claim (on the node's `devices`): the error of each plan
+        that is not, by claim UID.
+
+        The checkpoint is written now only when recovery needs these records: earlier records were
+        replaced (their spec files removed), or sharing changes a GPU or a MIG device is made (its
+        steps are recorded anyway). Otherwise a crash leaves spec files without records, orphans
+        recovery removes, and the call's write of PrepareCompleted is its only one."""
+        conflicts: dict[str, str] = {}
+        started: list[ClaimRecord] = []
+        with self._state_lock:
+            for uid in replaced:
+                self._state.claims.pop(uid, None)
+            holders = self._holders(devices)
+            for plan, record in reservations:
+                conflict = _first_conflict(plan, holders, devices)
+                if conflict is not None:
+                    conflicts[plan.claim.uid] = conflict
+                    continue
+                self._state.claims[record.uid] = record
+                _hold(holders, record, devices)
+                started.append(record)
+            if replaced or any(d.sharing or d.mig is not None for r in started for d in r.devices):
+                self._store.save(self._state)
+        return conflicts
+
+    def stale_candidates(
+        self, planned: Sequence[ClaimPlan], devices: Mapping[str, Published]
+    ) -> dict[tuple[str, ClaimRef], ClaimRecord]:
+        """The prepared claims (with a name to look up) holding a device of these plans, each by
+        (its UID, the claim it blocks)."""
+        with self._state_lock:
+            holders = self._holders(devices)
+            return {
+                (h.uid, plan.claim): h
+                for plan in planned
+                for d in plan.devices
+                if (h := _conflict(plan.claim.uid, d, holders, devices)) is not None
+                and h.state is ClaimState.PREPARE_COMPLETED
+                and h.name
+            }
+
+    def record_mig(self, uid: str, device: str, step: MigRecord) -> None:
+        """Save a MIG creation step in the claim's record."""
+        with self._state_lock:
+            record = self._state.claims[uid]
+            changed = tuple(
+                d.model_copy(update={"mig": step}) if d.device == device else d for d in record.devices
+            )
+            self._state.claims[uid] = record.model_copy(update={"devices": changed})
+            self._store.save(self._state)
+
+    def update(self, uid: str, change: Callable[[ClaimRecord], ClaimRecord]) -> ClaimRecord:
+        """Replace the claim's record (in memory) with `change` of it."""
+        with self._state_lock:
+            record = self._state.claims[uid] = change(self._state.claims[uid])
+            return record
+
+    def complete(
+        self, specs: Mapping[str, Mapping[str, object] | None], failed: Sequence[str]
+    ) -> list[ClaimRecord]:
+        """Drop the records of the `failed` claims and mark those of `specs` PrepareCompleted with
+        the spec written for each (in memory; the caller writes the checkpoint)."""
+        with self._state_lock:
+            for uid in failed:
+                self._state.claims.pop(uid, None)
+            completed = []
+            for uid, spec in specs.items():
+                record = self._state.claims[uid].model_copy(
+                    update={"state": ClaimState.PREPARE_COMPLETED, "cdi_spec": spec}
+                )
+                self._state.claims[uid] = record
+                completed.append(record)
+            return completed
+
+    def persist(self) -> None:
+        """Write the checkpoint as it is in memory."""
+        with self._state_lock:
+            self._store.save(self._state)
+
+    def restore(self, before: Mapping[str, ClaimRecord]) -> dict[str, ClaimRecord | None]:
+        """Put the records back as they were `before` (in memory): the records that differed,
+        by UID, as they were (None: there was none)."""
+        with self._state_lock:
+            current = dict(self._state.claims)
+            touched = {
+                u: current.get(u)
+                for u in current.keys() | before.keys()
+                if current.get(u) is not before.get(u)
+            }
+            self._state.claims.clear()
+            self._state.claims.update(before)
+        return touched
+
+    # --- unprepare --------------------------------------------------------------------------
+
+    def forget(self, uids: Sequence[str]) -> None:
+        """Drop the records of these claims, in memory only if the checkpoint write succeeds."""
+        with self._state_lock:
+            gone = {uid: record for uid in uids if (record := self._state.claims.pop(uid, None)) is not None}
+            if not gone:
+                return
+            try:
+                self._store.save(self._state)
+            except StorageError:
+                self._state.claims.update(gone)
+                raise
+
+    # --- claim locks ------------------------------------------------------------------------
+
+    @contextmanager
+    def claim_lock(self, uid: str, timeout: float) -> Iterator[bool]:
+        """One claim's lock, waiting at most `timeout` seconds; yields whether it was taken."""
+        (entry,) = self._use([uid])
+        locked = entry.lock.acquire(timeout=timeout)
+        try:
+            yield locked
+        finally:
+            if locked:
+                entry.lock.release()
+            self._unuse([entry])
+
+    @contextmanager
+    def claim_locks(self, uids: Sequence[str]) -> Iterator[None]:
+        """Hold the locks of these claims, taken in sorted order so concurrent calls cannot deadlock."""
+        entries = self._use(sorted(set(uids)))
+        try:
+            with ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry.lock)
+                yield
+        finally:
+            self._unuse(entries)
+
+    def _use(self, uids: Sequence[str]) -> list[_ClaimLock]:
+        """The table's entry of each claim's lock, made if none, counted as used."""
+        with self._locks_guard:
+            entries = [self._claim_locks_by_uid.setdefault(uid, _ClaimLock(uid)) for uid in uids]
+            for entry in entries:
+                entry.users += 1
+        return entries
+
+    def _unuse(self, entries: Sequence[_ClaimLock]) -> None:
+        """Drop the table's entry of each lock no call uses any more."""
+        with self._locks_guard:
+            for entry in entries:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._claim_locks_by_uid[entry.uid]
+
+    # --- holders (the state lock held) ------------------------------------------------------
+
+    def _holders(self, devices: Mapping[str, Published]) -> _Holders:
+        """Every prepared device by the silicon it is on: conflict checks look at a handful of
+        devices instead of every prepared one (O(claims) per call, not O(claims²))."""
+        holders: _Holders = {}
+        for record in self._state.claims.values():
+            _hold(holders, record, devices)
+        return holders
+
+
+def _first_conflict(plan: ClaimPlan, holders: _Holders, devices: Mapping[str, Published]) -> str | None:
+    ref = plan.claim
+    for device in plan.devices:
+        holder = _conflict(ref.uid, device, holders, devices)
+        if holder is not None:
+            return (
+                f"claim {ref}: device {device.name} is already prepared for claim "
+                f"{holder.namespace}/{holder.name} ({holder.uid}) and cannot be shared"
+            )
+    return None
+
+
+def _gpu_key(device_name: str, devices: Mapping[str, Published]) -> str:
+    """What two devices must share to overlap: the GPU (by minor) a device or placement is on."""
+    hardware = devices.get(device_name)
+    return f"device {device_name}" if hardware is None else f"gpu {_silicon(hardware)[0]}"
+
+
+def _hold(holders: _Holders, record: ClaimRecord, devices: Mapping[str, Published]) -> None:
+    for held in record.devices:
+        if not held.admin_access:
+            holders.setdefault(_gpu_key(held.device, devices), []).append((record, held))
+
+
+def _conflict(
+    uid: str, device: PlannedDevice, holders: _Holders, devices: Mapping[str, Published]
+) -> ClaimRecord | None:
+    if device.admin_access:
+        return None
+    for other, held in holders.get(_gpu_key(device.name, devices), []):
+        if other.uid == uid or (device.share_id is not None and held.share_id is not None):
+            continue
+        if held.device == device.name or overlaps(devices.get(held.device), device.hardware):
+            return other
+    return None

@@ -1,0 +1,36 @@
+"""Undoing what prepare set up for a claim: its sharing, the MIG devices made for it, its spec.
+
+Used wherever a record is let go: unprepare, a prepare that fails or replaces an earlier attempt,
+a stale holder freed, and recovery's rollback of half-prepared claims.
+"""
+
+from __future__ import annotations
+
+from dradriver.prepare.cdi import CdiDirectory
+from dradriver.prepare.checkpoint import ClaimRecord
+from dradriver.prepare.mig import MigManager
+from dradriver.prepare.sharing import SharingControl
+
+
+class Release:
+    def __init__(self, sharing: SharingControl, mig: MigManager, cdi_dir: CdiDirectory) -> None:
+        self._sharing = sharing
+        self._mig = mig
+        self._cdi = cdi_dir
+
+    def __call__(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
+        """Release sharing, destroy the MIG devices made for the claim and remove the spec (the
+        caller forgets the record); safe to repeat after a crash. A MigError (e.g. a MIG device
+        still in use) leaves the spec, so that the claim stays whole for the kubelet, or
+        recovery, to try again."""
+        by_sharing: dict[str, list[str]] = {}
+        for device in record.devices:
+            if device.sharing:
+                by_sharing.setdefault(device.sharing, []).append(device.uuid)
+        for description, uuids in by_sharing.items():
+            self._sharing.release(record.uid, description, uuids)
+        for device in record.devices:
+            if device.mig is not None:
+                self._mig.destroy(device.mig)
+        if not keep_cdi:
+            self._cdi.remove(record.uid)
