@@ -1,28 +1,50 @@
-"""Issue 24: pod create -> Running with a one-GPU claim in a slim Debian image, beside the same pod
-without a claim, on a real single-node Kubernetes 1.36 running the GPU DaemonSet (`deploy/base`).
+"""Issue 24: pod create -> Running in a slim Debian image without a claim, with a one-GPU claim on
+dradriver, and with a one-device claim on the Go reference plugin, on one real single-node
+Kubernetes 1.36 running both.
 
 Run: make release VERSION=0.1.0 && .venv/bin/python -m bench.bench_cuda_pods \\
-         --bin /var/tmp/dradriver-k8s-bin --release build/release/dradriver-0.1.0 [--rounds 15]
+         --bin /var/tmp/dradriver-k8s-bin --release build/release/dradriver-0.1.0 \\
+         --go-plugin FILE [--rounds 20]
 
-The node gets the fake host driver of the real-cluster suite (tests/e2e/fakedriver.py: the C fake
-NVML the plugin discovers through, the fake libcuda and nvidia-smi the specs mount), the images are
-the suite's probe roots (tests/e2e/cudaimages.py). Both pods run the Debian slim root's CUDA probe
-with `--stay` on a read-only root: with the claim it loads libcuda.so.1 by SONAME, sees its GPU
-and runs nvidia-smi -L; without it, it finds no libcuda. Timed from the client: create -> Running
-(the pod polled every 5 ms), alternating the two; the first round only warms up.
+`--go-plugin` is the unpacked ../shared/anchors plugin (dra-example-kubeletplugin v0.4.0 on the
+upstream Go kubeletplugin helper). dradriver runs as the GPU DaemonSet (`deploy/base`) on the
+fake host driver of the real-cluster suite (tests/e2e/fakedriver.py: the C fake NVML the plugin
+discovers through, the fake libcuda and nvidia-smi the specs mount); the Go reference runs on the
+same node as a host process registered with the kubelet (bench_burst.go_on_node: its own
+DeviceClass, its client limit raised, a user bound to the plugin's ClusterRole), 8 devices. Both
+run the whole time. The images are the suite's probe roots (tests/e2e/cudaimages.py).
+
+Three variants, the same pod each (the Debian slim root's CUDA probe with `--stay` on a read-only
+root): (a) no claim; (b) a one-GPU claim from a ResourceClaimTemplate of dradriver's DeviceClass:
+it loads libcuda.so.1 by SONAME, sees its GPU and runs nvidia-smi -L (checked on the last round);
+(c) a one-device claim of the Go reference's DeviceClass: its CDI spec sets only environment
+variables, so the probe finds no libcuda, as without a claim, and stays Running. c - a is what
+any claim costs on this platform (scheduler allocation, claim status writes, the kubelet's
+NodePrepareResources round trip, containerd's CDI injection) with the reference driver; b - c
+is dradriver's share above that floor.
+
+Timed from the client: create -> Running (the pod polled every 5 ms); after each pod is deleted
+its claim's unprepare is awaited, untimed. Each round runs the three once, the order rotating
+round by round; the first round only warms up. The kubelet's own
+dra_grpc_operations_duration_seconds (the node's /metrics) gives each driver's mean
+NodePrepareResources over the counted rounds (_sum/_count after the warm-up and at the end).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bench_e2e import TEMPLATES, delete, template
+from bench.bench_burst import GO_DRIVER, go_on_node, go_unprepared, method_label
+from bench.bench_e2e import TEMPLATES, delete, histogram_totals, template
 from bench.common import add_cluster_arguments, summary
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.kube import KubeClient
@@ -36,6 +58,21 @@ from tests.fakenvml import cuda
 from tests.release.release import ReleaseDirectory
 
 PODS = "/api/v1/namespaces/default/pods"
+GO_DEVICES = 8
+METRIC = "dra_grpc_operations_duration_seconds"
+
+
+@dataclass
+class Variant:
+    label: str
+    #: Pod names are `bench-<tag>-<round>`.
+    tag: str
+    #: The ResourceClaimTemplate of its claim, and the DRA driver that prepares it; None: no claim.
+    template: str | None = None
+    driver: str | None = None
+    #: Waits until the node holds nothing of this variant's claim any more.
+    unprepared: Callable[[], None] = lambda: None
+    samples: list[float] = field(default_factory=list)
 
 
 def pod(name: str, claim: str | None) -> dict[str, Any]:
@@ -57,17 +94,38 @@ def pod(name: str, claim: str | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def create_to_running(client: KubeClient, name: str, claim: str | None) -> float:
+def create_to_running(client: KubeClient, name: str, claim: str | None, timeout: float = 120) -> float:
+    """Seconds from the create until the pod is Running; a pod that fails or never runs is an error."""
     started = time.perf_counter()
     client.request("POST", PODS, body=pod(name, claim))
-    while client.request("GET", f"{PODS}/{name}").get("status", {}).get("phase") != "Running":
+    while True:
+        status = client.request("GET", f"{PODS}/{name}").get("status", {})
+        if status.get("phase") == "Running":
+            return time.perf_counter() - started
+        if status.get("phase") == "Failed" or time.perf_counter() - started > timeout:
+            raise RuntimeError(f"pod {name} did not reach Running: {json.dumps(status)}")
         time.sleep(0.005)
-    return time.perf_counter() - started
+
+
+def prepare_totals(text: str, drivers: list[str]) -> dict[str, tuple[float, float]]:
+    """Per driver, the kubelet's NodePrepareResources histogram `_sum` (s) and `_count`."""
+    method = method_label("NodePrepareResources")
+    return {d: histogram_totals(text, METRIC, {"driver_name": d, "method_name": method}) for d in drivers}
+
+
+def difference(name: str, minuend: Variant, subtrahend: Variant) -> str:
+    median = statistics.median(minuend.samples) - statistics.median(subtrahend.samples)
+    return f"{name}: {median * 1e3:+.0f} ms (difference of medians)"
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_arguments(parser)
+    parser.add_argument("--go-plugin", type=Path, required=True, help="the unpacked Go reference plugin")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument(
         "--earlier",
@@ -84,20 +142,38 @@ def main() -> None:
         local.import_image(release.archive)
         import_probe_images(local, work / "images")
         cluster = RealCluster(local.kubeconfig, local.node_name, local)
-        with fake_host_driver(Path("/"), "dgx-h100", work / "driver") as driver:
+        with (
+            fake_host_driver(Path("/"), "dgx-h100", work / "driver") as driver,
+            go_on_node(local, cluster.client(), args.go_plugin, GO_DEVICES),
+        ):
             deployment = Deployment(cluster, release, "base", env=driver.serve_env)
             deployment.install()
             client = cluster.client()
-            client.request(
-                "POST", TEMPLATES, body=template("bench-gpu", {"deviceClassName": DEFAULT_DRIVER_NAME})
-            )
-            plain: list[float] = []
-            claimed: list[float] = []
+            dradriver = Variant(
+                "one-GPU claim, dradriver", "dradriver", "bench-gpu", DEFAULT_DRIVER_NAME,
+                lambda: wait_unprepared(deployment),
+            )  # fmt: skip
+            go = Variant("one-device claim, Go reference", "go", "bench-go", GO_DRIVER, go_unprepared)
+            variants = [Variant("no claim", "plain"), dradriver, go]
+            for v in (dradriver, go):
+                client.request(
+                    "POST", TEMPLATES, body=template(str(v.template), {"deviceClassName": v.driver})
+                )
+
+            def node_metrics() -> str:
+                return cluster.kubectl(
+                    "get", "--raw", f"/api/v1/nodes/{cluster.node_name}/proxy/metrics"
+                ).stdout
+
+            drivers = [DEFAULT_DRIVER_NAME, GO_DRIVER]
+            print(f"load average at the start: {load()}", flush=True)
             for i in range(args.rounds + 1):  # the first round warms the image and the connections
-                for with_claim, samples in ((False, plain), (True, claimed)):
-                    name = f"bench-{'claim' if with_claim else 'plain'}-{i}"
-                    seconds = create_to_running(client, name, "bench-gpu" if with_claim else None)
-                    if with_claim and i == args.rounds and not args.earlier:  # what they ran: CUDA worked
+                if i == 1:
+                    before = prepare_totals(node_metrics(), drivers)
+                for variant in variants[i % 3 :] + variants[: i % 3]:
+                    name = f"bench-{variant.tag}-{i}"
+                    seconds = create_to_running(client, name, variant.template)
+                    if variant is dradriver and i == args.rounds and not args.earlier:  # CUDA worked
 
                         def probed(pod_name: str = name) -> str:
                             log = cluster.kubectl("logs", pod_name).stdout
@@ -106,21 +182,31 @@ def main() -> None:
                         log = wait(probed, 30, "the probe's output")
                         assert cuda.parse_probe(log).ok, log
                     delete(client, name)
-                    if with_claim:
-                        wait_unprepared(deployment)
+                    variant.unprepared()
                     if i:
-                        samples.append(seconds)
-            print(summary("pod create -> Running, slim image, no claim", plain))
-            print(summary("pod create -> Running, slim image, one-GPU claim", claimed))
-            added = statistics.median(claimed) - statistics.median(plain)
-            print(f"the claim adds (difference of medians): {added * 1e3:.0f} ms")
+                        variant.samples.append(seconds)
+                print(f"round {i}{' (warm-up)' if not i else ''} done, load average {load()}", flush=True)
+            after = prepare_totals(node_metrics(), drivers)
+            print(f"load average at the end: {load()}")
+            for variant in variants:
+                print(summary(f"pod create -> Running, slim image, {variant.label}", variant.samples))
+            plain = variants[0]
+            print(difference("dradriver's claim (b - a)", dradriver, plain))
+            print(difference("the platform's floor for a claim, Go reference (c - a)", go, plain))
+            print(difference("dradriver above the floor (b - c)", dradriver, go))
+            for d in drivers:
+                added, calls = (after[d][k] - before[d][k] for k in (0, 1))
+                mean = f"{added / calls * 1e3:.2f} ms" if calls else "-"
+                print(
+                    f"kubelet NodePrepareResources to {d}, mean of the counted rounds: {mean} (n={calls:.0f})"
+                )
             served = [
                 float(record["ms"]) / 1e3
                 for line in deployment.all_logs().splitlines()
                 if line.startswith("{")
                 and (record := json.loads(line)).get("event") == "NodePrepareResources"
             ]
-            print(summary("plugin-side NodePrepareResources (its log)", served[1:]))
+            print(summary("dradriver-side NodePrepareResources (its log)", served[1:]))
             deployment.uninstall()
     finally:
         local.stop()
