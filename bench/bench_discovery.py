@@ -68,7 +68,7 @@ def cli_wall_times(runs: int) -> list[float]:
 def big_inventory(tmp: Path, *, mig: bool) -> NodeInventory:
     """A fake node with 1,000 devices: 1,000 H100s, or 39 A100s with every MIG placement (1,014)."""
     profile = yaml.safe_load(
-        resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text()
+        resources.files("dradriver.backend.fake.profiles").joinpath("dgx-a100-mig.yaml").read_text()
     )
     group = profile["gpus"][0] if mig else profile["gpus"][2]
     for key in ("pciBusIds", "pcieRoots", "numaNodes"):

@@ -27,8 +27,8 @@ from tempfile import TemporaryDirectory
 
 from bench.common import cpu_seconds, real_api_server, summary
 from dradriver import kubeletclient
+from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
 from dradriver.health.board import Health
-from dradriver.health.fake_source import FakeEventRecord, append_fake_event
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, build_library, config_text
 from tests.helpers import DRIVER, ServeProcess, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend, fake_backend

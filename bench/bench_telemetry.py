@@ -192,7 +192,7 @@ def render_phase(scrapes: int) -> None:
     """8 GPUs: 2 whole, 14 of the MIG devices held, 16 claims of 2 pods each with a process per
     pod, rendered as serve's sampler renders each reading."""
 
-    from dradriver.telemetry.fake import FakeFigures, FakeProcess, FakeTelemetry, write_figures
+    from dradriver.backend.fake.telemetry import FakeFigures, FakeProcess, FakeTelemetry, write_figures
     from dradriver.telemetry.model import Holder, PodRef, readings, targets
     from dradriver.telemetry.sampler import Snapshot, render
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.backend.nvml.discovery import NvmlLibrary
 from dradriver.discovery import NodeInventory
-from dradriver.discovery.nvml import NvmlLibrary
 from tests.fakenvml.harness import (
     CONFIG_ENV,
     IN_PROCESS_SONAME,

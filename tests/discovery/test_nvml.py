@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dradriver.backend.nvml.discovery import NvmlLibrary, normalize_bus_id
 from dradriver.devicemodel import build_devices, mig_device_name
 from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
 from dradriver.discovery.nvidia_caps import driver_layout_minor
-from dradriver.discovery.nvml import NvmlLibrary, normalize_bus_id
 from tests.fakenvml.harness import (
     CONFIG_ENV,
     NVML_ERROR_DRIVER_NOT_LOADED,
@@ -198,7 +198,7 @@ def test_cli_over_ld_library_path_publishes_what_the_fake_profile_publishes(
     """The whole product path in a fresh process: libnvidia-ml found by the dynamic loader."""
     # /proc and /sys are this machine's here, so the profile leaves PCIe roots and NUMA unknown.
     profile = yaml.safe_load(
-        resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text()
+        resources.files("dradriver.backend.fake.profiles").joinpath("dgx-a100-mig.yaml").read_text()
     )
     for group in profile["gpus"]:
         group.pop("pcieRoots", None)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.backend.nvml.health import NvmlHealthSource
 from dradriver.devicemodel import build_devices
 from dradriver.discovery import open_library
 from dradriver.health.board import Health
 from dradriver.health.config import Thresholds
 from dradriver.health.events import GpuLostEvent, HardwareRef, SourceOptions, ThresholdEvent, XidEvent
-from dradriver.health.nvml_source import NvmlHealthSource
 from dradriver.health.targets import HealthTargets
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, NVML_ERROR_UNKNOWN, EventPipe, Failure, config_text
 from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for

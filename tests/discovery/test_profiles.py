@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from dradriver.backend.fake.discovery import FakeLibrary
+from dradriver.backend.fake.profile import builtin_mig_tables, load_builtin_profile
 from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
-from dradriver.discovery.fake import FakeLibrary
 from dradriver.discovery.nvidia_caps import (
     DriverNodes,
     driver_layout_minor,
@@ -17,7 +18,6 @@ from dradriver.discovery.nvidia_caps import (
     parse_mig_minors,
     read_driver_nodes,
 )
-from dradriver.discovery.profile import builtin_mig_tables, load_builtin_profile
 
 
 def test_builtin_profiles_include_the_documented_ones() -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dradriver.health.events import GpuLostEvent, HardwareRef, XidEvent
-from dradriver.health.fake_source import (
+from dradriver.backend.fake.health import (
     FAKE_EVENTS_FILE,
     FakeEventRecord,
     FakeHealthSource,
     append_fake_event,
 )
+from dradriver.health.events import GpuLostEvent, HardwareRef, XidEvent
 
 PLACES = {"gpu-0": HardwareRef("GPU-0"), "gpu-1": HardwareRef("GPU-1"), "mig": HardwareRef("GPU-1", 3, 0)}
 

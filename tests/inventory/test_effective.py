@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from dradriver.backend.fake.discovery import inventory_from_profile
+from dradriver.backend.fake.profile import load_builtin_profile
 from dradriver.devicemodel import DeviceSet, PossibleMig, build_devices
 from dradriver.discovery import MigDevice, NodeInventory
-from dradriver.discovery.fake import inventory_from_profile
-from dradriver.discovery.profile import load_builtin_profile
 from dradriver.health.board import Health
 from dradriver.health.policy import HealthTracker, Problem
 from dradriver.inventory import Published, effective_devices

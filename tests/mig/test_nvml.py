@@ -15,13 +15,13 @@ import grpc
 import pytest
 import yaml
 
+from dradriver.backend.nvml.discovery import NvmlLibrary
+from dradriver.backend.nvml.mig import NvmlMigControl
 from dradriver.cli import main
 from dradriver.discovery import MigPlacement, NodeInventory, open_library
 from dradriver.discovery.nvidia_caps import driver_layout_minor
-from dradriver.discovery.nvml import NvmlLibrary
 from dradriver.kubeletclient import DRAClient
 from dradriver.mig import MigError
-from dradriver.mig.nvml import NvmlMigControl
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointStore, ClaimState
 from tests.discovery.conftest import FakeNode, FakeNodeFactory

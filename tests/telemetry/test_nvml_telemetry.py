@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.backend.fake.discovery import inventory_from_profile
+from dradriver.backend.fake.profile import load_builtin_profile
+from dradriver.backend.nvml.telemetry import NvmlTelemetry
 from dradriver.devicemodel import build_devices
-from dradriver.discovery.fake import inventory_from_profile
-from dradriver.discovery.profile import load_builtin_profile
 from dradriver.telemetry.model import targets
-from dradriver.telemetry.nvml import NvmlTelemetry
 from tests.discovery.conftest import FakeNodeFactory
 
 GIB = 1024**3

@@ -71,7 +71,7 @@ class DeviceLibrary(Protocol):
 
 
 def builtin_profile_names() -> list[str]:
-    from dradriver.discovery.profiles import names
+    from dradriver.backend.fake.profiles import names
 
     return names()
 
@@ -97,8 +97,8 @@ def open_library(
     can be opened.
     """
     if fake_gpus is None:
+        from dradriver.backend.nvml.discovery import NvmlLibrary
         from dradriver.discovery.driverroot import nvml_library as find_nvml
-        from dradriver.discovery.nvml import NvmlLibrary
 
         if nvml_library is None and driver_root is not None:
             found = find_nvml(driver_root)
@@ -107,8 +107,8 @@ def open_library(
             library_path=nvml_library, proc_root=proc_root, sys_root=sys_root, searched_root=driver_root
         )
 
-    from dradriver.discovery.fake import FakeLibrary
-    from dradriver.discovery.profile import load_builtin_profile, load_profile_file
+    from dradriver.backend.fake.discovery import FakeLibrary
+    from dradriver.backend.fake.profile import load_builtin_profile, load_profile_file
 
     if fake_gpus in builtin_profile_names():
         return FakeLibrary(load_builtin_profile(fake_gpus), name=fake_gpus)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from dradriver.backend.fake.profile import FakeProfile, GpuGroup, MigProfileSpec
 from dradriver.discovery.model import (
     Gpu,
     MigDevice,
@@ -20,7 +21,6 @@ from dradriver.discovery.model import (
     NodeInventory,
 )
 from dradriver.discovery.nvidia_caps import driver_layout_minor
-from dradriver.discovery.profile import FakeProfile, GpuGroup, MigProfileSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -146,7 +146,7 @@ class FakeLibrary:
         return self._inventory
 
     def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
-        from dradriver.health.fake_source import FakeHealthSource
+        from dradriver.backend.fake.health import FakeHealthSource
         from dradriver.logs import get_logger
 
         if options.thresholds.enabled:
@@ -155,13 +155,13 @@ class FakeLibrary:
 
     def mig_control(self, state_dir: Path) -> MigControl:
         """MIG devices of these fake GPUs, kept in the state directory across restarts."""
-        from dradriver.mig.fake import STATE_FILE, FakeMigControl
+        from dradriver.backend.fake.mig import STATE_FILE, FakeMigControl
 
         return FakeMigControl(self._inventory, state_dir / STATE_FILE)
 
     def telemetry(self, state_dir: Path) -> TelemetryReader:
         """Idle figures, and what `dradriver fake-event` set, from the state directory."""
-        from dradriver.telemetry.fake import FakeTelemetry
+        from dradriver.backend.fake.telemetry import FakeTelemetry
 
         return FakeTelemetry(state_dir)
 

@@ -16,14 +16,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from dradriver.backend.fake.profiles import MIG_TABLES_FILE
 from dradriver.discovery.errors import DiscoveryError
-from dradriver.discovery.profiles import MIG_TABLES_FILE
 from dradriver.fieldpath import field_path
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
 _NESTED_FIELD = re.compile(r"[a-zA-Z_][\w.\[\]]*: ")
-_PROFILES_PACKAGE = "dradriver.discovery.profiles"
+_PROFILES_PACKAGE = "dradriver.backend.fake.profiles"
 
 #: Sane upper bounds, so that a typo (`count: 100000000`) is an error, not gigabytes of fake GPUs.
 MAX_GPUS = 1024

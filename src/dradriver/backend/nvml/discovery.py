@@ -188,7 +188,7 @@ class NvmlLibrary:
 
     def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
         """NVML events for the published GPUs; the source holds its own NVML reference."""
-        from dradriver.health.nvml_source import NvmlHealthSource
+        from dradriver.backend.nvml.health import NvmlHealthSource
 
         return NvmlHealthSource(
             targets.gpu_uuids,
@@ -199,13 +199,13 @@ class NvmlLibrary:
 
     def mig_control(self, state_dir: Path) -> MigControl:
         """MIG reconfiguration through NVML, with an NVML reference of its own."""
-        from dradriver.mig.nvml import NvmlMigControl
+        from dradriver.backend.nvml.mig import NvmlMigControl
 
         return NvmlMigControl(library_path=self._library_path, proc_root=self._proc_root)
 
     def telemetry(self, state_dir: Path) -> TelemetryReader:
         """Utilisation, memory, power, clocks, ECC and NVLink through NVML, with its own reference."""
-        from dradriver.telemetry.nvml import NvmlTelemetry
+        from dradriver.backend.nvml.telemetry import NvmlTelemetry
 
         return NvmlTelemetry()
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dradriver import logs
-from dradriver.discovery.nvml import unsupported_as_none
+from dradriver.backend.nvml.discovery import unsupported_as_none
 from dradriver.telemetry.model import DeviceSample, ProcessSample, Target, throttle_names
 
 #: NVML keeps at most this many NVLink links per GPU (NVML_NVLINK_MAX_LINKS).

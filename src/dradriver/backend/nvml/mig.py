@@ -27,7 +27,7 @@ class NvmlMigControl:
     def __init__(self, *, library_path: str | None = None, proc_root: Path = Path("/proc")) -> None:
         import pynvml
 
-        from dradriver.discovery.nvml import NvmlLibrary
+        from dradriver.backend.nvml.discovery import NvmlLibrary
 
         self._nvml: Any = pynvml
         self._library = NvmlLibrary(library_path=library_path, proc_root=proc_root)

@@ -1,0 +1,1 @@
+"""GPU backends: NVML (`backend.nvml`) and fake GPUs (`backend.fake`)."""
