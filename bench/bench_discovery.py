@@ -25,8 +25,9 @@ import yaml
 
 from bench.common import percentile
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import NodeInventory, open_library
+from dradriver.discovery import NodeInventory
 from dradriver.slices import render_slices, validate_slices
 
 
@@ -77,7 +78,7 @@ def big_inventory(tmp: Path, *, mig: bool) -> NodeInventory:
     profile["gpus"] = [group]
     path = tmp / "big.yaml"
     path.write_text(yaml.safe_dump(profile))
-    return open_library(str(path)).discover()
+    return open_backend(str(path)).discover()
 
 
 def main() -> None:

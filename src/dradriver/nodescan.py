@@ -11,14 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver import logs
+from dradriver.backend.interface import GpuBackend
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import DeviceSet, GpuInstance, build_devices
-from dradriver.discovery import DeviceLibrary, NodeInventory, open_library
+from dradriver.discovery import NodeInventory
 
 
 @dataclass(frozen=True)
 class NodeScan:
-    #: The library the scan used, closed; its health source, MIG control and telemetry open their own.
-    library: DeviceLibrary
+    #: The backend the scan used, closed; the parts it makes (health source, MIG control,
+    #: sharing, telemetry) hold their own resources.
+    backend: GpuBackend
     inventory: NodeInventory
     devices: DeviceSet
 
@@ -40,11 +43,11 @@ def scan_node(
 
     Raises DiscoveryError when no GPUs can be discovered.
     """
-    library = open_library(fake_gpus, driver_root=driver_root, proc_root=proc_root)
+    backend = open_backend(fake_gpus, driver_root=driver_root, proc_root=proc_root)
     try:
-        inventory = library.discover()
+        inventory = backend.discover()
     finally:
-        library.close()
+        backend.close()
     devices = build_devices(
         inventory,
         driver_name=driver_name,
@@ -57,4 +60,4 @@ def scan_node(
             log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
         for warning in devices.warnings:
             log.warning("device model", reason=warning)
-    return NodeScan(library, inventory, devices)
+    return NodeScan(backend, inventory, devices)

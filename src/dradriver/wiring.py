@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dradriver import logs, metrics
+from dradriver.backend.interface import GpuBackend
 from dradriver.devicemodel import DeviceSet, PublishedDevice
-from dradriver.discovery import DeviceLibrary, NodeInventory
+from dradriver.discovery import NodeInventory
 from dradriver.files.write import ensure_directory
 from dradriver.health import effects
 from dradriver.health.board import HealthBoard
@@ -51,7 +52,6 @@ from dradriver.prepare.edits import common_edits
 from dradriver.prepare.hostdriver import driver_mounts
 from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
 from dradriver.prepare.shared import SerializeLock
-from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
 from dradriver.publish.handover import Marker
@@ -188,7 +188,7 @@ def build_parts(host: Host) -> Parts:
     targets = HealthTargets(scan.devices.devices)
     health = _start_health(
         host,
-        library=scan.library,
+        backend=scan.backend,
         targets=targets,
         taints=taints,
         node_events=node_events,
@@ -205,7 +205,7 @@ def build_parts(host: Host) -> Parts:
     if reservations is not None:
         _start_telemetry(
             host,
-            library=scan.library,
+            backend=scan.backend,
             driver=driver,
             reservations=reservations,
             devices=devices,
@@ -302,7 +302,7 @@ def _publish(host: Host, client: KubeClient, desired: Callable[[], list[dict[str
 def _start_health(
     host: Host,
     *,
-    library: DeviceLibrary,
+    backend: GpuBackend,
     targets: HealthTargets,
     taints: effects.TaintSink,
     node_events: NodeEventSender | None,
@@ -315,7 +315,7 @@ def _start_health(
         log.warning("health monitoring is disabled (enabled: false in the health config)")
         return None
     counters: HealthMetrics = metrics.HealthCounters() if serve.metrics_address else NoMetrics()
-    source = library.health_source(
+    source = backend.health_source(
         targets,
         SourceOptions(serve.state_dir, config.thresholds, counters, inventory_changed=inventory_changed),
     )
@@ -343,17 +343,12 @@ def _driver(
     """The GPU driver, recovered; with telemetry, the tap that sees what each claim is reserved for."""
     config = host.config
     mig_metrics: MigMetrics = metrics.MigCounters() if config.metrics_address else NoMigMetrics()
-    sharing: SharingControl = (
-        FakeSharing(config.state_dir)
-        if config.fake_gpus
-        else NvidiaSharing(config.driver_root_mount, config.state_dir)
-    )
     claims = _claim_source(config, client)
     # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
     reservations = None
     if config.metrics_address and config.telemetry_interval:
         claims = reservations = ReservationsTap(claims)
-    library = scan.library
+    backend = scan.backend
     driver = GpuDriver(
         driver_name=config.driver_name,
         pool_name=config.node_name,
@@ -363,9 +358,9 @@ def _driver(
         store=CheckpointStore(config.state_dir),
         common_edits=_common_edits(config, scan.inventory),
         caps_major=scan.inventory.nvidia_caps_major,
-        sharing=sharing,
+        sharing=backend.sharing(config.state_dir, config.driver_root_mount),
         boot_id=read_boot_id(),
-        mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
+        mig=MigManager(lambda: backend.mig_control(config.state_dir), mig_metrics),
         serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
         host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
     )
@@ -423,7 +418,7 @@ def _install_metrics(
 def _start_telemetry(
     host: Host,
     *,
-    library: DeviceLibrary,
+    backend: GpuBackend,
     driver: GpuDriver,
     reservations: ReservationsTap,
     devices: CurrentDevices,
@@ -440,7 +435,7 @@ def _start_telemetry(
         return list(devices.get().devices.devices)
 
     sampler = telemetry.start(
-        library.telemetry(config.state_dir),
+        backend.telemetry(config.state_dir),
         serve=metrics.append_exposition,
         published=published,
         records=driver.records,

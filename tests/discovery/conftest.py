@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.backend.nvml.discovery import NvmlLibrary
+from dradriver.backend.nvml.backend import NvmlBackend
 from dradriver.discovery import NodeInventory
 from tests.fakenvml.harness import (
     CONFIG_ENV,
@@ -60,8 +60,8 @@ class FakeNode:
     proc_root: Path
     sys_root: Path
 
-    def open(self) -> NvmlLibrary:
-        return NvmlLibrary(library_path=str(self.library), proc_root=self.proc_root, sys_root=self.sys_root)
+    def open(self) -> NvmlBackend:
+        return NvmlBackend(library_path=str(self.library), proc_root=self.proc_root, sys_root=self.sys_root)
 
     def discover(self) -> NodeInventory:
         library = self.open()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.discovery import builtin_profile_names
+from dradriver.backend.select import builtin_profile_names
 from dradriver.slices import Finding, build_node_slices, stored_differences
 from tests.e2e.realcluster import RealCluster
 from tests.helpers import write_gpu_profile

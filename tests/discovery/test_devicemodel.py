@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from dradriver.backend.select import builtin_profile_names, open_backend
 from dradriver.devicemodel import (
     PossibleMig,
     build_devices,
@@ -15,14 +16,7 @@ from dradriver.devicemodel import (
 )
 from dradriver.devicemodel import attributes as published
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
-from dradriver.discovery import (
-    Gpu,
-    MigDevice,
-    MigPlacement,
-    NodeInventory,
-    builtin_profile_names,
-    open_library,
-)
+from dradriver.discovery import Gpu, MigDevice, MigPlacement, NodeInventory
 from dradriver.names import dns_label_error
 from dradriver.quantity import parse_quantity
 
@@ -30,7 +24,7 @@ DRIVER = "gpu.dradriver.dev"
 
 
 def _inventory(profile: str) -> NodeInventory:
-    return open_library(profile).discover()
+    return open_backend(profile).discover()
 
 
 def test_gpu_attributes_and_capacity_exactly() -> None:

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from dradriver.backend.nvml.discovery import NvmlLibrary, normalize_bus_id
+from dradriver.backend.select import builtin_profile_names, open_backend
 from dradriver.devicemodel import build_devices, mig_device_name
-from dradriver.discovery import DiscoveryError, MigPlacement, builtin_profile_names, open_library
+from dradriver.discovery import DiscoveryError, MigPlacement
 from dradriver.discovery.nvidia_caps import driver_layout_minor
 from tests.fakenvml.harness import (
     CONFIG_ENV,
@@ -37,7 +38,7 @@ DRIVER = "gpu.dradriver.dev"
 def test_nvml_discovers_what_the_equivalent_fake_profile_reports(
     profile: str, fake_node: FakeNodeFactory
 ) -> None:
-    expected = open_library(profile).discover()
+    expected = open_backend(profile).discover()
     assert fake_node(expected).discover() == expected
 
 
@@ -57,7 +58,7 @@ def test_addressing_mode_and_module_id_where_nvml_reports_them(
     }  # fmt: skip
     path = tmp_path / "gh200.yaml"
     path.write_text(yaml.safe_dump(profile))
-    expected = open_library(str(path)).discover()
+    expected = open_backend(str(path)).discover()
     got = fake_node(expected).discover()
     assert got == expected
     assert [(g.addressing_mode, g.module_id) for g in got.gpus] == [("ATS", 1), ("ATS", 2), (None, None)]
@@ -67,7 +68,7 @@ def test_addressing_mode_and_module_id_where_nvml_reports_them(
 
 
 def test_numa_comes_from_sysfs_when_nvml_does_not_report_it(fake_node: FakeNodeFactory) -> None:
-    expected = open_library("dgx-h100").discover()
+    expected = open_backend("dgx-h100").discover()
     node = fake_node(expected)
     node.config.write_text(config_text(expected, numa_from_nvml=False))
     got = node.discover()
@@ -76,7 +77,7 @@ def test_numa_comes_from_sysfs_when_nvml_does_not_report_it(fake_node: FakeNodeF
 
 
 def test_error_on_one_gpu_skips_it_and_reports_why(fake_node: FakeNodeFactory) -> None:
-    expected = open_library("dgx-h100").discover()
+    expected = open_backend("dgx-h100").discover()
     node = fake_node(expected, [Failure("nvmlDeviceGetUUID", NVML_ERROR_UNKNOWN, gpu=2)])
     got = node.discover()
     assert [gpu.minor for gpu in got.gpus] == [0, 1, 3, 4, 5, 6, 7]
@@ -90,7 +91,7 @@ def test_error_on_one_gpu_skips_it_and_reports_why(fake_node: FakeNodeFactory) -
 
 
 def test_lost_gpu_is_skipped(fake_node: FakeNodeFactory) -> None:
-    expected = open_library("t4x4").discover()
+    expected = open_backend("t4x4").discover()
     got = fake_node(
         expected, [Failure("nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST, gpu=0)]
     ).discover()
@@ -99,7 +100,7 @@ def test_lost_gpu_is_skipped(fake_node: FakeNodeFactory) -> None:
 
 
 def test_error_on_mig_devices_skips_only_those(fake_node: FakeNodeFactory) -> None:
-    expected = open_library("dgx-a100-mig").discover()
+    expected = open_backend("dgx-a100-mig").discover()
     got = fake_node(expected, [Failure("nvmlDeviceGetAttributes_v2", NVML_ERROR_UNKNOWN, gpu=1)]).discover()
     assert len(got.gpus) == 8
     assert got.gpus[1].mig_devices == ()
@@ -111,7 +112,7 @@ def test_error_on_mig_devices_skips_only_those(fake_node: FakeNodeFactory) -> No
 
 
 def test_unsupported_optional_queries_do_not_lose_the_gpu(fake_node: FakeNodeFactory) -> None:
-    expected = open_library("t4x4").discover()
+    expected = open_backend("t4x4").discover()
     not_supported = 3
     failures = [
         Failure("nvmlDeviceGetArchitecture", not_supported),
@@ -125,14 +126,14 @@ def test_unsupported_optional_queries_do_not_lose_the_gpu(fake_node: FakeNodeFac
 
 def test_driver_not_loaded_is_a_clear_startup_error(fake_node: FakeNodeFactory) -> None:
     node = fake_node(
-        open_library("t4x4").discover(), [Failure("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)]
+        open_backend("t4x4").discover(), [Failure("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)]
     )
     with pytest.raises(DiscoveryError, match="NVIDIA kernel driver is not loaded"):
         node.open()
 
 
 def test_failing_gpu_listing_is_a_discovery_error(fake_node: FakeNodeFactory) -> None:
-    node = fake_node(open_library("t4x4").discover(), [Failure("nvmlDeviceGetCount_v2", NVML_ERROR_UNKNOWN)])
+    node = fake_node(open_backend("t4x4").discover(), [Failure("nvmlDeviceGetCount_v2", NVML_ERROR_UNKNOWN)])
     library = node.open()
     try:
         with pytest.raises(DiscoveryError, match="NVML cannot list the node's GPUs: nvmlDeviceGetCount"):
@@ -148,7 +149,7 @@ def test_missing_library_file_is_a_clear_error(tmp_path: Path, pristine_pynvml: 
 
 def test_mig_compute_instance_smaller_than_its_gpu_instance(fake_node: FakeNodeFactory) -> None:
     """Two 1c.3g.40gb compute instances share one GPU instance: distinct names, caps minors per CI."""
-    base = open_library("dgx-a100-mig").discover()
+    base = open_backend("dgx-a100-mig").discover()
     gpu = replace(base.gpus[0], mig_devices=())
     three_g = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
     resources = replace(three_g.resources, multiprocessors=14, copy_engines=1)
@@ -206,7 +207,7 @@ def test_cli_over_ld_library_path_publishes_what_the_fake_profile_publishes(
     profile_file = tmp_path / "dgx-a100-mig.yaml"
     profile_file.write_text(yaml.safe_dump(profile))
     config = tmp_path / "nvml.conf"
-    config.write_text(config_text(open_library(str(profile_file)).discover()))
+    config.write_text(config_text(open_backend(str(profile_file)).discover()))
 
     common = ("slices", "--node-name", "node-a", "-o", "json")
     from_nvml = _cli(*common, env={"LD_LIBRARY_PATH": str(fake_nvml_library.parent), CONFIG_ENV: str(config)})
@@ -238,7 +239,7 @@ def test_cli_loads_nvml_from_the_driver_root(fake_nvml_library: Path, tmp_path: 
     shutil.copy(fake_nvml_library, lib64 / "libnvidia-ml.so.570.124.06")
     (lib64 / "libnvidia-ml.so.1").symlink_to("/usr/lib64/libnvidia-ml.so.570.124.06")
     config = tmp_path / "nvml.conf"
-    config.write_text(config_text(open_library("t4x4").discover()))
+    config.write_text(config_text(open_backend("t4x4").discover()))
     env = {CONFIG_ENV: str(config), "LD_LIBRARY_PATH": str(tmp_path / "empty")}
 
     found = _cli(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dradriver.backend.nvml.health import NvmlHealthSource
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import open_library
 from dradriver.health.board import Health
 from dradriver.health.config import Thresholds
 from dradriver.health.events import GpuLostEvent, HardwareRef, SourceOptions, ThresholdEvent, XidEvent
@@ -59,7 +59,7 @@ def open_source(
 
 
 def test_xid_events_name_the_gpu_or_the_mig_instance(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
-    inventory = open_library("dgx-a100-mig").discover()
+    inventory = open_backend("dgx-a100-mig").discover()
     source, targets = open_source(fake_node(inventory))
     try:
         assert source.unmonitored() == {}
@@ -80,7 +80,7 @@ def test_xid_events_name_the_gpu_or_the_mig_instance(fake_node: FakeNodeFactory,
 
 
 def test_gpus_that_cannot_register_are_unmonitored(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
-    inventory = open_library("t4x4").discover()
+    inventory = open_backend("t4x4").discover()
     node = fake_node(inventory, [Failure("nvmlDeviceRegisterEvents", NVML_ERROR_NOT_SUPPORTED, gpu=1)])
     errors = Errors()
     source, _ = open_source(node, errors=errors)
@@ -96,7 +96,7 @@ def test_gpus_that_cannot_register_are_unmonitored(fake_node: FakeNodeFactory, p
 
 
 def test_no_event_set_leaves_every_gpu_unmonitored(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
-    inventory = open_library("t4x4").discover()
+    inventory = open_backend("t4x4").discover()
     node = fake_node(inventory, [Failure("nvmlEventSetCreate", NVML_ERROR_UNKNOWN)])
     source, _ = open_source(node)
     try:
@@ -109,7 +109,7 @@ def test_no_event_set_leaves_every_gpu_unmonitored(fake_node: FakeNodeFactory, p
 def test_lost_gpu_is_found_reported_once_and_recovers_by_recheck(
     fake_node: FakeNodeFactory, pipe: EventPipe
 ) -> None:
-    inventory = open_library("t4x4").discover()
+    inventory = open_backend("t4x4").discover()
     source, _ = open_source(fake_node(inventory))
     lost_uuid = inventory.gpus[3].uuid
     try:
@@ -134,7 +134,7 @@ def test_lost_gpu_is_found_reported_once_and_recovers_by_recheck(
 
 
 def test_recheck_fails_while_a_row_remap_is_pending(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
-    inventory = open_library("dgx-h100").discover()
+    inventory = open_backend("dgx-h100").discover()
     source, _ = open_source(fake_node(inventory))
     uuid = inventory.gpus[5].uuid
     try:
@@ -152,7 +152,7 @@ def test_recheck_fails_while_a_row_remap_is_pending(fake_node: FakeNodeFactory, 
 
 
 def test_thresholds_are_polled_and_rechecked(fake_node: FakeNodeFactory, pipe: EventPipe) -> None:
-    inventory = open_library("t4x4").discover()
+    inventory = open_backend("t4x4").discover()
     thresholds = Thresholds(temperature_celsius=90, uncorrected_ecc_errors=2, poll_interval_seconds=1)
     source, _ = open_source(fake_node(inventory), thresholds)
     hot, flaky = inventory.gpus[0].uuid, inventory.gpus[2].uuid
@@ -178,7 +178,7 @@ def test_thresholds_are_polled_and_rechecked(fake_node: FakeNodeFactory, pipe: E
 
 def test_serve_on_nvml_reports_an_xid_from_the_event_wait(fake_nvml_library: Path, tmp_path: Path) -> None:
     """`serve` without --fake-gpus: discovery and events through pynvml and the C fake, end to end."""
-    inventory = open_library("t4x4").discover()
+    inventory = open_backend("t4x4").discover()
     config = tmp_path / "nvml.conf"
     config.write_text(config_text(inventory))
     events = EventPipe(tmp_path / "nvml-events")

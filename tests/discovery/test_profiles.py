@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.backend.fake.discovery import FakeLibrary
+from dradriver.backend.fake.backend import FakeBackend
 from dradriver.backend.fake.profile import builtin_mig_tables, load_builtin_profile
-from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
+from dradriver.backend.select import builtin_profile_names, open_backend
+from dradriver.discovery import DiscoveryError
 from dradriver.discovery.nvidia_caps import (
     DriverNodes,
     driver_layout_minor,
@@ -25,7 +26,7 @@ def test_builtin_profiles_include_the_documented_ones() -> None:
 
 
 def test_dgx_h100() -> None:
-    inventory = open_library("dgx-h100").discover()
+    inventory = open_backend("dgx-h100").discover()
     assert len(inventory.gpus) == 8
     assert {gpu.product_name for gpu in inventory.gpus} == {"NVIDIA H100 80GB HBM3"}
     assert {gpu.compute_capability for gpu in inventory.gpus} == {(9, 0)}
@@ -38,7 +39,7 @@ def test_dgx_h100() -> None:
 
 
 def test_dgx_a100_mig_has_mig_devices_of_several_profiles() -> None:
-    inventory = open_library("dgx-a100-mig").discover()
+    inventory = open_backend("dgx-a100-mig").discover()
     assert {gpu.product_name for gpu in inventory.gpus} == {"NVIDIA A100-SXM4-80GB"}
     enabled = [gpu for gpu in inventory.gpus if gpu.mig_enabled]
     assert 0 < len(enabled) < len(inventory.gpus)
@@ -54,13 +55,13 @@ def test_dgx_a100_mig_has_mig_devices_of_several_profiles() -> None:
 
 
 def test_profiles_are_deterministic() -> None:
-    assert open_library("mixed").discover() == open_library("mixed").discover()
+    assert open_backend("mixed").discover() == open_backend("mixed").discover()
 
 
 def test_fake_libraries_do_not_share_state() -> None:
-    first = open_library("t4x4")
-    second = open_library("t4x4")
-    assert isinstance(first, FakeLibrary)
+    first = open_backend("t4x4")
+    second = open_backend("t4x4")
+    assert isinstance(first, FakeBackend)
     assert first is not second
     assert first.discover() == second.discover()
 
@@ -87,7 +88,7 @@ def _minimal(**group: Any) -> dict[str, Any]:
 
 def test_custom_profile_file(tmp_path: Path) -> None:
     data = _minimal(count=2, firstMinor=4, numaNodes=[0, 1], uuids=["GPU-a", "GPU-b"])
-    inventory = open_library(_write(tmp_path, data)).discover()
+    inventory = open_backend(_write(tmp_path, data)).discover()
     assert [(g.minor, g.uuid, g.numa_node) for g in inventory.gpus] == [(4, "GPU-a", 0), (5, "GPU-b", 1)]
     assert [g.pci_bus_id for g in inventory.gpus] == ["0000:05:00.0", "0000:06:00.0"]
 
@@ -98,7 +99,7 @@ def test_inline_mig_profile_table(tmp_path: Path) -> None:
          "multiprocessors": 14, "placementSize": 1, "placementStarts": [0, 1, 2, 3]},
     ]  # fmt: skip
     data = _minimal(mig={"profiles": table, "enabled": True, "devices": [{"profile": "1g.6gb", "start": 3}]})
-    gpu = open_library(_write(tmp_path, data)).discover().gpus[0]
+    gpu = open_backend(_write(tmp_path, data)).discover().gpus[0]
     assert [(m.profile, m.placement.start, m.gi_id) for m in gpu.mig_devices] == [("1g.6gb", 3, 1)]
 
 
@@ -160,7 +161,7 @@ def test_inline_mig_profile_table(tmp_path: Path) -> None:
 def test_invalid_profile_names_the_file_and_field(tmp_path: Path, data: Any, message: str) -> None:
     path = _write(tmp_path, data)
     with pytest.raises(DiscoveryError, match=message) as caught:
-        open_library(path)
+        open_backend(path)
     text = str(caught.value)
     assert text.startswith(f"invalid fake GPU profile {path}: ")
     assert "\n" not in text
@@ -168,12 +169,12 @@ def test_invalid_profile_names_the_file_and_field(tmp_path: Path, data: Any, mes
 
 def test_missing_profile_file(tmp_path: Path) -> None:
     with pytest.raises(DiscoveryError, match=r"fake GPU profile .*nope\.yaml: cannot read: No such file"):
-        open_library(str(tmp_path / "nope.yaml"))
+        open_backend(str(tmp_path / "nope.yaml"))
 
 
 def test_unknown_profile_name_lists_the_builtin_ones() -> None:
     with pytest.raises(DiscoveryError, match=r"unknown fake GPU profile 'dgx-z9'.*dgx-a100-mig, dgx-h100"):
-        open_library("dgx-z9")
+        open_backend("dgx-z9")
 
 
 def test_builtin_profiles_validate() -> None:

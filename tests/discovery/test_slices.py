@@ -11,9 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dradriver.backend.select import builtin_profile_names, open_backend
 from dradriver.cli._output import dump_yaml_documents
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import NodeInventory, builtin_profile_names, open_library
+from dradriver.discovery import NodeInventory
 from dradriver.slices import build_node_slices, render_slices, slice_name_prefix, validate_slices
 from tests.helpers import write_gpu_profile
 
@@ -60,7 +61,7 @@ def test_golden(profile: str) -> None:
 
 
 def _many_gpus(count: int) -> NodeInventory:
-    base = open_library("t4x4").discover()
+    base = open_backend("t4x4").discover()
     gpu = base.gpus[0]
     gpus = tuple(
         replace(gpu, index=i, minor=i, uuid=f"GPU-{i:08d}", pci_bus_id=f"{i // 200:04x}:{i % 200:02x}:00.0")

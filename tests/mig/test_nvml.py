@@ -17,8 +17,9 @@ import yaml
 
 from dradriver.backend.nvml.discovery import NvmlLibrary
 from dradriver.backend.nvml.mig import NvmlMigControl
+from dradriver.backend.select import open_backend
 from dradriver.cli import main
-from dradriver.discovery import MigPlacement, NodeInventory, open_library
+from dradriver.discovery import MigPlacement, NodeInventory
 from dradriver.discovery.nvidia_caps import driver_layout_minor
 from dradriver.kubeletclient import DRAClient
 from dradriver.mig import MigError
@@ -42,7 +43,7 @@ STATE_ENV = "FAKE_NVML_STATE"
 
 @pytest.fixture
 def inventory() -> NodeInventory:
-    return open_library("a100-mig-empty").discover()
+    return open_backend("a100-mig-empty").discover()
 
 
 @pytest.fixture

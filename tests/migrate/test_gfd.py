@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from dradriver.backend.select import builtin_profile_names, open_backend
 from dradriver.cel import compile_selector
 from dradriver.devicemodel import PublishedDevice, build_devices
-from dradriver.discovery import Gpu, MigDevice, NodeInventory, builtin_profile_names, open_library
+from dradriver.discovery import Gpu, MigDevice, NodeInventory
 from dradriver.migrate.gfd import FAMILIES, Requirement, Translated, translate
 
 DRIVER = "gpu.dradriver.dev"
@@ -60,7 +61,7 @@ def gfd_labels(gpu: Gpu, inventory: NodeInventory) -> dict[str, str]:
 def devices() -> Iterator[tuple[PublishedDevice, dict[str, set[str]]]]:
     """Each device with the values of each label its node may carry."""
     for profile in builtin_profile_names():
-        inventory = open_library(profile).discover()
+        inventory = open_backend(profile).discover()
         gpus = {g.minor: g for g in inventory.gpus}
         for device in build_devices(inventory, driver_name=DRIVER).devices:
             hardware = device.hardware

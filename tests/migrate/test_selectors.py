@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dradriver.backend.select import open_backend
 from dradriver.cel import compile_selector
 from dradriver.devicemodel import build_devices
 from dradriver.devicemodel.attributes import DeviceType
-from dradriver.discovery import open_library
 from dradriver.migrate.selectors import rewrite, rewrite_qualified
 
 DRIVER = "gpu.dradriver.dev"
@@ -141,6 +141,6 @@ def test_a_rewritten_selector_selects_what_nvidias_did() -> None:
     selector = compile_selector(
         rewrite(expression, driver=DRIVER, device_types=frozenset({"gpu"})).expression
     )
-    devices = build_devices(open_library("dgx-a100-40gb-mig").discover(), driver_name=DRIVER).devices
+    devices = build_devices(open_backend("dgx-a100-40gb-mig").discover(), driver_name=DRIVER).devices
     gpus = [d for d in devices if d.json["attributes"]["type"]["string"] == "gpu"]
     assert [d.name for d in gpus if selector.matches(d.json, DRIVER)] == ["gpu-4", "gpu-6"]

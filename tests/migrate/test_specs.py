@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dradriver.backend.select import builtin_profile_names
 from dradriver.cli import main
-from dradriver.discovery import builtin_profile_names
 from tests.deploy.manifests import KUBERNETES_VERSIONS
 from tests.deploy.test_schemas import validate as validate_schema
 from tests.migrate.table import FIXTURES, Case, cases, row_id

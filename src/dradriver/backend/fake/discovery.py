@@ -1,4 +1,4 @@
-"""The fake GPU backend: a `DeviceLibrary` that reports the GPUs a profile describes.
+"""The fake backend's discovery: the inventory of the GPUs a profile describes.
 
 It is a peer of the NVML backend behind the same interface, so everything above discovery
 runs unchanged on a laptop or in CI. Identifiers the profile leaves out (UUIDs, PCI addresses)
@@ -9,7 +9,6 @@ every node using the profile see the same devices.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
 from dradriver.backend.fake.profile import FakeProfile, GpuGroup, MigProfileSpec
 from dradriver.discovery.model import (
@@ -21,14 +20,6 @@ from dradriver.discovery.model import (
     NodeInventory,
 )
 from dradriver.discovery.nvidia_caps import driver_layout_minor
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from dradriver.health.events import HealthSource, SourceOptions
-    from dradriver.health.targets import HealthTargets
-    from dradriver.mig import MigControl
-    from dradriver.telemetry.sampler import TelemetryReader
 
 _UUID_NAMESPACE = uuid.UUID("6f1d3c1e-8f7a-4c53-9a55-2b1f0f0de7a1")
 
@@ -129,41 +120,3 @@ def inventory_from_profile(profile: FakeProfile, seed: str) -> NodeInventory:
         nvidia_caps_major=profile.nvidia_caps_major,
         nvidia_uvm_major=profile.nvidia_uvm_major,
     )
-
-
-class FakeLibrary:
-    """A `DeviceLibrary` serving a profile's GPUs.
-
-    The inventory is plain instance state (never module globals). Health events come from the
-    log `dradriver fake-event` writes into the state directory.
-    """
-
-    def __init__(self, profile: FakeProfile, name: str) -> None:
-        self.name = name
-        self._inventory = inventory_from_profile(profile, seed=name)
-
-    def discover(self) -> NodeInventory:
-        return self._inventory
-
-    def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
-        from dradriver.backend.fake.health import FakeHealthSource
-        from dradriver.logs import get_logger
-
-        if options.thresholds.enabled:
-            get_logger(component="health").warning("fake GPUs have no sensors: thresholds are not checked")
-        return FakeHealthSource(options.state_dir, targets.locate)
-
-    def mig_control(self, state_dir: Path) -> MigControl:
-        """MIG devices of these fake GPUs, kept in the state directory across restarts."""
-        from dradriver.backend.fake.mig import STATE_FILE, FakeMigControl
-
-        return FakeMigControl(self._inventory, state_dir / STATE_FILE)
-
-    def telemetry(self, state_dir: Path) -> TelemetryReader:
-        """Idle figures, and what `dradriver fake-event` set, from the state directory."""
-        from dradriver.backend.fake.telemetry import FakeTelemetry
-
-        return FakeTelemetry(state_dir)
-
-    def close(self) -> None:
-        """Nothing to release; present for the `DeviceLibrary` interface."""

@@ -13,7 +13,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+import pynvml
 
 from dradriver.discovery.driverroot import LIBRARY_DIRS, NVML_LIBRARY
 from dradriver.discovery.errors import DiscoveryError
@@ -27,12 +29,6 @@ from dradriver.discovery.model import (
     SkippedDevice,
 )
 from dradriver.discovery.nvidia_caps import DriverNodes, read_driver_nodes
-
-if TYPE_CHECKING:
-    from dradriver.health.events import HealthSource, SourceOptions
-    from dradriver.health.targets import HealthTargets
-    from dradriver.mig import MigControl
-    from dradriver.telemetry.sampler import TelemetryReader
 
 #: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).
 BRAND_NAMES = {
@@ -149,7 +145,7 @@ def _init_error(nvml: Any, err: Exception, searched_root: Path | None) -> Discov
 
 
 class NvmlLibrary:
-    """A `DeviceLibrary` over NVML; NVML is initialised here and shut down by `close()`."""
+    """Discovery over NVML; NVML is initialised here and shut down by `close()`."""
 
     def __init__(
         self,
@@ -159,8 +155,6 @@ class NvmlLibrary:
         sys_root: Path = Path("/sys"),
         searched_root: Path | None = None,
     ) -> None:
-        import pynvml
-
         self._nvml: Any = pynvml
         self._library_path = library_path
         self._proc_root = proc_root
@@ -185,29 +179,6 @@ class NvmlLibrary:
             self._nvml.nvmlLib = library
             # Function pointers are cached per name; they belong to the library loaded before.
             self._nvml._nvmlGetFunctionPointer_cache.clear()
-
-    def health_source(self, targets: HealthTargets, options: SourceOptions) -> HealthSource:
-        """NVML events for the published GPUs; the source holds its own NVML reference."""
-        from dradriver.backend.nvml.health import NvmlHealthSource
-
-        return NvmlHealthSource(
-            targets.gpu_uuids,
-            thresholds=options.thresholds,
-            metrics=options.metrics,
-            inventory_changed=options.inventory_changed,
-        )
-
-    def mig_control(self, state_dir: Path) -> MigControl:
-        """MIG reconfiguration through NVML, with an NVML reference of its own."""
-        from dradriver.backend.nvml.mig import NvmlMigControl
-
-        return NvmlMigControl(library_path=self._library_path, proc_root=self._proc_root)
-
-    def telemetry(self, state_dir: Path) -> TelemetryReader:
-        """Utilisation, memory, power, clocks, ECC and NVLink through NVML, with its own reference."""
-        from dradriver.backend.nvml.telemetry import NvmlTelemetry
-
-        return NvmlTelemetry()
 
     def close(self) -> None:
         if self._open:

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pynvml
+
 from dradriver import logs
 from dradriver.health.config import Thresholds
 from dradriver.health.events import (
@@ -77,8 +79,6 @@ class NvmlHealthSource:
         clock: Callable[[], float] = time.monotonic,
         inventory_changed: Callable[[], None] = lambda: None,
     ) -> None:
-        import pynvml
-
         self._nvml: Any = pynvml
         self._thresholds = thresholds
         self._metrics = metrics

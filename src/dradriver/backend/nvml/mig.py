@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pynvml
+
+from dradriver.backend.nvml.discovery import NvmlLibrary
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
 from dradriver.mig import MigError, MigFailure, compute_profile_index
@@ -25,10 +28,6 @@ _MAX_GPU_INSTANCES = 8
 
 class NvmlMigControl:
     def __init__(self, *, library_path: str | None = None, proc_root: Path = Path("/proc")) -> None:
-        import pynvml
-
-        from dradriver.backend.nvml.discovery import NvmlLibrary
-
         self._nvml: Any = pynvml
         self._library = NvmlLibrary(library_path=library_path, proc_root=proc_root)
 

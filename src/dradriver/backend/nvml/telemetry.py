@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import pynvml
+
 from dradriver import logs
 from dradriver.backend.nvml.discovery import unsupported_as_none
 from dradriver.telemetry.model import DeviceSample, ProcessSample, Target, throttle_names
@@ -33,8 +35,6 @@ class NvmlTelemetry:
     """A `TelemetryReader` over NVML (loaded already by the discovery backend)."""
 
     def __init__(self) -> None:
-        import pynvml
-
         self._nvml: Any = pynvml
         pynvml.nvmlInit()
         self._handles: dict[str, Any] = {}
