@@ -8,11 +8,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from dradriver.cel import times
+from dradriver.cel import network, times
 from dradriver.cel.errors import EvalError
-from dradriver.cel.values import UInt, go_format_float, go_quote, is_list, type_name
+from dradriver.cel.values import (
+    ArgumentMismatchError,
+    UInt,
+    go_format_float,
+    go_quote,
+    is_list,
+    no_such_overload,
+    type_name,
+)
 
 DEFAULT_PRECISION = 6
 
@@ -48,10 +56,29 @@ def clause_message(clause: str, kind: str) -> str:
 # -- formatting values (stringFormatter) ------------------------------------------------------------
 
 
-def _to_string(value: Any) -> str:
-    from dradriver.cel.functions import to_string
-
-    return to_string(value)
+def to_string(value: Any) -> str:
+    """CEL's string() conversion, which the formatter also uses for scalars."""
+    tv = type(value)
+    if tv is str:
+        return cast(str, value)
+    if tv is bool:
+        return "true" if value else "false"
+    if tv is int or tv is UInt:
+        return str(int(value))
+    if tv is float:
+        return go_format_float(value)
+    if tv is bytes:
+        try:
+            return cast(bytes, value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
+    if tv is network.IP or tv is network.CIDR:
+        return str(value)
+    if tv is times.Timestamp:
+        return times.format_timestamp(value)
+    if tv is times.Duration:
+        return times.format_duration(value)
+    raise no_such_overload("string", value)
 
 
 def _format_string(value: Any) -> str:
@@ -64,7 +91,7 @@ def _format_string(value: Any) -> str:
         return "null"
     if type(value) in (int, UInt, float, bool, str, bytes, times.Timestamp, times.Duration):
         try:
-            return _to_string(value)
+            return to_string(value)
         except EvalError as err:
             raise FormatError(f"could not convert argument {go_quote(err.message)} to string") from None
     if type_name(value) == "type":
@@ -85,9 +112,9 @@ def _member(value: Any) -> str:
     if kind is bytes:
         return "b" + go_quote(_format_string(value))
     if kind is times.Timestamp:
-        return f"timestamp({go_quote(_to_string(value))})"
+        return f"timestamp({go_quote(to_string(value))})"
     if kind is times.Duration:
-        return f"duration({go_quote(_to_string(value))})"
+        return f"duration({go_quote(to_string(value))})"
     if value is None or kind is bool or type_name(value) == "type":
         return _format_string(value)
     if is_list(value):
@@ -270,8 +297,6 @@ def run(fmt: str, arg_count: int, format_clause: Callable[[Clause], str], *, che
 def string_format(fmt: Any, args: Any) -> str:
     """The runtime `format` binding: errors become evaluation errors with their message."""
     if type(fmt) is not str or not is_list(args):
-        from dradriver.cel.values import ArgumentMismatchError
-
         raise ArgumentMismatchError("no such overload")
     try:
         return run(

@@ -34,7 +34,6 @@ from dradriver.cel.values import (
     compare,
     equal,
     expect,
-    go_format_float,
     is_list,
     no_such_overload,
     overload_signature,
@@ -397,30 +396,6 @@ def to_uint(value: Any) -> UInt:
                 return UInt(number)
         raise EvalError("type conversion error from 'string' to 'uint'")
     raise no_such_overload("uint", value)
-
-
-def to_string(value: Any) -> str:
-    tv = type(value)
-    if tv is str:
-        return cast(str, value)
-    if tv is bool:
-        return "true" if value else "false"
-    if tv is int or tv is UInt:
-        return str(int(value))
-    if tv is float:
-        return go_format_float(value)
-    if tv is bytes:
-        try:
-            return cast(bytes, value).decode("utf-8")
-        except UnicodeDecodeError:
-            raise EvalError("invalid UTF-8 in bytes, cannot convert to string") from None
-    if tv is network.IP or tv is network.CIDR:
-        return str(value)
-    if tv is times.Timestamp:
-        return times.format_timestamp(value)
-    if tv is times.Duration:
-        return times.format_duration(value)
-    raise no_such_overload("string", value)
 
 
 # -- strings (standard and ext strings v2) ---------------------------------------------------------
@@ -1181,7 +1156,7 @@ _IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], CostFn | None]] = {
     "double": (to_double, None),
     "int": (to_int, None),
     "uint": (to_uint, None),
-    "string": (to_string, None),
+    "string": (formatting.to_string, None),
     "contains": (contains, _contains),
     "startsWith": (starts_with, _first_string),
     "endsWith": (ends_with, _first_string),
