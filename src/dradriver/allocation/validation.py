@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.allocation.model import API_VERSIONS, RESOURCE_GROUP
+from dradriver.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
 from dradriver.cel.values import go_quote
 from dradriver.names import (
     dns_label_error,
@@ -121,8 +122,6 @@ class _Checker:
             self.name(meta.get("namespace"), "metadata.namespace", dns_label_error)
 
     def selectors(self, value: Any, path: str) -> None:
-        from dradriver.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
-
         items = self.list(value, path)
         if self.too_many(path, items, DEVICE_SELECTORS_MAX):
             return

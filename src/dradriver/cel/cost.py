@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dradriver.cel import ast
 from dradriver.cel import types as t
 from dradriver.cel.checker import CheckResult
+from dradriver.cel.decls import SORTABLE
 from dradriver.cel.namedformat import MAX_FORMAT_SIZE, MAX_NAME_FORMAT_REGEX_SIZE
 
 MAX = 2**64 - 1
@@ -770,8 +771,6 @@ def _sets(factor: float) -> Callable[[Coster, Node | None, list[Node]], CallEsti
 
 
 def _overload_estimators() -> dict[str, Callable[[Coster, Node | None, list[Node]], CallEstimate | None]]:
-    from dradriver.cel.decls import SORTABLE
-
     out: dict[str, Callable[[Coster, Node | None, list[Node]], CallEstimate | None]] = {
         "list_slice": _slice,
         "list_flatten": _flatten,

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+import re2
+
 from dradriver.cel import formatting, namedformat, network, times, urls
 from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
 from dradriver.cel.decls import SORTABLE, TIMESTAMP_GETTERS
@@ -35,6 +37,7 @@ from dradriver.cel.values import (
     equal,
     expect,
     is_list,
+    map_find,
     no_such_overload,
     overload_signature,
     size_of,
@@ -60,8 +63,6 @@ def compile_regex(pattern: str) -> Any:
     cached = _regex_cache.get(pattern)
     if cached is not None:
         return cached
-    import re2
-
     options = re2.Options()
     options.log_errors = False  # google-re2 would print parse errors to stderr
     try:
@@ -285,8 +286,6 @@ def contains_in(element: Any, container: Any) -> bool:
                 continue
         return False
     if isinstance(container, Mapping):
-        from dradriver.cel.values import map_find
-
         return map_find(container, element)[0]
     raise EvalError("no such overload")
 

@@ -11,11 +11,18 @@ Text that does not parse gets the errors cel-go's ANTLR parser reports (see antl
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
+import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from lark import Token, Tree
+import celpy.celparser
+import lark
+from lark import Lark, Token, Tree
+from lark.exceptions import LarkError
 
 from dradriver.cel import antlr, ast
 from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError
@@ -109,12 +116,6 @@ def _lark_parser() -> Any:
     global _parser  # noqa: PLW0603 - one Lark instance per process, built on first use
     with _parser_lock:
         if _parser is None:
-            import re
-            from pathlib import Path
-
-            import celpy.celparser
-            from lark import Lark
-
             grammar = (Path(celpy.celparser.__file__).parent / "cel.lark").read_text()
             for rule, patched in _GRAMMAR_PATCHES:
                 grammar = grammar.replace(rule, patched)
@@ -194,10 +195,6 @@ def _cache_file(grammar: str) -> str | bool:
     A per-user directory, never the shared temp directory: Lark's cache is a pickle. Named by
     the grammar's digest, so that checkouts with different grammars do not rewrite one file.
     """
-    import hashlib
-    import os
-    from pathlib import Path
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     directory = Path(base) / "dradriver"
     try:
@@ -206,8 +203,6 @@ def _cache_file(grammar: str) -> str | bool:
             return False
     except OSError:
         return False
-    import lark
-
     digest = hashlib.sha256(grammar.encode()).hexdigest()[:12]
     return str(directory / f"cel-grammar-lark-{lark.__version__}-{digest}.cache")
 
@@ -239,8 +234,6 @@ def format_issue(expression: str, message: str, pos: tuple[int, int]) -> str:
 
 def parse(expression: str) -> ast.Expr:
     """Parse and expand macros; raises CELCompileError on any syntax problem."""
-    from lark.exceptions import LarkError
-
     parser = _lark_parser()
     try:
         with _parser_lock:
@@ -275,8 +268,6 @@ def parse(expression: str) -> ast.Expr:
 def lex(expression: str) -> list[Token]:
     """The expression's tokens (`type`, `start_pos`, `end_pos`), without whitespace and comments,
     for tools that edit an expression in place; raises CELCompileError on an unknown character."""
-    from lark.exceptions import LarkError
-
     parser = _lark_parser()
     try:
         with _parser_lock:
@@ -301,8 +292,6 @@ def _syntax_failure(parser: Any, expression: str) -> CELCompileError:
 
 def _visitor_errors(parser: Any, result: antlr.Parse) -> list[tuple[str, tuple[int, int]]]:
     """What building ANTLR's partial tree reports (macro errors), at the expression's positions."""
-    from lark.exceptions import LarkError
-
     text = result.tree_text
     try:
         with _parser_lock:

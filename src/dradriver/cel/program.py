@@ -14,6 +14,7 @@ cel-go's runtime cost tracker stops evaluation once it exceeds the budget.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from dradriver.cel.functions import (
     UNRESOLVED_COSTS,
     bound,
     compile_regex,
+    list_sum,
     matches,
 )
 from dradriver.cel.messages import new_message
@@ -53,6 +55,7 @@ from dradriver.cel.values import (
     iterate,
     map_find,
     size_of,
+    type_name,
 )
 from dradriver.quantity import Quantity
 
@@ -199,8 +202,6 @@ def qualify(a: Activation, obj: Any, steps: list[Step]) -> Any:
 
 
 def _runtime_type(value: Any) -> str:
-    from dradriver.cel.values import type_name
-
     return type_name(value)
 
 
@@ -1279,8 +1280,6 @@ def _string_eq_cost(lhs: Any, rhs: Any) -> int:
 def _eq_cost(lhs: Any, rhs: Any) -> int:
     if isinstance(lhs, Quantity | Semver | OpaqueValue):
         return 1
-    import math
-
     return math.ceil(min(size_of(lhs), size_of(rhs)) * STRING_TRAVERSAL_COST_FACTOR)
 
 
@@ -1404,8 +1403,6 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
 
 
 def _typed_sum(overloads: list[Any]) -> Callable[..., Any]:
-    from dradriver.cel.functions import list_sum
-
     zero: Any = 0
     if len(overloads) == 1:
         zeros: dict[str, Any] = {"list_uint_sum_uint": UInt(0), "list_double_sum_double": 0.0}

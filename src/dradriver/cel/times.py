@@ -12,6 +12,7 @@ import datetime as dt
 import re
 from decimal import Decimal
 from functools import cache
+from zoneinfo import ZoneInfo
 
 from dradriver.cel.errors import EvalError
 
@@ -278,8 +279,6 @@ def format_duration(d: Duration) -> str:
 
 @cache
 def _zone(name: str) -> dt.tzinfo:
-    from zoneinfo import ZoneInfo
-
     if name in ("", "UTC", "Local"):  # Kubernetes' control plane runs in UTC
         return dt.UTC
     try:

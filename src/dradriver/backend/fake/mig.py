@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from dradriver.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
 from dradriver.discovery.nvidia_caps import driver_layout_minor
+from dradriver.files.write import write_atomically
 from dradriver.mig import MigError
 
 STATE_FILE = "fake-mig-devices.json"
@@ -79,8 +80,6 @@ class FakeMigControl:
     def _save(self) -> None:
         if self.state_file is None:
             return
-        from dradriver.files.write import write_atomically
-
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.state_file, json.dumps(self._state.model_dump()).encode(), mode=0o600)
 

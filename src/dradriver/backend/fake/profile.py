@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from dradriver.backend.fake.profiles import MIG_TABLES_FILE
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.fieldpath import field_path
+from dradriver.files import FileInputError, load_document, parse_text
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _COMPUTE_CAPABILITY = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)")
@@ -224,8 +225,6 @@ def parse_profile(data: Any, source: str) -> FakeProfile:
 
 
 def _load_yaml(text: str, source: str) -> Any:
-    from dradriver.files import FileInputError, parse_text
-
     try:
         documents = parse_text(text, source, json_text=False)
     except FileInputError as err:
@@ -236,8 +235,6 @@ def _load_yaml(text: str, source: str) -> Any:
 
 
 def load_profile_file(path: Path) -> FakeProfile:
-    from dradriver.files import FileInputError, load_document
-
     try:
         data = load_document(path)
     except FileInputError as err:
