@@ -1,4 +1,4 @@
-"""`dradriver.allocation.capacity`: request policies and quantities as the 1.36 allocator reads them.
+"""`dradriver.offline.allocation.capacity`: request policies and quantities as the 1.36 allocator reads them.
 
 The allocation scenarios (`test_allocation_scenarios.py`) and the differential test against
 dra-oracle cover the allocator's use of these; here, the pieces with values read off
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.allocation.capacity import (
+from dradriver.offline.allocation.capacity import (
     Capacity,
     CapacityError,
     consumption,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from dradriver.allocation import (
+from dradriver.offline.allocation import (
     DeviceClass,
     Simulation,
     parse_claim,
@@ -30,7 +30,7 @@ from dradriver.allocation import (
     parse_slice,
     simulate,
 )
-from dradriver.allocation.result import allocation_status
+from dradriver.offline.allocation.result import allocation_status
 from dradriver.quantity import Quantity
 from tests.cel.allocation_strategy import NODE, scenarios
 from tests.oracle import Oracle

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dradriver.allocation import parse_claim, parse_device_class, parse_slice, simulate
-from dradriver.allocation.result import allocation_status
+from dradriver.offline.allocation import parse_claim, parse_device_class, parse_slice, simulate
+from dradriver.offline.allocation.result import allocation_status
 from dradriver.slices import build_node_slices
 
 DRIVER = "gpu.dradriver.dev"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.allocation import (
+from dradriver.offline.allocation import (
     DeviceClass,
     Simulation,
     parse_claim,
@@ -469,7 +469,7 @@ def test_shares_held_by_allocated_claims_count() -> None:
 
 
 def test_the_allocation_status_carries_share_ids_and_consumed_capacity() -> None:
-    from dradriver.allocation.result import allocation_status
+    from dradriver.offline.allocation.result import allocation_status
 
     sim = run([claim("c", exactly("gpu", **memory("15Gi")))], [slice_of(shared_gpus(1))])
     assert sim.chosen is not None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.cel import (
+from dradriver.offline.cel import (
     COST_LIMIT,
     CELCompileError,
     CELRuntimeError,

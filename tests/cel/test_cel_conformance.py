@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
+from dradriver.offline.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
 from tests.cel.cel_fixtures import DRIVER, gpu_device
 
 

@@ -1,4 +1,4 @@
-"""dradriver.cel against the real Kubernetes CEL code (dra-oracle), on generated selectors.
+"""dradriver.offline.cel against the real Kubernetes CEL code (dra-oracle), on generated selectors.
 
 Every generated selector is compiled by both and evaluated on devices dradriver publishes for
 the fake profiles. They must agree on the outcome class (compile error, runtime error, true,
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
-from dradriver.allocation.validation import validate_object
-from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
+from dradriver.offline.allocation.validation import validate_object
+from dradriver.offline.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
 from tests.cel.selector_strategy import DRIVER, selectors
 from tests.oracle import Oracle
 

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dradriver.cel import CELRuntimeError, Quantity, compile_selector, to_cel_device
+from dradriver.offline.cel import CELRuntimeError, Quantity, compile_selector, to_cel_device
 
 DRIVER = "gpu.dradriver.dev"
 A = 'device.attributes["gpu.dradriver.dev"]'

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from dradriver.backend.select import builtin_profile_names, open_backend
-from dradriver.cel import compile_selector
 from dradriver.devicemodel import PublishedDevice, build_devices
 from dradriver.discovery import Gpu, MigDevice, NodeInventory
-from dradriver.migrate.gfd import FAMILIES, Requirement, Translated, translate
+from dradriver.offline.cel import compile_selector
+from dradriver.offline.migrate.gfd import FAMILIES, Requirement, Translated, translate
 
 DRIVER = "gpu.dradriver.dev"
 

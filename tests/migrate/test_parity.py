@@ -5,8 +5,8 @@ README's mapping table says the same as the code; migrate's classes are the ones
 from __future__ import annotations
 
 from dradriver.devicemodel import attributes as published
-from dradriver.migrate import nvidia
-from dradriver.migrate.translate import gpu_class, mig_class
+from dradriver.offline.migrate import nvidia
+from dradriver.offline.migrate.translate import gpu_class, mig_class
 from tests.deploy.manifests import REPO, deviceclasses, markdown_table, unquote
 
 DRIVER = "gpu.dradriver.dev"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dradriver.backend.select import open_backend
-from dradriver.cel import compile_selector
 from dradriver.devicemodel import build_devices
 from dradriver.devicemodel.attributes import DeviceType
-from dradriver.migrate.selectors import rewrite, rewrite_qualified
+from dradriver.offline.cel import compile_selector
+from dradriver.offline.migrate.selectors import rewrite, rewrite_qualified
 
 DRIVER = "gpu.dradriver.dev"
 

@@ -1,4 +1,4 @@
-"""dradriver.migrate on single objects: what each field becomes, and what is refused with its path."""
+"""dradriver.offline.migrate on single objects: what each field becomes, and what is refused with its path."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from dradriver.allocation.validation import validate_object
-from dradriver.migrate import Migration, migrate
+from dradriver.offline.allocation.validation import validate_object
+from dradriver.offline.migrate import Migration, migrate
 
 DRIVER = "gpu.dradriver.dev"
 

@@ -4,7 +4,7 @@ Pure logic: callers parse objects with `parse_device_class`, `parse_claim` and `
 (v1, v1beta2 and v1beta1 shapes) and call `simulate`.
 """
 
-from dradriver.allocation.model import (
+from dradriver.offline.allocation.model import (
     AllocatedDevice,
     Claim,
     Device,
@@ -19,7 +19,7 @@ from dradriver.allocation.model import (
     parse_device_class,
     parse_slice,
 )
-from dradriver.allocation.simulator import (
+from dradriver.offline.allocation.simulator import (
     ClaimReport,
     DeviceVerdict,
     NodeReport,

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.cel import CELCompileError, compile_selector
-from dradriver.cel.errors import COMPILATION_FAILED
-from dradriver.cel.parser import lex, literal_value
 from dradriver.devicemodel import attributes as published
 from dradriver.devicemodel.attributes import DeviceType
-from dradriver.migrate import nvidia
+from dradriver.offline.cel import CELCompileError, compile_selector
+from dradriver.offline.cel.errors import COMPILATION_FAILED
+from dradriver.offline.cel.parser import lex, literal_value
+from dradriver.offline.migrate import nvidia
 
 _ALL_TYPES: frozenset[DeviceType] = frozenset({"gpu", "mig"})
 

@@ -4,7 +4,7 @@ Mirrors kubernetes pkg/apis/resource/validation/validation.go (validateDeviceCla
 validateDeviceRequest, validateSelector, validateDeviceConstraint, validateOpaqueConfiguration)
 with the limits of k8s.io/api resource/v1 types.go, and reports in the API server's wording
 (`spec.devices.requests[0].exactly.count: Invalid value: 0: must be greater than zero`).
-CEL selectors are compiled with `dradriver.cel`, which rejects what the API server rejects, with
+CEL selectors are compiled with `dradriver.offline.cel`, which rejects what the API server rejects, with
 the same message, including selectors whose estimated cost exceeds the limit.
 """
 
@@ -15,9 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.allocation.model import API_VERSIONS, RESOURCE_GROUP
-from dradriver.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
-from dradriver.cel.values import go_quote
 from dradriver.names import (
     dns_label_error,
     dns_subdomain_error,
@@ -25,6 +22,9 @@ from dradriver.names import (
     int64_error,
     qualified_name_error,
 )
+from dradriver.offline.allocation.model import API_VERSIONS, RESOURCE_GROUP
+from dradriver.offline.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
+from dradriver.offline.cel.values import go_quote
 
 DEVICE_REQUESTS_MAX = 32  # DeviceRequestsMaxSize = AllocationResultsMaxSize
 DEVICE_SELECTORS_MAX = 32

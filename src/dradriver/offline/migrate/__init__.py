@@ -2,11 +2,11 @@
 
 Pure translation, no I/O; `dradriver migrate` (cli/migrate.py) reads and writes the files.
 
-    from dradriver.migrate import migrate
+    from dradriver.offline.migrate import migrate
     for migration in migrate(objects, driver="gpu.dradriver.dev"):
         migration.outputs, migration.changes, migration.problems
 """
 
-from dradriver.migrate.translate import Change, Migration, Problem, describe, migrate
+from dradriver.offline.migrate.translate import Change, Migration, Problem, describe, migrate
 
 __all__ = ["Change", "Migration", "Problem", "describe", "migrate"]

@@ -14,7 +14,7 @@ from decimal import Decimal
 from functools import cache
 from zoneinfo import ZoneInfo
 
-from dradriver.cel.errors import EvalError
+from dradriver.offline.cel.errors import EvalError
 
 NANOS = 1_000_000_000
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

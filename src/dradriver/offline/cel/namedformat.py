@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dradriver import names
-from dradriver.cel import urls
-from dradriver.cel.values import OPTIONAL_NONE, OpaqueValue, Optional, expect, size_of
+from dradriver.offline.cel import urls
+from dradriver.offline.cel.values import OPTIONAL_NONE, OpaqueValue, Optional, expect, size_of
 
 STRING_TRAVERSAL_COST_FACTOR = 0.1
 REGEX_STRING_LENGTH_COST_FACTOR = 0.25

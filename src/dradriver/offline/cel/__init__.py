@@ -2,7 +2,7 @@
 
 Public API::
 
-    from dradriver.cel import compile_selector, to_cel_device
+    from dradriver.offline.cel import compile_selector, to_cel_device
 
     selector = compile_selector('device.attributes["gpu.dradriver.dev"].productName.startsWith("NVIDIA")')
     selector.matches(device_json, driver="gpu.dradriver.dev")   # bool, or CELRuntimeError
@@ -17,12 +17,18 @@ Parsing uses cel-python's grammar (`celpy`); type checking, macro expansion and 
 ports of cel-go and the Kubernetes CEL libraries (see the module docstrings for sources).
 """
 
-from dradriver.cel.device import CELDevice, to_cel_device
-from dradriver.cel.errors import CELCompileError, CELRuntimeError
-from dradriver.cel.hints import Hint, hints_for
-from dradriver.cel.program import COST_LIMIT
-from dradriver.cel.selector import MAX_EXPRESSION_LENGTH, Evaluation, Selector, clear_cache, compile_selector
-from dradriver.cel.semver import Semver
+from dradriver.offline.cel.device import CELDevice, to_cel_device
+from dradriver.offline.cel.errors import CELCompileError, CELRuntimeError
+from dradriver.offline.cel.hints import Hint, hints_for
+from dradriver.offline.cel.program import COST_LIMIT
+from dradriver.offline.cel.selector import (
+    MAX_EXPRESSION_LENGTH,
+    Evaluation,
+    Selector,
+    clear_cache,
+    compile_selector,
+)
+from dradriver.offline.cel.semver import Semver
 from dradriver.quantity import Quantity
 
 __all__ = [

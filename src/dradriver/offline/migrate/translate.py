@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dradriver.devicemodel.attributes import DeviceType
-from dradriver.migrate import gfd, nvidia
-from dradriver.migrate.selectors import rewrite, rewrite_qualified
 from dradriver.names import dns_label_error, dns_subdomain_error
+from dradriver.offline.migrate import gfd, nvidia
+from dradriver.offline.migrate.selectors import rewrite, rewrite_qualified
 from dradriver.prepare import config as our_config
 from dradriver.workloads import POD_SPEC_PATHS, pod_spec
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dradriver.cel import types as t
-from dradriver.cel.namedformat import FORMATS
+from dradriver.offline.cel import types as t
+from dradriver.offline.cel.namedformat import FORMATS
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from dradriver.cel import ast
-from dradriver.cel import types as t
-from dradriver.cel.checker import MESSAGE_TYPES, CheckResult, qualified_name
-from dradriver.cel.cost import STRUCT_CREATE
-from dradriver.cel.errors import CostLimitError, EvalError
-from dradriver.cel.functions import (
+from dradriver.offline.cel import ast
+from dradriver.offline.cel import types as t
+from dradriver.offline.cel.checker import MESSAGE_TYPES, CheckResult, qualified_name
+from dradriver.offline.cel.cost import STRUCT_CREATE
+from dradriver.offline.cel.errors import CostLimitError, EvalError
+from dradriver.offline.cel.functions import (
     ERROR_ARGUMENT,
     ERROR_RESULT_COSTS,
     OVERLOAD_COSTS,
@@ -37,10 +37,10 @@ from dradriver.cel.functions import (
     list_sum,
     matches,
 )
-from dradriver.cel.messages import new_message
-from dradriver.cel.semver import Semver
-from dradriver.cel.times import Duration, Timestamp
-from dradriver.cel.values import (
+from dradriver.offline.cel.messages import new_message
+from dradriver.offline.cel.semver import Semver
+from dradriver.offline.cel.times import Duration, Timestamp
+from dradriver.offline.cel.values import (
     EMPTY_MAP,
     OPTIONAL_NONE,
     DefaultingMap,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.cel.errors import EvalError
-from dradriver.cel.network import parse_ip_literal
-from dradriver.cel.values import OpaqueValue, expect, go_quote
+from dradriver.offline.cel.errors import EvalError
+from dradriver.offline.cel.network import parse_ip_literal
+from dradriver.offline.cel.values import OpaqueValue, expect, go_quote
 
 # net/url's encoding modes.
 _PATH, _USER, _QUERY, _FRAGMENT, _HOST, _ZONE = range(6)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.cel.errors import EvalError
-from dradriver.cel.values import OpaqueValue, expect, go_quote
+from dradriver.offline.cel.errors import EvalError
+from dradriver.offline.cel.values import OpaqueValue, expect, go_quote
 
 STRING_TRAVERSAL_COST_FACTOR = 0.1
 

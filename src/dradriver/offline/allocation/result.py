@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dradriver.allocation.model import DeviceClass
-from dradriver.allocation.simulator import ClaimReport
+from dradriver.offline.allocation.model import DeviceClass
+from dradriver.offline.allocation.simulator import ClaimReport
 
 
 def allocation_status(report: ClaimReport, classes: Mapping[str, DeviceClass]) -> dict[str, Any]:

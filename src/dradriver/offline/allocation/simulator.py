@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dradriver.allocation.capacity import (
+from dradriver.offline.allocation.capacity import (
     Amount,
     Capacity,
     CapacityError,
@@ -38,7 +38,7 @@ from dradriver.allocation.capacity import (
     fits,
     parse_amount,
 )
-from dradriver.allocation.model import (
+from dradriver.offline.allocation.model import (
     ALL,
     AllocatedDevice,
     Claim,
@@ -48,7 +48,7 @@ from dradriver.allocation.model import (
     Request,
     Slice,
 )
-from dradriver.cel import CELCompileError, CELDevice, CELRuntimeError, compile_selector, to_cel_device
+from dradriver.offline.cel import CELCompileError, CELDevice, CELRuntimeError, compile_selector, to_cel_device
 from dradriver.quantity import Quantity, QuantityError
 
 # resourceapi.AllocationResultsMaxSize.

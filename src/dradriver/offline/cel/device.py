@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dradriver.cel.semver import Semver, SemverError
-from dradriver.cel.values import INT64_MAX, INT64_MIN, DefaultingMap
+from dradriver.offline.cel.semver import Semver, SemverError
+from dradriver.offline.cel.values import INT64_MAX, INT64_MIN, DefaultingMap
 from dradriver.quantity import Quantity, QuantityError
 
 _SCALAR_KINDS = ("int", "bool", "string", "version")

@@ -16,12 +16,12 @@ from typing import Any, cast
 
 import re2
 
-from dradriver.cel import formatting, namedformat, network, times, urls
-from dradriver.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
-from dradriver.cel.decls import SORTABLE, TIMESTAMP_GETTERS
-from dradriver.cel.errors import CostLimitError, EvalError, InternalError
-from dradriver.cel.semver import Semver, SemverError
-from dradriver.cel.values import (
+from dradriver.offline.cel import formatting, namedformat, network, times, urls
+from dradriver.offline.cel.cost import ATTRIBUTE_VALUES_PER_DEVICE
+from dradriver.offline.cel.decls import SORTABLE, TIMESTAMP_GETTERS
+from dradriver.offline.cel.errors import CostLimitError, EvalError, InternalError
+from dradriver.offline.cel.semver import Semver, SemverError
+from dradriver.offline.cel.values import (
     INT64_MAX,
     INT64_MIN,
     OPTIONAL_NONE,

@@ -24,9 +24,9 @@ import lark
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError
 
-from dradriver.cel import antlr, ast
-from dradriver.cel.errors import COMPILATION_FAILED, CELCompileError
-from dradriver.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, UInt
+from dradriver.offline.cel import antlr, ast
+from dradriver.offline.cel.errors import COMPILATION_FAILED, CELCompileError
+from dradriver.offline.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, UInt
 
 MAX_RECURSION_DEPTH = 250
 #: cel-go's common.Errors shows this many issues, then how many more there were.

@@ -16,10 +16,10 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dradriver.cel import namedformat, network, times, urls
-from dradriver.cel.errors import EvalError
-from dradriver.cel.semver import Semver
-from dradriver.cel.values import EmptyMessage, Optional, TypeValue, UInt, is_list, type_name
+from dradriver.offline.cel import namedformat, network, times, urls
+from dradriver.offline.cel.errors import EvalError
+from dradriver.offline.cel.semver import Semver
+from dradriver.offline.cel.values import EmptyMessage, Optional, TypeValue, UInt, is_list, type_name
 from dradriver.quantity import Quantity
 
 _INT32 = (-(2**31), 2**31 - 1)

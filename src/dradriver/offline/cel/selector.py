@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.cel import ast, formatting
-from dradriver.cel import types as t
-from dradriver.cel.checker import (
+from dradriver.offline.cel import ast, formatting
+from dradriver.offline.cel import types as t
+from dradriver.offline.cel.checker import (
     DEVICE_TYPE,
     LIST_ATTRIBUTES_STRUCT_FIELDS,
     STRUCT_FIELDS,
@@ -21,10 +21,10 @@ from dradriver.cel.checker import (
     validate_aggregates,
     walk,
 )
-from dradriver.cel.cost import estimate_cost
-from dradriver.cel.decls import GATED_FUNCTIONS, Overload, declarations
-from dradriver.cel.device import CELDevice, to_cel_device
-from dradriver.cel.errors import (
+from dradriver.offline.cel.cost import estimate_cost
+from dradriver.offline.cel.decls import GATED_FUNCTIONS, Overload, declarations
+from dradriver.offline.cel.device import CELDevice, to_cel_device
+from dradriver.offline.cel.errors import (
     COMPILATION_FAILED,
     CELCompileError,
     CELRuntimeError,
@@ -32,9 +32,9 @@ from dradriver.cel.errors import (
     EvalError,
     InternalError,
 )
-from dradriver.cel.functions import RUNTIME, compile_regex
-from dradriver.cel.parser import format_issue, parse
-from dradriver.cel.program import (
+from dradriver.offline.cel.functions import RUNTIME, compile_regex
+from dradriver.offline.cel.parser import format_issue, parse
+from dradriver.offline.cel.program import (
     COST_LIMIT,
     COST_LIMIT_MESSAGE,
     DEVICE_SLOT,
@@ -43,7 +43,7 @@ from dradriver.cel.program import (
     Eval,
     ProgramError,
 )
-from dradriver.cel.values import type_name
+from dradriver.offline.cel.values import type_name
 
 # resourceapi.CELSelectorExpressionMaxLength.
 MAX_EXPRESSION_LENGTH = 10 * 1024

@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from dradriver.cel import network, times
-from dradriver.cel.errors import EvalError
-from dradriver.cel.values import (
+from dradriver.offline.cel import network, times
+from dradriver.offline.cel.errors import EvalError
+from dradriver.offline.cel.values import (
     ArgumentMismatchError,
     UInt,
     go_format_float,

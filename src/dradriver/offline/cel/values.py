@@ -14,9 +14,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, TypeVar, cast
 
-from dradriver.cel import times
-from dradriver.cel.errors import EvalError
-from dradriver.cel.semver import Semver
+from dradriver.offline.cel import times
+from dradriver.offline.cel.errors import EvalError
+from dradriver.offline.cel.semver import Semver
 from dradriver.quantity import Quantity
 
 INT64_MIN = -(2**63)

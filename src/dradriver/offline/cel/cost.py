@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dradriver.cel import ast
-from dradriver.cel import types as t
-from dradriver.cel.checker import CheckResult
-from dradriver.cel.decls import SORTABLE
-from dradriver.cel.namedformat import MAX_FORMAT_SIZE, MAX_NAME_FORMAT_REGEX_SIZE
+from dradriver.offline.cel import ast
+from dradriver.offline.cel import types as t
+from dradriver.offline.cel.checker import CheckResult
+from dradriver.offline.cel.decls import SORTABLE
+from dradriver.offline.cel.namedformat import MAX_FORMAT_SIZE, MAX_NAME_FORMAT_REGEX_SIZE
 
 MAX = 2**64 - 1
 _TWO_TO_64 = math.ldexp(1.0, 64)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dradriver.cel import ast
-from dradriver.cel import types as t
-from dradriver.cel.decls import OPT_SELECT_OVERLOAD, Overload
-from dradriver.cel.parser import format_issue
-from dradriver.cel.values import UInt
+from dradriver.offline.cel import ast
+from dradriver.offline.cel import types as t
+from dradriver.offline.cel.decls import OPT_SELECT_OVERLOAD, Overload
+from dradriver.offline.cel.parser import format_issue
+from dradriver.offline.cel.values import UInt
 
 
 class CheckError(Exception):
