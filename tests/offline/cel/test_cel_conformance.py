@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import pytest
 
 from dradriver.offline.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
-from tests.cel.cel_fixtures import DRIVER, gpu_device
+from tests.offline.cel.cel_fixtures import DRIVER, gpu_device
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dradriver.offline.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
-from tests.cel.test_cel_cli import claim as cli_claim
-from tests.cel.test_cel_cli import dradriver, slice_of
+from tests.offline.cel.test_cel_cli import claim as cli_claim
+from tests.offline.cel.test_cel_cli import dradriver, slice_of
 from tests.oracle import Oracle
 
 DRIVER = "gpu.dradriver.dev"

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from tests.cel.selector_strategy import DRIVER, Draw
+from tests.offline.cel.selector_strategy import DRIVER, Draw
 
 NODE = "node-a"
 V1 = "resource.k8s.io/v1"
@@ -83,7 +83,7 @@ def _profile_slices(profile: str, partitionable: bool) -> tuple[dict[str, Any], 
 
 @functools.cache
 def device_classes() -> tuple[dict[str, Any], ...]:
-    directory = Path(__file__).resolve().parents[2] / "deviceclasses"
+    directory = Path(__file__).resolve().parents[3] / "deviceclasses"
     out = []
     for path in sorted(directory.glob("*.yaml")):
         obj = yaml.safe_load(path.read_text())

@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.cel.cel_fixtures import DRIVER, gpu_device
 from tests.deploy.manifests import DEVICECLASSES
+from tests.offline.cel.cel_fixtures import DRIVER, gpu_device
 
 A = f'device.attributes["{DRIVER}"]'
 

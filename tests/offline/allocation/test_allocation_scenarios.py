@@ -18,7 +18,7 @@ from dradriver.offline.allocation import (
     parse_slice,
     simulate,
 )
-from tests.cel.cel_fixtures import DRIVER, gpu_device
+from tests.offline.cel.cel_fixtures import DRIVER, gpu_device
 
 V1 = "resource.k8s.io/v1"
 

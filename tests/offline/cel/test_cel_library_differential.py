@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cel.test_cel_differential import check
+from tests.offline.cel.test_cel_differential import check
 from tests.oracle import Oracle
 
 

@@ -11,9 +11,18 @@ from dradriver.backend.fake.profile import load_builtin_profile
 from dradriver.backend.nvml.telemetry import NvmlTelemetry
 from dradriver.devicemodel import build_devices
 from dradriver.telemetry.model import targets
-from tests.discovery.conftest import FakeNodeFactory
+from tests.backend.nvml.conftest import FakeNodeFactory
+from tests.fakenvml.harness import IN_PROCESS_SONAME, build_library, compiler
 
 GIB = 1024**3
+
+
+@pytest.fixture(scope="session")
+def in_process_nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C fake NVML with its telemetry calls, loaded into the test process."""
+    if compiler() is None:
+        pytest.skip("the C fake NVML needs a C compiler (cc)")
+    return build_library(tmp_path_factory.mktemp("fakenvml-telemetry"), IN_PROCESS_SONAME, telemetry=True)
 
 
 def test_nvml_figures_of_gpus_and_mig_devices(

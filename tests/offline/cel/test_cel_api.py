@@ -18,7 +18,7 @@ from dradriver.offline.cel import (
     hints_for,
     to_cel_device,
 )
-from tests.cel.cel_fixtures import DRIVER, gpu_device
+from tests.offline.cel.cel_fixtures import DRIVER, gpu_device
 
 A = 'device.attributes["gpu.dradriver.dev"]'
 

@@ -32,7 +32,7 @@ from dradriver.offline.allocation import (
 )
 from dradriver.offline.allocation.result import allocation_status
 from dradriver.quantity import Quantity
-from tests.cel.allocation_strategy import NODE, scenarios
+from tests.offline.allocation.allocation_strategy import NODE, scenarios
 from tests.oracle import Oracle
 
 SCENARIOS = int(os.environ.get("DRADRIVER_FUZZ_SCENARIOS", "40"))

@@ -25,7 +25,7 @@ from dradriver.kubeletclient import DRAClient
 from dradriver.mig import MigError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointStore, ClaimState
-from tests.discovery.conftest import FakeNode, FakeNodeFactory
+from tests.backend.nvml.conftest import FakeNode, FakeNodeFactory
 from tests.fakenvml.harness import CONFIG_ENV, config_text, write_proc
 from tests.helpers import (
     DRIVER,

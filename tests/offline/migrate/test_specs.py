@@ -1,6 +1,6 @@
 """NVIDIA's GPU and MIG specs and device-plugin workloads, through `dradriver migrate`, then the
 API's OpenAPI schemas, `validate` and `dry-run` on the fake profile each is meant for
-(tests/migrate/cases.yaml).
+(tests/offline/migrate/cases.yaml).
 
 Everything runs through the real CLI entry point. Running the migrated specs on a cluster is the
 e2e harness's part; README.md here says what it takes.
@@ -17,7 +17,7 @@ from dradriver.backend.select import builtin_profile_names
 from dradriver.cli import main
 from tests.deploy.manifests import KUBERNETES_VERSIONS
 from tests.deploy.test_schemas import validate as validate_schema
-from tests.migrate.table import FIXTURES, Case, cases, row_id
+from tests.offline.migrate.table import FIXTURES, Case, cases, row_id
 
 OUTCOMES = {"satisfiable": 0, "unsatisfiable": 1}
 FIELDS = {"spec", "profile", "expected", "reason", "pods", "needsGpu", "why"}

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from dradriver.offline.allocation.validation import validate_object
 from dradriver.offline.cel import CELCompileError, CELRuntimeError, compile_selector, to_cel_device
-from tests.cel.selector_strategy import DRIVER, selectors
+from tests.offline.cel.selector_strategy import DRIVER, selectors
 from tests.oracle import Oracle
 
 EXAMPLES = int(os.environ.get("DRADRIVER_FUZZ_EXAMPLES", "800"))
