@@ -29,7 +29,7 @@ from dradriver.health.monitor import HealthMonitor, HealthSink
 from dradriver.health.policy import DEVICE_GONE, Problem
 from dradriver.health.taints import with_taints
 from dradriver.health.targets import HealthTargets
-from dradriver.inventory import InventoryWatcher, ProfileFileTrigger, Published
+from dradriver.inventory import InventoryWatcher, LiveDevices, ProfileFileTrigger
 from dradriver.kube import KubeClient, KubeError, UnsupportedServerError, load_client
 from dradriver.kube.events import NodeEventSender
 from dradriver.nodescan import NodeScan, scan_node
@@ -85,13 +85,13 @@ class CurrentDevices:
     """What is published now: the live inventory replaces it, the publisher, metrics and
     telemetry read it (one reference, swapped whole)."""
 
-    def __init__(self, first: Published) -> None:
+    def __init__(self, first: LiveDevices) -> None:
         self._value = first
 
-    def get(self) -> Published:
+    def get(self) -> LiveDevices:
         return self._value
 
-    def set(self, value: Published) -> None:
+    def set(self, value: LiveDevices) -> None:
         self._value = value
 
 
@@ -117,7 +117,7 @@ def build_parts(host: Host) -> Parts:
         except OSError as err:
             raise OSError(f"{flag} {directory}: cannot create: {err.strerror or err}") from None
     scan = _scan(config, _created_gpu_instances(config.state_dir), component="daemon")
-    devices = CurrentDevices(Published(scan.devices, {}))
+    devices = CurrentDevices(LiveDevices(scan.devices, {}))
     host.board.set_devices([(config.node_name, d.name) for d in scan.devices.devices])
     client = _connect(config.kubeconfig)
     node_events = None
@@ -158,7 +158,7 @@ def build_parts(host: Host) -> Parts:
     def held() -> Set[str]:
         return driver.held_devices()
 
-    def apply(published: Published) -> None:
+    def apply(published: LiveDevices) -> None:
         devices.set(published)
         current = published.devices.devices
         host.board.set_devices([(config.node_name, d.name) for d in current])
