@@ -3,4 +3,5 @@
 - `cel`: Kubernetes DRA CEL selectors, evaluated with the scheduler's semantics.
 - `allocation`: the scheduler's allocation of claims to published devices, simulated.
 - `migrate`: NVIDIA device plugin / DRA driver configurations translated into dradriver's.
+- `workloads`: where each workload kind keeps its pod spec (migrate, dry-run and validate read pods).
 """

@@ -27,8 +27,8 @@ from dradriver.devicemodel.attributes import DeviceType
 from dradriver.names import dns_label_error, dns_subdomain_error
 from dradriver.offline.migrate import gfd, nvidia
 from dradriver.offline.migrate.selectors import rewrite, rewrite_qualified
+from dradriver.offline.workloads import POD_SPEC_PATHS, pod_spec
 from dradriver.prepare import config as our_config
-from dradriver.workloads import POD_SPEC_PATHS, pod_spec
 
 RESOURCE_GROUP = "resource.k8s.io"
 GPU_RESOURCE = "nvidia.com/gpu"
