@@ -156,8 +156,8 @@ class NvmlLibrary:
         searched_root: Path | None = None,
     ) -> None:
         self._nvml: Any = pynvml
-        self._library_path = library_path
-        self._proc_root = proc_root
+        self.library_path = library_path
+        self.proc_root = proc_root
         self._sys_root = sys_root
         self._profile_names: dict[str, dict[int, str]] = {}
         self._nodes: DriverNodes | None = None
@@ -207,7 +207,7 @@ class NvmlLibrary:
             count = self._call(nvml.nvmlDeviceGetCount)
         except _CallFailedError as err:
             raise DiscoveryError(f"NVML cannot list the node's GPUs: {err}") from None
-        scan = _Scan(read_driver_nodes(self._proc_root), [])
+        scan = _Scan(read_driver_nodes(self.proc_root), [])
         gpus: list[Gpu] = []
         for index in range(count):
             try:
@@ -374,7 +374,7 @@ class NvmlLibrary:
             if gpu_uuid not in self._profile_names:
                 self._profile_names[gpu_uuid] = {p.profile_id: p.name for p in self._mig_profiles(handle)}
             if self._nodes is None:
-                self._nodes = read_driver_nodes(self._proc_root)
+                self._nodes = read_driver_nodes(self.proc_root)
             for slot in range(self._call(nvml.nvmlDeviceGetMaxMigDeviceCount, handle)):
                 try:
                     mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
