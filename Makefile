@@ -78,7 +78,7 @@ fuzz-cel: $(STAMP)
 	DRADRIVER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DRADRIVER_FUZZ_SCENARIOS=$(FUZZ_SCENARIOS) \
 	DRADRIVER_FUZZ_SEED=$(FUZZ_SEED) DRADRIVER_FUZZ_REPORT=$(FUZZ_REPORT) \
 	$(BIN)/python -m pytest -p no:cacheprovider -o timeout=0 \
-	tests/cel/test_cel_differential.py tests/cel/test_allocation_differential.py $(PYTEST_ARGS)
+	tests/offline/cel/test_cel_differential.py tests/offline/allocation/test_allocation_differential.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest bench

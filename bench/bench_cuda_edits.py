@@ -34,7 +34,7 @@ from bench.bench_vs_go import (
     api_server_for,
     prepare_phase,
 )
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.prepare.hostdriver import BINARIES, COMPUTE_LIBRARIES
 from tests.e2e.cluster import ControlPlane, node_ip
 from tests.fakenvml import cuda
@@ -46,7 +46,7 @@ LIB_DIR = "usr/lib/x86_64-linux-gnu"
 
 def driver_root(root: Path) -> tuple[Path, Path]:
     """A host driver tree serving PREPARE_DEVICES fake GPUs, and its /proc files."""
-    inventory = open_library(str(write_gpu_profile(root / "profile.yaml", PREPARE_DEVICES))).discover()
+    inventory = open_backend(str(write_gpu_profile(root / "profile.yaml", PREPARE_DEVICES))).discover()
     version = inventory.driver_version
     libs = root / "driver" / LIB_DIR
     libs.mkdir(parents=True)

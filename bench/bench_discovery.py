@@ -25,8 +25,9 @@ import yaml
 
 from bench.common import percentile
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import NodeInventory, open_library
+from dradriver.discovery import NodeInventory
 from dradriver.slices import render_slices, validate_slices
 
 
@@ -68,7 +69,7 @@ def cli_wall_times(runs: int) -> list[float]:
 def big_inventory(tmp: Path, *, mig: bool) -> NodeInventory:
     """A fake node with 1,000 devices: 1,000 H100s, or 39 A100s with every MIG placement (1,014)."""
     profile = yaml.safe_load(
-        resources.files("dradriver.discovery.profiles").joinpath("dgx-a100-mig.yaml").read_text()
+        resources.files("dradriver.backend.fake.profiles").joinpath("dgx-a100-mig.yaml").read_text()
     )
     group = profile["gpus"][0] if mig else profile["gpus"][2]
     for key in ("pciBusIds", "pcieRoots", "numaNodes"):
@@ -77,7 +78,7 @@ def big_inventory(tmp: Path, *, mig: bool) -> NodeInventory:
     profile["gpus"] = [group]
     path = tmp / "big.yaml"
     path.write_text(yaml.safe_dump(profile))
-    return open_library(str(path)).discover()
+    return open_backend(str(path)).discover()
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from dradriver import kubeletclient
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.health.board import Health
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml.harness import build_library, fake_driver
@@ -66,7 +66,7 @@ def main() -> None:
         help="seconds the driver stays unloaded (a driver upgrade takes minutes)",
     )
     opts = parser.parse_args()
-    inventory = open_library("dgx-h100").discover()
+    inventory = open_backend("dgx-h100").discover()
     names = published_names(inventory)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-reload-") as work, short_tmpdir() as root:

@@ -20,7 +20,7 @@ import yaml
 
 from bench.common import summary
 from dradriver import kubeletclient
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.plugin.driver import ClaimRef
 
 DRIVER = "gpu.dradriver.dev"
@@ -82,7 +82,7 @@ def main() -> None:
     samples = []
     for _ in range(args.discover_runs):
         started = time.perf_counter()
-        library = open_library(None, driver_root=args.driver_root)
+        library = open_backend(None, driver_root=args.driver_root)
         inventory = library.discover()
         library.close()
         samples.append(time.perf_counter() - started)

@@ -27,8 +27,8 @@ from tempfile import TemporaryDirectory
 
 from bench.common import cpu_seconds, real_api_server, summary
 from dradriver import kubeletclient
+from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
 from dradriver.health.board import Health
-from dradriver.health.fake_source import FakeEventRecord, append_fake_event
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, build_library, config_text
 from tests.helpers import DRIVER, ServeProcess, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend, fake_backend
@@ -111,13 +111,13 @@ def stream_latency_fake(runs: int) -> list[float]:
 
 
 def stream_latency_nvml(runs: int) -> list[float]:
-    from dradriver.discovery import open_library
+    from dradriver.backend.select import open_backend
 
     samples = []
     with TemporaryDirectory() as tmp, short_tmpdir() as root:
         library = build_library(Path(tmp))
         config = Path(tmp) / "nvml.conf"
-        config.write_text(config_text(open_library("t4x4").discover()))
+        config.write_text(config_text(open_backend("t4x4").discover()))
         pipe = EventPipe(Path(tmp) / "events")
         env = {"LD_LIBRARY_PATH": str(library.parent), CONFIG_ENV: str(config), EVENTS_ENV: str(pipe.path)}
         with serve(root, FAST_RECOVERY, env=env, fake_gpus=None) as process:
@@ -172,7 +172,7 @@ def taint_latency(runs: int, kubeconfig: str | None) -> list[float]:
 
 def idle_cpu(health: str, seconds: float, nvml: bool) -> float:
     """Fraction of one core serve used over `seconds` of idleness (after a 5 s settle)."""
-    from dradriver.discovery import open_library
+    from dradriver.backend.select import open_backend
 
     with TemporaryDirectory() as tmp, short_tmpdir() as root:
         env: dict[str, str] = {}
@@ -180,7 +180,7 @@ def idle_cpu(health: str, seconds: float, nvml: bool) -> float:
         if nvml:
             library = build_library(Path(tmp))
             config = Path(tmp) / "nvml.conf"
-            config.write_text(config_text(open_library("dgx-h100").discover()))
+            config.write_text(config_text(open_backend("dgx-h100").discover()))
             pipe = EventPipe(Path(tmp) / "events")
             env = {
                 "LD_LIBRARY_PATH": str(library.parent),

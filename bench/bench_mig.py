@@ -28,7 +28,7 @@ import yaml
 
 from bench.common import summary
 from dradriver import kubeletclient
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml.harness import CONFIG_ENV, build_library, config_text, write_proc
 from tests.helpers import allocated_claim, uid
@@ -41,7 +41,7 @@ WHOLE_GPU = "gpu-1"
 
 
 def start_serve(root: Path) -> subprocess.Popen[bytes]:
-    inventory = open_library("a100-mig-empty").discover()
+    inventory = open_backend("a100-mig-empty").discover()
     library = build_library(root / "lib")
     (root / "nvml.conf").write_text(config_text(inventory))
     write_proc(inventory, root / "proc")

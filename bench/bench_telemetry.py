@@ -33,8 +33,8 @@ from pathlib import Path
 
 from bench.common import cpu_seconds, percentile
 from dradriver import kubeletclient
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import open_library
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml.harness import CONFIG_ENV, build_library, config_text, write_proc
 from tests.helpers import ServeProcess, free_port, short_tmpdir, write_gpu_profile
@@ -76,7 +76,7 @@ def telemetry_node(
     root: Path, nvml: bool, interval: str
 ) -> Iterator[tuple[ServeProcess, int, list[ClaimRef]]]:
     """serve on the MIG profile with 16 claims prepared, their pods' processes on every device."""
-    inventory = open_library(PROFILE).discover()
+    inventory = open_backend(PROFILE).discover()
     devices = [
         d
         for d in build_devices(inventory, driver_name=DRIVER).devices
@@ -192,11 +192,11 @@ def render_phase(scrapes: int) -> None:
     """8 GPUs: 2 whole, 14 of the MIG devices held, 16 claims of 2 pods each with a process per
     pod, rendered as serve's sampler renders each reading."""
 
-    from dradriver.telemetry.fake import FakeFigures, FakeProcess, FakeTelemetry, write_figures
+    from dradriver.backend.fake.telemetry import FakeFigures, FakeProcess, FakeTelemetry, write_figures
     from dradriver.telemetry.model import Holder, PodRef, readings, targets
     from dradriver.telemetry.sampler import Snapshot, render
 
-    devices = build_devices(open_library(PROFILE).discover(), driver_name=DRIVER).devices
+    devices = build_devices(open_backend(PROFILE).discover(), driver_name=DRIVER).devices
     wanted = targets(devices, [])
     held = [t for t in wanted if t.kind == "gpu"] + [t for t in wanted if t.kind == "mig"][:14]
     holders: dict[str, list[Holder]] = {}

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import add_cluster_arguments, fake_overlay_on_local_cluster, summary
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import NodeInventory, open_library
+from dradriver.discovery import NodeInventory
 from dradriver.kube import KubeClient
 from tests.e2e.availability import PrepareProbe
 from tests.e2e.plugin import DAEMONSET, DRIVER, NAMESPACE, Deployment, wait
@@ -121,7 +122,7 @@ def mig_destroyed(inventory: NodeInventory, keep: int) -> NodeInventory:
 
 
 def nvml_changes(cluster: RealCluster, count: int, rescan: float, with_event: bool) -> list[float]:
-    inventory = open_library("dgx-a100-mig").discover()
+    inventory = open_backend("dgx-a100-mig").discover()
     layouts = [inventory, mig_destroyed(inventory, 1)]
     sizes = [len(build_devices(i, driver_name=NVML_DRIVER).devices) for i in layouts]
     client = cluster.client()

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from dradriver.cel import clear_cache, compile_selector, to_cel_device
+from dradriver.offline.cel import clear_cache, compile_selector, to_cel_device
 
 DRIVER = "gpu.dradriver.dev"
 A = f'device.attributes["{DRIVER}"]'

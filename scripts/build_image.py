@@ -46,7 +46,9 @@ VENV = "/opt/dradriver"
 #: Debian packages on top of the essential set: the interpreter, and the C++ runtime that the
 #: grpcio and google-re2 wheels link against.
 PACKAGES = ("python3", "libstdc++6")
-NATIVE_IMPORTS = "import grpc, re2, pydantic_core, yaml, google.protobuf, dradriver.daemon, dradriver.cel"
+NATIVE_IMPORTS = (
+    "import grpc, re2, pydantic_core, yaml, google.protobuf, dradriver.daemon, dradriver.offline.cel"
+)
 #: Left out of the image: documentation and translations nobody reads in a node agent.
 PATH_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
 

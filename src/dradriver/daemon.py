@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dradriver import __version__, logs
 from dradriver.files.write import StorageError
@@ -31,22 +31,14 @@ from dradriver.plugin.dra import DRAService
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
 from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import NodeScope, PluginPaths, PluginServer, StartupError
+from dradriver.probes import ProbeServer
+from dradriver.serve_config import ServeConfig
 from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
-    from dradriver.devicemodel import DeviceSet, PublishedDevice
-    from dradriver.discovery import DeviceLibrary, NodeInventory
-    from dradriver.health.config import HealthConfig
-    from dradriver.health.monitor import HealthMonitor
-    from dradriver.health.targets import HealthTargets
-    from dradriver.inventory import InventoryWatcher, ProfileFileTrigger, Published
-    from dradriver.kube import KubeClient
-    from dradriver.kube.events import NodeEventSender
-    from dradriver.prepare.cdi import ContainerEdits
-    from dradriver.prepare.claims import ClaimSource, ReservationsTap
-    from dradriver.prepare.driver import GpuDriver
-    from dradriver.probes import ProbeServer
-    from dradriver.publish import SliceController
+    from dradriver.wiring import Parts
+
+__all__ = ["Daemon", "DeferredDriver", "ServeConfig"]
 
 #: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
 INIT_WAIT_SECONDS = 30.0
@@ -54,42 +46,6 @@ INIT_WAIT_SECONDS = 30.0
 HARD_EXIT_MARGIN_SECONDS = 0.5
 
 log = logs.get_logger(component="daemon")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    driver_name: str
-    node_name: str
-    registry_dir: Path
-    plugins_dir: Path
-    cdi_dir: Path
-    state_dir: Path
-    kubeconfig: str | None
-    fake_gpus: str | None
-    log_format: logs.LogFormat
-    verbosity: int
-    shutdown_grace: float
-    metrics_address: str | None
-    claims_dir: Path | None
-    driver_root: Path
-    driver_root_mount: Path
-    partitionable: bool
-    stale_claim_grace: float
-    #: None: the defaults (`--health-config` not given).
-    health: HealthConfig | None = None
-    #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
-    proc_root: Path = Path("/proc")
-    #: Where the host's /dev is seen: the device nodes a spec names are made there if missing.
-    host_dev: Path = Path("/dev")
-    #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).
-    pod_uid: str = ""
-    #: Seconds between rescans of the node's devices; 0: only on events.
-    rescan_interval: float = 0.0
-    #: Seconds between readings of the devices' telemetry (with metrics_address); 0: none.
-    telemetry_interval: float = 0.0
-    #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
-    idle_threshold: float | None = None
-    idle_window: float | None = None
 
 
 class DeferredDriver:
@@ -157,14 +113,8 @@ class Daemon:
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
-        self._publisher: SliceController | None = None
-        self._taints: Callable[[], dict[str, dict[str, Any]]] = dict
-        self._health_targets: HealthTargets | None = None
-        self._health: HealthMonitor | None = None
-        self._node_events: NodeEventSender | None = None
-        self._inventory: InventoryWatcher | None = None
-        self._profile_trigger: ProfileFileTrigger | None = None
-        self._published: Published | None = None
+        #: What start-up builds once the sockets are up (`wiring`); done once it is all running.
+        self._parts: Future[Parts] = Future()
         # What start-up has started, stopped in reverse order; guarded so that a signal at any
         # moment of start-up stops exactly what runs (see `_started`).
         self._lifecycle = threading.Lock()
@@ -272,16 +222,15 @@ class Daemon:
             return f"the kubelet rejected the registration: {status.error}"
         if not self.driver.initialized:
             return "discovering devices and loading the driver"
-        if self._publisher is not None and not self._publisher.status.published:
-            error = self._publisher.status.last_error
+        publisher = self._parts.result().publisher if self._parts.done() else None
+        if publisher is not None and not publisher.status.published:
+            error = publisher.status.last_error
             return "ResourceSlices not published yet" + (f": {error}" if error else "")
         return None
 
     def _start_probes(self) -> ProbeServer | None:
         if not self.config.metrics_address:
             return None
-        from dradriver.probes import ProbeServer
-
         probes = ProbeServer(
             self.config.metrics_address,
             liveness=self.server.liveness_problem,
@@ -292,208 +241,29 @@ class Daemon:
         log.info("serving probes", address=self.config.metrics_address, port=probes.port)
         return probes
 
-    def _connect(self) -> KubeClient | None:
-        """The API server client, or None in node-only mode (no in-cluster config, no kubeconfig)."""
-        from dradriver.kube import load_client
-
-        client = load_client(self.config.kubeconfig)
-        if client is None:
-            log.warning(
-                "no Kubernetes API access: node-only mode, ResourceSlices are not published and claims "
-                "cannot be fetched from the API server (run in a pod, or pass --kubeconfig)"
-            )
-            return None
-        from dradriver.kube import KubeError, UnsupportedServerError
-
-        try:
-            client.check_resource_v1()
-        except UnsupportedServerError:
-            raise  # wrong Kubernetes version: no point in running
-        except KubeError as err:
-            # Unreachable right now: publishing retries with backoff, prepare calls fail until then.
-            log.warning("the API server cannot be reached yet; retrying in the background", error=str(err))
-            return client
-        log.info("connected to the API server", host=client.host)
-        return client
-
-    def _claim_source(self, client: KubeClient | None) -> ClaimSource:
-        from dradriver.prepare.claims import ApiClaimSource, DirectoryClaimSource, NoClaimSource
-
-        if self.config.claims_dir is not None:
-            return DirectoryClaimSource(self.config.claims_dir)
-        return ApiClaimSource(client) if client is not None else NoClaimSource()
-
-    def _publish(self, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> None:
-        from dradriver.plugin.server import instance_alive
-        from dradriver.publish import SliceController
-        from dradriver.publish.handover import Marker
-
-        config = self.config
-        publisher = SliceController(
-            client,
-            driver_name=config.driver_name,
-            node_name=config.node_name,
-            desired=desired,
-            marker=Marker(self.started_ns, config.pod_uid),
-            instance_alive=lambda instance: instance_alive(config.registry_dir, config.driver_name, instance),
-        )
-        publisher.start()
-        self._publisher = publisher
-        self._started("publisher", publisher.stop)
-
-    def _created_gpu_instances(self) -> frozenset[tuple[str, int]]:
-        """MIG devices an earlier run made for claims, from the checkpoint (recovery settles them).
-
-        An unreadable checkpoint names none: the MIG devices it named then count as an operator's
-        and are published and kept as they are, never removed.
-        """
-        from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore, read_boot_id
-
-        try:
-            loaded = CheckpointStore(self.config.state_dir).load()
-        except (CheckpointError, OSError):
-            return frozenset()
-        if loaded is None or (loaded.boot_id and loaded.boot_id != read_boot_id()):
-            return frozenset()  # MIG devices do not survive a reboot
-        return frozenset(loaded.created_gpu_instances())
-
-    def _check_kubelet(self, client: KubeClient) -> None:
-        """Rolling updates need a kubelet >= 1.33; an older one is reported and worked around."""
-        from dradriver.kube import KubeError
-        from dradriver.plugin.rolling import supports_rolling_update, too_old_message
-
-        try:
-            node = client.get_node(self.config.node_name)
-        except KubeError as err:
-            log.warning("cannot read the kubelet's version from the Node", error=str(err))
-            return
-        version = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", ""))
-        supported = supports_rolling_update(version)
-        if supported is None:
-            log.warning(
-                "the kubelet's version cannot be read; assuming it supports rolling updates", version=version
-            )
-        elif not supported:
-            message = too_old_message(version)
-            log.error(message, kubelet_version=version)
-            if self._node_events is not None:
-                self._node_events.send("KubeletTooOldForRollingUpdate", message, "Warning")
-            self.server.legacy_kubelet()
-
-    def _install_metrics(self, driver: GpuDriver) -> None:
-        from dradriver import metrics
-
-        def devices() -> list[tuple[str, str]]:
-            assert self._published is not None
-            current = self._published.devices
-            types = {d.name: str(d.json["attributes"]["type"]["string"]) for d in current.devices}
-            return [
-                (types.get(d.device_name, "unknown"), d.health.name.lower()) for d in self.board.snapshot()[1]
-            ]
-
-        self.service.recorder = metrics.CallMetrics()
-        metrics.REGISTRY.register(
-            metrics.StateCollector(
-                devices=devices,
-                prepared_claims=lambda: len(driver.records()),
-                registered=lambda: self.registration.status.registered is True,
-                slice_writes=self._slice_writes,
-            )
-        )
-
-    def _start_telemetry(
-        self, library: DeviceLibrary, driver: GpuDriver, reservations: ReservationsTap
-    ) -> None:
-        """Device telemetry on /metrics; with --idle-threshold, idle claims reported."""
-        from dradriver import metrics
-        from dradriver.telemetry import service
-        from dradriver.telemetry.idle import IdlePolicy
-
-        config = self.config
-        idle = None
-        if config.idle_threshold is not None and config.idle_window is not None:
-            policy = IdlePolicy(config.idle_threshold, config.idle_window)
-            idle = service.IdleReporter(policy, self._node_events)
-
-        def published() -> list[PublishedDevice]:
-            assert self._published is not None
-            return list(self._published.devices.devices)
-
-        sampler = service.start(
-            library.telemetry(config.state_dir),
-            serve=metrics.append_exposition,
-            published=published,
-            records=driver.records,
-            reservations=reservations,
-            proc_root=config.proc_root,
-            interval=config.telemetry_interval,
-            idle=idle,
-        )
-        self._started("telemetry", sampler.stop)
-
-    def _slice_writes(self) -> dict[str, int]:
-        if self._publisher is None:
-            return {}
-        writes = self._publisher.status.writes
-        return {"create": writes.creates, "update": writes.updates, "delete": writes.deletes}
-
-    def _start_health(
-        self, library: DeviceLibrary, devices: DeviceSet, client: KubeClient | None
-    ) -> Callable[[], dict[str, dict[str, Any]]]:
-        """Start watching the devices' health; returns what gives the taints to publish."""
-        from dradriver.health import effects
-        from dradriver.health.config import HealthConfig
-        from dradriver.health.events import HealthMetrics, NoMetrics, SourceOptions
-        from dradriver.health.monitor import HealthMonitor, HealthSink
-        from dradriver.health.targets import HealthTargets
-
-        config = self.config.health or HealthConfig()
-        if not config.enabled:
-            log.warning("health monitoring is disabled (enabled: false in the health config)")
-            return dict
-        metrics: HealthMetrics = NoMetrics()
-        if self.config.metrics_address:
-            from dradriver.metrics import HealthCounters
-
-            metrics = HealthCounters()
-        targets = HealthTargets(devices.devices)
-        self._health_targets = targets
-        source = library.health_source(
-            targets,
-            SourceOptions(
-                self.config.state_dir,
-                config.thresholds,
-                metrics,
-                inventory_changed=lambda: self._inventory.kick() if self._inventory is not None else None,
-            ),
-        )
-        taints = effects.TaintSink(
-            self.config.driver_name,
-            config.taint_effect,
-            on_change=lambda: self._publisher.resync() if self._publisher is not None else None,
-        )
-        sinks: list[HealthSink] = [
-            effects.BoardSink(self.board, self.config.node_name),
-            effects.HealthFileSink(self.config.state_dir, self.board, source.name),
-        ]
-        if client is not None and self._node_events is not None:
-            sinks += [
-                taints,
-                effects.NodeEventSink(self._node_events, self.config.driver_name, config.taint_effect),
-            ]
-        monitor = HealthMonitor(source=source, targets=targets, config=config, sinks=sinks, metrics=metrics)
-        monitor.start()
-        self._health = monitor
-        self._started("health", monitor.stop)
-        return taints.taints
-
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signal = signal.Signals(signum).name
         self._stop.set()
 
     def _initialize(self, register: bool) -> None:
         try:
-            self.driver.set(self._build_driver())
+            # Lazy: with -X importtime the parts' modules (pydantic models, the Kubernetes client,
+            # discovery) take 0.35-0.45 s to import, which the sockets-first start-up does not wait for.
+            from dradriver.wiring import Host, build_parts
+
+            host = Host(
+                config=self.config,
+                board=self.board,
+                registration=self.registration,
+                service=self.service,
+                server=self.server,
+                paths=self.paths,
+                started_ns=self.started_ns,
+                started=self._started,
+            )
+            parts = build_parts(host)
+            self._parts.set_result(parts)
+            self.driver.set(parts.driver)
             if register:
                 self.server.register()
                 log.info("registering now that the driver is ready (another instance served meanwhile)")
@@ -505,208 +275,9 @@ class Daemon:
             self.driver.fail(str(err))
             self._fail(str(err))
 
-    def _build_driver(self) -> Driver:
-        """Discovery, the device model and the GPU driver, built once the sockets are up."""
-        from dradriver.files.write import ensure_directory
-        from dradriver.health.taints import with_taints
-        from dradriver.inventory import Published
-        from dradriver.slices import render_node_slices
-
-        config = self.config
-        for flag, directory in (("--cdi-dir", config.cdi_dir), ("--state-dir", config.state_dir)):
-            try:
-                ensure_directory(directory)
-            except OSError as err:
-                raise OSError(f"{flag} {directory}: cannot create: {err.strerror or err}") from None
-        library, inventory, devices = self._scan(self._created_gpu_instances())
-        for skipped in inventory.skipped:
-            log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
-        for warning in devices.warnings:
-            log.warning("device model", reason=warning)
-        self._published = Published(devices, {})
-        self.board.set_devices([(config.node_name, d.name) for d in devices.devices])
-        client = self._connect()
-        if client is not None:
-            from dradriver.kube.events import NodeEventSender
-
-            self._node_events = NodeEventSender(
-                client, node_name=config.node_name, component=config.driver_name
-            )
-            self._started("node-events", self._node_events.close)
-            if config.pod_uid:
-                self._check_kubelet(client)
-
-        def desired() -> list[dict[str, Any]]:
-            assert self._published is not None
-            return render_node_slices(
-                with_taints(self._published.devices, self._taints()),
-                node_name=config.node_name,
-                driver_name=config.driver_name,
-            )
-
-        # Every device starts healthy, so publishing need not wait for the health monitor: the
-        # taints are read at each sync, and a change of health triggers a resync.
-        if client is not None:
-            self._publish(client, desired)
-        self._taints = self._start_health(library, devices, client)
-        # Only now the claim-preparation modules (pydantic models): publishing is already under way.
-        from dradriver.prepare.cdi import CdiDirectory
-        from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
-        from dradriver.prepare.claims import ReservationsTap
-        from dradriver.prepare.devnodes import HostDeviceNodes
-        from dradriver.prepare.driver import GpuDriver
-        from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
-        from dradriver.prepare.shared import SerializeLock
-        from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
-
-        mig_metrics: MigMetrics = NoMigMetrics()
-        if config.metrics_address:
-            from dradriver.metrics import MigCounters
-
-            mig_metrics = MigCounters()
-        sharing: SharingControl = (
-            FakeSharing(config.state_dir)
-            if config.fake_gpus
-            else NvidiaSharing(config.driver_root_mount, config.state_dir)
-        )
-        claims = self._claim_source(client)
-        # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
-        reservations = None
-        if config.metrics_address and config.telemetry_interval:
-            claims = reservations = ReservationsTap(claims)
-        driver = GpuDriver(
-            driver_name=config.driver_name,
-            pool_name=config.node_name,
-            devices={d.name: d.hardware for d in devices.devices},
-            claims=claims,
-            cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
-            store=CheckpointStore(config.state_dir),
-            common_edits=self._common_edits(inventory),
-            caps_major=inventory.nvidia_caps_major,
-            sharing=sharing,
-            boot_id=read_boot_id(),
-            mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
-            serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
-            host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
-        )
-        self._started("driver", driver.close)
-        recovery = driver.recover()
-        if self._health_targets is not None:
-            self._health_targets.created = driver.created_instances
-        if driver.claims.authoritative:
-            from dradriver.prepare.stale import StaleClaimCollector
-
-            collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
-            collector.start()
-            self._started("stale-claims", collector.stop)
-        if config.metrics_address:
-            self._install_metrics(driver)
-        if reservations is not None:
-            self._start_telemetry(library, driver, reservations)
-        self._follow_inventory(driver)
-        log.info(
-            "driver ready",
-            devices=len(devices.devices),
-            prepared_claims=len(driver.records()),
-            rolled_back=recovery.rolled_back,
-            rollback_failed=recovery.rollback_failed,
-            orphans_removed=recovery.orphans_removed,
-            specs_rewritten=recovery.specs_rewritten,
-            rebuilt_from_cdi=recovery.rebuilt_from_cdi,
-            cleared_after_reboot=recovery.cleared_after_reboot,
-            rescan_interval_seconds=config.rescan_interval,
-        )
-        return driver
-
-    def _scan(self, created: frozenset[tuple[str, int]]) -> tuple[DeviceLibrary, NodeInventory, DeviceSet]:
-        """One look at the node: the (closed) library, its inventory and the device set built from
-        it; `created` names the GPU instances dradriver made (published as their placements)."""
-        from dradriver.devicemodel import build_devices
-        from dradriver.discovery import open_library
-
-        config = self.config
-        library = open_library(
-            config.fake_gpus, driver_root=config.driver_root_mount, proc_root=config.proc_root
-        )
-        try:
-            inventory = library.discover()
-        finally:
-            library.close()
-        devices = build_devices(
-            inventory,
-            driver_name=config.driver_name,
-            partitionable=config.partitionable,
-            created=created if config.partitionable else frozenset(),
-        )
-        return library, inventory, devices
-
-    def _common_edits(self, inventory: NodeInventory) -> ContainerEdits:
-        from dradriver.prepare.edits import common_edits
-        from dradriver.prepare.hostdriver import driver_mounts
-
-        config = self.config
-        return common_edits(
-            inventory.nvidia_uvm_major,
-            driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
-        )
-
-    def _follow_inventory(self, driver: GpuDriver) -> None:
-        """Keep the published devices equal to the node's (see `inventory`)."""
-        from dradriver.inventory import InventoryWatcher, ProfileFileTrigger
-
-        assert self._published is not None
-        latest: list[NodeInventory] = []
-
-        def scan() -> DeviceSet:
-            # With no MIG device half-made, so that one we made is never taken for an operator's.
-            with driver.mig_settled():
-                _, inventory, devices = self._scan(frozenset(driver.created_instances()))
-            latest[:] = [inventory]
-            return devices
-
-        def apply(published: Published) -> None:
-            from dradriver.health.policy import DEVICE_GONE, Problem
-
-            self._published = published
-            current = published.devices.devices
-            self.board.set_devices([(self.config.node_name, d.name) for d in current])
-            if latest:
-                driver.set_devices(
-                    {d.name: d.hardware for d in current if d.name not in published.gone},
-                    common_edits=self._common_edits(latest[0]),
-                    caps_major=latest[0].nvidia_caps_major,
-                )
-            if self._health is not None:
-                gone = {
-                    name: Problem(DEVICE_GONE, f"{reason}; kept until its claim is unprepared")
-                    for name, reason in published.gone.items()
-                }
-                self._health.retarget(current, gone)
-            if self._publisher is not None:
-                self._publisher.resync()
-
-        inventory = InventoryWatcher(
-            scan=scan,
-            held=driver.held_devices,
-            apply=apply,
-            published=self._published,
-            interval=self.config.rescan_interval,
-        )
-        driver.on_released = inventory.released
-        self._inventory = inventory
-        # A first rescan at once: the node may have changed while the driver was being built.
-        inventory.kick()
-        inventory.start()
-        self._started("inventory", inventory.stop)
-        profile = self.config.fake_gpus
-        if profile is not None and Path(profile).is_file():
-            trigger = ProfileFileTrigger(Path(profile), inventory.kick)
-            trigger.start()
-            self._profile_trigger = trigger
-            self._started("profile-trigger", trigger.stop)
-
 
 def _metrics_exposition() -> bytes:
+    # Lazy: prometheus_client is 40 ms of imports (-X importtime), needed only once scraped.
     from dradriver import metrics
 
     return metrics.exposition()

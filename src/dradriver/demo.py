@@ -50,8 +50,8 @@ def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 20
 
 def allocate_examples(claims_dir: Path) -> list[tuple[str, ClaimRef]]:
     """Allocate each example's claim on the fake node like the scheduler, write it allocated."""
-    from dradriver.allocation import parse_claim, parse_device_class, parse_slice, simulate
-    from dradriver.allocation.result import allocation_status
+    from dradriver.offline.allocation import parse_claim, parse_device_class, parse_slice, simulate
+    from dradriver.offline.allocation.result import allocation_status
     from dradriver.slices import build_node_slices
 
     slices = [parse_slice(s) for s in build_node_slices(PROFILE, node_name=NODE, driver_name=DRIVER)]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dradriver.cel import CELCompileError, compile_selector
 from dradriver.cli import main
+from dradriver.offline.cel import CELCompileError, compile_selector
 from dradriver.prepare.config import problems
 from tests.deploy.manifests import (
     DEVICECLASSES,

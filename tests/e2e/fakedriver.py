@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dradriver.discovery import NVIDIA_CHAR_MAJOR, NodeInventory, open_library
+from dradriver.backend.select import open_backend
+from dradriver.discovery import NVIDIA_CHAR_MAJOR, NodeInventory
 from tests.fakenvml import cuda
 from tests.fakenvml.harness import build_library, config_text, write_proc
 
@@ -68,7 +69,7 @@ def _make_dirs(made_dirs: list[Path], *directories: Path) -> None:
 
 @contextlib.contextmanager
 def fake_host_driver(root: Path, profile: str, build_dir: Path) -> Iterator[FakeHostDriver]:
-    inventory = open_library(profile).discover()
+    inventory = open_backend(profile).discover()
     driver = FakeHostDriver(root, inventory)
     made_dirs: list[Path] = []
     uvm_made_here = [node for node in UVM_NODES if not node.exists()]

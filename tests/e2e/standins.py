@@ -1,4 +1,4 @@
-"""Local stand-ins for the images NVIDIA's specs run (tests/migrate/fixtures): nothing can be
+"""Local stand-ins for the images NVIDIA's specs run (tests/offline/migrate/fixtures): nothing can be
 pulled on the test machines, so the local cluster gets, under each reference the specs name, the
 host's static busybox (the layer of the examples' busybox image) plus what the specs' commands
 call by name. They are stand-ins, not the images: no Ubuntu userland, no CUDA, no nvidia-smi.
@@ -7,7 +7,7 @@ call by name. They are stand-ins, not the images: no Ubuntu userland, no CUDA, n
   `sh` with the same arguments: the specs only use `bash -c` with POSIX shell (`trap`, `&`,
   `wait`, `sleep`, `echo`). `nvidia-smi`, `apt-get` and the samples' binaries are absent, so the
   commands that call them fail as on a node without a GPU (those rows are `needsGpu` in
-  tests/migrate/cases.yaml and are checked for allocation and container creation only).
+  tests/offline/migrate/cases.yaml and are checked for allocation and container creation only).
 - The CUDA samples' default command (the vectoradd spec runs it) says it is a stand-in and exits 1.
 - `busybox:1.36` is the busybox layer alone, like the examples' `busybox:1.37`.
 

@@ -1,5 +1,5 @@
 """NVIDIA's GPU and MIG specs and device-plugin workloads, through `dradriver migrate`, on the
-real cluster with the `fake` DaemonSet on the profile each row of tests/migrate/cases.yaml names.
+real cluster with the `fake` DaemonSet on the profile each row of tests/offline/migrate/cases.yaml names.
 
 Per row: `dradriver migrate <spec>` (the CLI's entry point) and `kubectl apply` of its output; the pods
 reach exactly the phases the row names (Pending ones unschedulable with the scheduler's "cannot
@@ -55,7 +55,7 @@ from tests.e2e.workloads import (
     unschedulable,
     wait_unprepared,
 )
-from tests.migrate.table import FIXTURES, Case, cases, row_id
+from tests.offline.migrate.table import FIXTURES, Case, cases, row_id
 
 ALL_ENV = "DRADRIVER_E2E_MIGRATE_ALL"
 

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dradriver.backend.nvml.discovery import ADDRESSING_MODES, ARCHITECTURE_NAMES, BRAND_NAMES
 from dradriver.discovery import NodeInventory
 from dradriver.discovery.nvidia_caps import (
     ci_access_name,
     driver_layout_minor,
     gi_access_name,
 )
-from dradriver.discovery.nvml import ADDRESSING_MODES, ARCHITECTURE_NAMES, BRAND_NAMES
 
 SONAME = "libnvidia-ml.so.1"
 #: For loading by path inside the test process: a soname of its own, so that a later

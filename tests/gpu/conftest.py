@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.discovery.driverroot import NVML_LIBRARY, find_binary, nvml_library
 from dradriver.discovery.errors import DiscoveryError
 from dradriver.discovery.model import NodeInventory
@@ -41,7 +41,7 @@ def host_driver() -> HostDriver:
             f"needs a real NVIDIA GPU: no {NVML_LIBRARY} under {', '.join(roots)} (set {DRIVER_ROOT_ENV})"
         )
     try:
-        library = open_library(None, driver_root=root)
+        library = open_backend(None, driver_root=root)
         try:
             inventory = library.discover()
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dradriver import kubeletclient
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from tests.fakenvml import cuda
 from tests.gpu.bare_root import run
 from tests.gpu.test_real_gpu import claim_for, spec_edits
@@ -31,7 +31,7 @@ pytestmark = [
 def test_the_bare_container_shows_cuda_only_the_claimed_gpu(tmp_path: Path) -> None:
     build = cuda.build(tmp_path / "build")
     roots = {r.name: r for r in cuda.probe_roots(tmp_path / "roots", build)}
-    inventory = open_library("dgx-h100").discover()
+    inventory = open_backend("dgx-h100").discover()
     gpu = next(g for g in inventory.gpus if g.minor == 6)
     with short_tmpdir() as root:
         driver = root / "driver-root"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dradriver import kubeletclient
-from dradriver.discovery import builtin_profile_names, open_library
+from dradriver.backend.select import builtin_profile_names, open_backend
 from dradriver.discovery.model import Gpu
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml import cuda
@@ -104,7 +104,7 @@ def test_the_fake_profile_of_this_model_matches_the_real_gpu(host_driver: HostDr
 
 def _same_model(profile: str, real: Gpu) -> Gpu | None:
     """The profile's first GPU of the real one's model and MIG mode."""
-    library = open_library(profile)
+    library = open_backend(profile)
     try:
         gpus = library.discover().gpus
     finally:

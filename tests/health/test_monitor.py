@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import open_library
 from dradriver.health.board import Health, HealthBoard
 from dradriver.health.config import HealthConfig
 from dradriver.health.effects import BoardSink, HealthFileSink, NodeEventSink, TaintSink
@@ -77,7 +77,7 @@ class Rig:
     """A monitor over the dgx-a100-mig node (MIG devices) with every sink and a manual clock."""
 
     def __init__(self, tmp_path: Path, config: HealthConfig, source: ScriptedSource) -> None:
-        devices = build_devices(open_library("dgx-a100-mig").discover(), driver_name=DRIVER)
+        devices = build_devices(open_backend("dgx-a100-mig").discover(), driver_name=DRIVER)
         self.targets = HealthTargets(devices.devices)
         self.board = HealthBoard()
         self.board.set_devices(("node-1", d.name) for d in devices.devices)
@@ -251,7 +251,7 @@ def test_retarget_forgets_dropped_devices_and_keeps_gone_ones_unhealthy(rig: Rig
 
     rig.monitor.start()
     rig.monitor.stop()
-    published = list(build_devices(open_library("dgx-a100-mig").discover(), driver_name=DRIVER).devices)
+    published = list(build_devices(open_backend("dgx-a100-mig").discover(), driver_name=DRIVER).devices)
     first, dropped = published[0].name, published[-1].name
     rig.step(XidEvent(HardwareRef(rig.targets.gpu_of(dropped)), 79, AT))
     assert dropped in rig.taints.taints()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import DeviceSet, build_devices
-from dradriver.discovery import open_library
 from dradriver.health.events import HardwareRef
 from dradriver.health.policy import Problem
 from dradriver.health.taints import describe_taint, device_taint, with_taints
@@ -17,7 +17,7 @@ DRIVER = "gpu.dradriver.dev"
 
 
 def device_set(profile: str, partitionable: bool = False) -> DeviceSet:
-    return build_devices(open_library(profile).discover(), driver_name=DRIVER, partitionable=partitionable)
+    return build_devices(open_backend(profile).discover(), driver_name=DRIVER, partitionable=partitionable)
 
 
 def test_whole_gpu_event_concerns_every_device_on_it_and_mig_events_only_their_instance() -> None:

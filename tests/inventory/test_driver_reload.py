@@ -14,7 +14,7 @@ from typing import cast
 import yaml
 
 from dradriver import kubeletclient
-from dradriver.discovery import open_library
+from dradriver.backend.select import open_backend
 from dradriver.health.board import Health
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml.harness import fake_driver
@@ -35,7 +35,7 @@ def inventory_changes(log: str) -> list[dict[str, object]]:
 def test_a_host_driver_reload_is_lived_through_without_a_restart(
     fake_nvml_library: Path, tmp_path: Path
 ) -> None:
-    inventory = open_library("dgx-h100").discover()
+    inventory = open_backend("dgx-h100").discover()
     names = published_names(inventory)
     fake = fake_driver(fake_nvml_library, tmp_path, inventory)
     config, unloaded = fake.config, fake.unloaded

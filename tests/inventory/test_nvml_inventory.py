@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import NodeInventory, open_library
+from dradriver.discovery import NodeInventory
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, EventPipe, config_text
 from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for
 
@@ -60,7 +61,7 @@ def serving_on_nvml(
 def test_a_mig_layout_change_is_picked_up_from_the_nvml_event(
     fake_nvml_library: Path, tmp_path: Path
 ) -> None:
-    inventory = open_library("dgx-a100-mig").discover()
+    inventory = open_backend("dgx-a100-mig").discover()
     changed = one_mig_device_destroyed(inventory)
     with serving_on_nvml(fake_nvml_library, tmp_path, inventory, rescan="0") as (
         config,
@@ -83,7 +84,7 @@ def test_a_mig_layout_change_is_picked_up_from_the_nvml_event(
 def test_without_an_event_the_periodic_rescan_finds_the_change(
     fake_nvml_library: Path, tmp_path: Path
 ) -> None:
-    inventory = open_library("dgx-a100-mig").discover()
+    inventory = open_backend("dgx-a100-mig").discover()
     changed = one_mig_device_destroyed(inventory)
     with serving_on_nvml(fake_nvml_library, tmp_path, inventory, rescan="1") as (config, _, stream, serve):
         reconfigure(config, changed)

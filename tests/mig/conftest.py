@@ -1,6 +1,6 @@
 """The C fake NVML fixtures of the discovery tests, for MIG reconfiguration through NVML."""
 
-from tests.discovery.conftest import (  # noqa: F401 - fixtures, found by name
+from tests.backend.nvml.conftest import (  # noqa: F401 - fixtures, found by name
     fake_node,
     fake_nvml_library,
     in_process_nvml_library,

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from dradriver.backend.fake.discovery import inventory_from_profile
+from dradriver.backend.fake.profile import builtin_mig_tables, parse_profile
 from dradriver.devicemodel import PossibleMig, build_devices
-from dradriver.discovery.fake import inventory_from_profile
 from dradriver.discovery.model import NodeInventory
-from dradriver.discovery.profile import builtin_mig_tables, parse_profile
 from dradriver.quantity import Quantity
 
 DRIVER = "gpu.dradriver.dev"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from dradriver.backend.fake.mig import STATE_FILE, FakeMigControl
 from dradriver.discovery import MigPlacement
 from dradriver.mig import MigError
-from dradriver.mig.fake import STATE_FILE, FakeMigControl
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord, MigRecord
 from dradriver.prepare.claims import ClaimNotFoundError

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.allocation import parse_claim, parse_device_class, parse_slice, simulate
+from dradriver.offline.allocation import parse_claim, parse_device_class, parse_slice, simulate
 from dradriver.slices import build_node_slices
 from tests.deploy.manifests import DEVICECLASSES
 from tests.helpers import write_gpu_profile

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from dradriver.backend.select import open_backend as open_library
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import open_library
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore

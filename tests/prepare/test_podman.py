@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from dradriver import kubeletclient
-from dradriver.discovery import MigDevice, open_library
+from dradriver.backend.select import open_backend as open_library
+from dradriver.discovery import MigDevice
 from dradriver.plugin.driver import ClaimRef
 from tests.fakenvml import cuda
 from tests.fakenvml.cuda import CudaBuild, ProbeRoot
@@ -168,8 +169,9 @@ def test_podman_injects_gpu_nodes_env_and_driver_files(rootfs: Path, published_s
 
 def test_podman_injects_mig_caps_nodes(rootfs: Path, published_specs: list[Path]) -> None:
     with running_serve(["--fake-gpus", "dgx-a100-mig"]) as serve:
+        from dradriver.backend.select import open_backend as open_library
         from dradriver.devicemodel import build_devices
-        from dradriver.discovery import MigDevice, open_library
+        from dradriver.discovery import MigDevice
 
         devices = build_devices(open_library("dgx-a100-mig").discover(), driver_name=serve.driver)
         mig = next(d for d in devices.devices if isinstance(d.hardware, MigDevice))

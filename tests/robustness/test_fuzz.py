@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dradriver import kubeletclient
-from dradriver.allocation import parse_claim, parse_device_class
 from dradriver.cli import build_parser, main
 from dradriver.health.config import HealthConfigError, load_health_config
 from dradriver.kube import KubeError, load_client
+from dradriver.offline.allocation import parse_claim, parse_device_class
 from dradriver.plugin.driver import ClaimRef
 from tests.helpers import ServeProcess, allocated_claim, short_tmpdir, uid
 from tests.robustness.common import REPO, snapshot

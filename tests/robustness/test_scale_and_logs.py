@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from dradriver import logs
+from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
-from dradriver.discovery import DiscoveryError, open_library
+from dradriver.discovery import DiscoveryError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.claims import DirectoryClaimSource
@@ -36,7 +37,7 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
     ]
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "claims.json").write_text(json.dumps({"kind": "List", "items": claims}))
-    library = open_library(str(write_gpu_profile(tmp_path / "profile.yaml", gpus)))
+    library = open_backend(str(write_gpu_profile(tmp_path / "profile.yaml", gpus)))
     inventory = library.discover()
     devices = build_devices(inventory, driver_name=DRIVER)
     store = CountingStore(tmp_path / "state")
@@ -84,7 +85,7 @@ def test_fake_profiles_have_upper_bounds(tmp_path: Path, group: dict[str, Any], 
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     with pytest.raises(DiscoveryError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        open_library(str(path))
+        open_backend(str(path))
 
 
 # -- logs ---------------------------------------------------------------------------------------------

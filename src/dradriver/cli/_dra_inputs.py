@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dradriver.cli._common import CLIError
-from dradriver.workloads import pod_spec
+from dradriver.offline.workloads import pod_spec
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,14 @@ def _run_without_subcommand(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.allocation import InputError, parse_slice
-    from dradriver.cel import CELCompileError, CELRuntimeError, compile_selector, hints_for, to_cel_device
+    from dradriver.offline.allocation import InputError, parse_slice
+    from dradriver.offline.cel import (
+        CELCompileError,
+        CELRuntimeError,
+        compile_selector,
+        hints_for,
+        to_cel_device,
+    )
 
     driver = args.driver_name
     lists = _common.gates_of(args)["DRAListTypeAttributes"]

@@ -137,12 +137,13 @@ def _print_table(inventory: NodeInventory, devices: DeviceSet) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dradriver.backend.select import open_backend
     from dradriver.cli._output import write_document
     from dradriver.devicemodel import build_devices
-    from dradriver.discovery import DiscoveryError, open_library
+    from dradriver.discovery import DiscoveryError
 
     try:
-        library = open_library(args.fake_gpus, driver_root=driver_root_mount(args))
+        library = open_backend(args.fake_gpus, driver_root=driver_root_mount(args))
         try:
             inventory = library.discover()
         finally:

@@ -82,7 +82,13 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.allocation import InputError, parse_claim, parse_device_class, parse_slice, simulate
+    from dradriver.offline.allocation import (
+        InputError,
+        parse_claim,
+        parse_device_class,
+        parse_slice,
+        simulate,
+    )
 
     if not args.claim:
         raise _common.CLIError("--claim FILE is required")
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 def _in_use(args: argparse.Namespace, claims: list[Any]) -> list[Any]:
     """With --cluster, the cluster's allocated claims (other than those being simulated): the
     scheduler counts their devices and shared counters as taken."""
-    from dradriver.allocation import InputError, parse_claim
+    from dradriver.offline.allocation import InputError, parse_claim
 
     if not args.cluster:
         return []
@@ -198,7 +204,7 @@ def _compile_problems(  # noqa: PLR0917 - the documents and what was parsed from
     driver: str,
     list_type_attributes: bool,
 ) -> list[dict[str, Any]]:
-    from dradriver.cel import CELCompileError, compile_selector, hints_for
+    from dradriver.offline.cel import CELCompileError, compile_selector, hints_for
 
     problems = []
     items = [(doc, f"claim {c.ref}", _selectors_of(c)) for doc, c in zip(claim_docs, claims, strict=True)]
@@ -255,7 +261,7 @@ def _report_compile_problems(args: argparse.Namespace, problems: list[dict[str, 
 
 
 def _hints(claims: list[Any], classes: Any, driver: str) -> list[dict[str, str]]:
-    from dradriver.cel import hints_for
+    from dradriver.offline.cel import hints_for
 
     expressions = [e for c in claims for _, e in _selectors_of(c)] + [e for c in classes for e in c.selectors]
     out: list[dict[str, str]] = []

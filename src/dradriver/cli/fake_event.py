@@ -107,7 +107,7 @@ def _process(value: str) -> tuple[int, int | None, float | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.health.fake_source import FakeEventRecord, append_fake_event
+    from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
     from dradriver.health.xid import describe
 
     directory = state_dir(args)
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _set_telemetry(directory: Path, args: argparse.Namespace) -> int:
-    from dradriver.telemetry.fake import (
+    from dradriver.backend.fake.telemetry import (
         FAKE_TELEMETRY_FILE,
         FakeFigures,
         FakeProcess,

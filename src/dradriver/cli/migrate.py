@@ -3,7 +3,7 @@
 Reads files, directories (every *.yaml, *.yml, *.json below them) or stdin (`-`); writes the
 migrated manifests as YAML with a comment per object saying what changed and why (`-o json`: a
 report), to stdout or, with --output-dir, one file per input file. The translation itself is
-`dradriver.migrate` (pure); this module only reads, prints and writes.
+`dradriver.offline.migrate` (pure); this module only reads, prints and writes.
 
 A file in which anything has no dradriver equivalent is not written at all (a half-migrated
 file would leave pods waiting for claims that never come); its problems are printed one per line
@@ -96,7 +96,7 @@ def _read(paths: list[str]) -> list[_Input]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.migrate import describe, migrate
+    from dradriver.offline.migrate import describe, migrate
 
     inputs = _read(args.paths)
     results = []
@@ -164,7 +164,7 @@ def _comment(change: Any) -> str:
 
 def _render_file(item: _Input, documents: list[Any], migrations: list[Any], *, failed: bool) -> str:
     from dradriver.cli._output import dump_manifest
-    from dradriver.migrate import describe
+    from dradriver.offline.migrate import describe
 
     if failed:
         return f"# dradriver migrate: {item.source}: not migrated: it has problems (listed on stderr)\n"
@@ -196,7 +196,7 @@ def _write_files(results: list[Any], directory: Path, inputs: list[_Input]) -> N
 
 def _print_json(results: list[Any], driver: str) -> None:
     from dradriver.cli._output import dump_json
-    from dradriver.migrate import describe
+    from dradriver.offline.migrate import describe
 
     files = []
     for item, documents, migrations, not_objects in results:

@@ -186,12 +186,15 @@ def _check_input_files(args: argparse.Namespace) -> None:
         except FileInputError as err:
             raise CLIError(f"--kubeconfig {err}") from None
     if args.fake_gpus:
-        from dradriver.discovery import DiscoveryError, builtin_profile_names, open_library
+        from dradriver.backend.fake.profiles import names as builtin_profile_names
 
         if args.fake_gpus in builtin_profile_names():
             return  # ours, and loading it costs the sockets-first start-up 0.1 s of imports
+        from dradriver.backend.select import open_backend
+        from dradriver.discovery import DiscoveryError
+
         try:
-            open_library(args.fake_gpus).close()
+            open_backend(args.fake_gpus).close()
         except DiscoveryError as err:
             raise CLIError(f"--fake-gpus: {err}") from None
 

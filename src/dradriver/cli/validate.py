@@ -50,7 +50,7 @@ def is_dra_object(obj: Any) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dradriver.allocation.validation import validate_object
+    from dradriver.offline.allocation.validation import validate_object
 
     documents = []
     for path in args.files:

@@ -22,8 +22,8 @@ def register(subparsers: Any) -> None:
 def version_info() -> dict[str, Any]:
     """The documented `-o json` object (README "dradriver version")."""
     from dradriver import DEFAULT_DRIVER_NAME, __version__, buildinfo
-    from dradriver.allocation.model import API_VERSIONS
     from dradriver.kube.client import MIN_KUBERNETES, RESOURCE_API
+    from dradriver.offline.allocation.model import API_VERSIONS
     from dradriver.plugin.dra import SUPPORTED_SERVICES
     from dradriver.prepare.config import API_VERSION
 

@@ -19,7 +19,7 @@ MIG: frozenset[DeviceType] = frozenset({"mig"})
 
 
 @dataclass(frozen=True)
-class Published:
+class AttributeSpec:
     """One attribute: its name as published, its value type, and the device types that carry it.
 
     `always` is False for attributes published only when the hardware reports the fact.
@@ -31,30 +31,30 @@ class Published:
     always: bool = True
 
 
-ATTRIBUTES: tuple[Published, ...] = (
-    Published("type", "string", BOTH),
-    Published("uuid", "string", BOTH, always=False),  # not on a MIG placement not created yet
-    Published("parentUUID", "string", MIG),
-    Published("profile", "string", MIG),
-    Published("productName", "string", BOTH),
-    Published("brand", "string", BOTH),
-    Published("architecture", "string", BOTH),
-    Published("cudaComputeCapability", "version", BOTH),
-    Published("computeMajor", "int", BOTH),
-    Published("computeMinor", "int", BOTH),
-    Published("driverVersion", "version", BOTH),
-    Published("cudaDriverVersion", "version", BOTH),
-    Published("addressingMode", "string", BOTH, always=False),
-    Published("minor", "int", GPU),
-    Published("gpuModuleID", "int", GPU, always=False),
-    Published("migCapable", "bool", GPU),
-    Published("migEnabled", "bool", GPU, always=False),
-    Published("parentMinor", "int", MIG),
-    Published("placementStart", "int", MIG),
-    Published("placementSize", "int", MIG),
-    Published("resource.kubernetes.io/pciBusID", "string", BOTH),
-    Published("resource.kubernetes.io/pcieRoot", "string", BOTH, always=False),
-    Published("numaNode", "int", BOTH, always=False),
+ATTRIBUTES: tuple[AttributeSpec, ...] = (
+    AttributeSpec("type", "string", BOTH),
+    AttributeSpec("uuid", "string", BOTH, always=False),  # not on a MIG placement not created yet
+    AttributeSpec("parentUUID", "string", MIG),
+    AttributeSpec("profile", "string", MIG),
+    AttributeSpec("productName", "string", BOTH),
+    AttributeSpec("brand", "string", BOTH),
+    AttributeSpec("architecture", "string", BOTH),
+    AttributeSpec("cudaComputeCapability", "version", BOTH),
+    AttributeSpec("computeMajor", "int", BOTH),
+    AttributeSpec("computeMinor", "int", BOTH),
+    AttributeSpec("driverVersion", "version", BOTH),
+    AttributeSpec("cudaDriverVersion", "version", BOTH),
+    AttributeSpec("addressingMode", "string", BOTH, always=False),
+    AttributeSpec("minor", "int", GPU),
+    AttributeSpec("gpuModuleID", "int", GPU, always=False),
+    AttributeSpec("migCapable", "bool", GPU),
+    AttributeSpec("migEnabled", "bool", GPU, always=False),
+    AttributeSpec("parentMinor", "int", MIG),
+    AttributeSpec("placementStart", "int", MIG),
+    AttributeSpec("placementSize", "int", MIG),
+    AttributeSpec("resource.kubernetes.io/pciBusID", "string", BOTH),
+    AttributeSpec("resource.kubernetes.io/pcieRoot", "string", BOTH, always=False),
+    AttributeSpec("numaNode", "int", BOTH, always=False),
 )
 
 #: Capacity names (quantities). The engine counts are on MIG devices and on MIG-capable GPUs.
@@ -68,4 +68,4 @@ CAPACITIES: dict[str, frozenset[DeviceType]] = {
     "ofaEngines": BOTH,
 }
 
-BY_NAME: dict[str, Published] = {a.name: a for a in ATTRIBUTES}
+BY_NAME: dict[str, AttributeSpec] = {a.name: a for a in ATTRIBUTES}

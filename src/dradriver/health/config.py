@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from dradriver.files import FileInputError, load_document
 from dradriver.health.xid import MAX_XID, XidClass
 
 #: Upper bound of durations, so that a unit mix-up (milliseconds) is caught.
@@ -63,8 +64,6 @@ class HealthConfig(_Model):
 
 def load_health_config(path: Path) -> HealthConfig:
     """Read and validate the YAML file; raises HealthConfigError with a one-line reason."""
-    from dradriver.files import FileInputError, load_document
-
     try:
         data = load_document(path)
     except FileInputError as err:

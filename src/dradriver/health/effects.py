@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dradriver import logs
+from dradriver.files.write import ensure_directory, write_atomically
 from dradriver.health import HEALTH_FILE
 from dradriver.health.board import Health, HealthBoard
 from dradriver.health.policy import Problem, Transition, timestamp
@@ -71,8 +72,6 @@ class HealthFileSink:
         self._source = source_name
 
     def apply(self, changes: Sequence[Transition], problems: Mapping[str, Problem]) -> None:
-        from dradriver.files.write import ensure_directory, write_atomically
-
         _, devices = self._board.snapshot()
         document = {
             "source": self._source,

@@ -4,7 +4,7 @@
 (NVML's MIG events, a changed fake profile file, a periodic rescan) and hands changes on.
 """
 
-from dradriver.inventory.effective import Published, effective_devices
+from dradriver.inventory.effective import LiveDevices, effective_devices
 from dradriver.inventory.watcher import InventoryWatcher, ProfileFileTrigger
 
-__all__ = ["InventoryWatcher", "ProfileFileTrigger", "Published", "effective_devices"]
+__all__ = ["InventoryWatcher", "ProfileFileTrigger", "LiveDevices", "effective_devices"]

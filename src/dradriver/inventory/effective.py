@@ -18,7 +18,7 @@ from dradriver.discovery import Gpu
 
 
 @dataclass(frozen=True)
-class Published:
+class LiveDevices:
     """The device set to publish and, for the devices kept although gone, what happened to them."""
 
     devices: DeviceSet
@@ -47,7 +47,7 @@ def _uuid(hardware: Hardware) -> str:
     return "" if isinstance(hardware, PossibleMig) else hardware.uuid
 
 
-def effective_devices(scanned: DeviceSet, published: Published, held: Set[str]) -> Published:
+def effective_devices(scanned: DeviceSet, published: LiveDevices, held: Set[str]) -> LiveDevices:
     """The devices to publish now (see the module docstring); `held`: names prepared claims hold."""
     kept: dict[str, PublishedDevice] = {}
     gone: dict[str, str] = {}
@@ -59,7 +59,7 @@ def effective_devices(scanned: DeviceSet, published: Published, held: Set[str]) 
             kept[before.name] = before
             gone[before.name] = reason
     if not kept:
-        return Published(scanned, {})
+        return LiveDevices(scanned, {})
     devices = [kept.get(d.name, d) for d in scanned.devices] + [
         d for name, d in kept.items() if scanned.get(name) is None
     ]
@@ -69,6 +69,6 @@ def effective_devices(scanned: DeviceSet, published: Published, held: Set[str]) 
     counter_sets = list(scanned.counter_sets) + [
         s for s in published.devices.counter_sets if s["name"] in needed - have
     ]
-    return Published(
+    return LiveDevices(
         DeviceSet(scanned.driver_name, tuple(devices), tuple(counter_sets), scanned.warnings), gone
     )

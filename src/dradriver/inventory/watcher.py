@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.devicemodel import DeviceSet
-from dradriver.inventory.effective import Published, effective_devices
+from dradriver.inventory.effective import LiveDevices, effective_devices
 
 #: How often a profile file is looked at (a stat: nothing is read unless it changed).
 FILE_POLL_SECONDS = 0.25
@@ -30,8 +30,8 @@ class InventoryWatcher:
         *,
         scan: Callable[[], DeviceSet],
         held: Callable[[], Set[str]],
-        apply: Callable[[Published], None],
-        published: Published,
+        apply: Callable[[LiveDevices], None],
+        published: LiveDevices,
         interval: float,
     ) -> None:
         self._scan = scan

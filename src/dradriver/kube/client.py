@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from dradriver.files import FileInputError, load_document
 from dradriver.kube.errors import (
     ApiError,
     KubeError,
@@ -105,9 +106,9 @@ def load_client(kubeconfig: str | None = None, **options: Any) -> KubeClient | N
     source = pick_config_source(kubeconfig, os.environ, Path.home())
     if source is None:
         return None
+    # Lazy, as every kubernetes and urllib3 import here: 0.25 s of imports (-X importtime) that
+    # the commands without a cluster (`slices`, `discover`) never load (tests/discovery/test_cli.py).
     from kubernetes import client, config
-
-    from dradriver.files import FileInputError, load_document
 
     configuration = client.Configuration()
     try:

@@ -7,6 +7,7 @@ with jittered exponential backoff, and a server's Retry-After is honoured (never
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -54,7 +55,5 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     if now is None:
-        import time
-
         now = time.time()
     return max(0.0, when.timestamp() - now)

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 
 from dradriver import logs
 from dradriver.health.board import DeviceHealth, HealthBoard
@@ -191,8 +192,6 @@ class _DRAPluginAdapter:
 
     def _trace(self, what: str, message: Any) -> None:
         if logs.verbosity() >= logs.VERBOSITY_TRACE_GRPC:
-            from google.protobuf.json_format import MessageToDict  # 30 ms to import: only when tracing
-
             log.info(
                 what, api=self._version, message=MessageToDict(message, preserving_proto_field_name=True)
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dradriver.nodescan import scan_node
 from dradriver.slices.compare import dropped_gates, stored_differences
 from dradriver.slices.render import render_slices, slice_name_prefix
 from dradriver.slices.validate import Finding, validate_node_pool, validate_slice, validate_slices
@@ -56,22 +57,14 @@ def build_node_slices(
     Devices discovery skipped and values the device model had to change or leave out are
     logged as warnings. Raises DiscoveryError (no GPUs can be discovered) or InvalidSlicesError.
     """
-    from dradriver.devicemodel import build_devices
-    from dradriver.discovery import open_library
-    from dradriver.logs import get_logger
-
-    library = open_library(fake_gpus, driver_root=driver_root)
-    try:
-        inventory = library.discover()
-    finally:
-        library.close()
-    device_set = build_devices(inventory, driver_name=driver_name, partitionable=partitionable)
-    log = get_logger(component="slices")
-    for skipped in inventory.skipped:
-        log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
-    for warning in device_set.warnings:
-        log.warning(warning)
-    return render_node_slices(device_set, node_name=node_name, driver_name=driver_name)
+    scan = scan_node(
+        fake_gpus,
+        driver_name=driver_name,
+        partitionable=partitionable,
+        driver_root=driver_root,
+        component="slices",
+    )
+    return render_node_slices(scan.devices, node_name=node_name, driver_name=driver_name)
 
 
 def render_node_slices(device_set: DeviceSet, *, node_name: str, driver_name: str) -> list[dict[str, Any]]:

@@ -1,0 +1,39 @@
+"""The NVML backend: discovery, health events, MIG control, sharing and telemetry over NVML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dradriver.backend.nvml.discovery import NvmlLibrary
+from dradriver.backend.nvml.health import NvmlHealthSource
+from dradriver.backend.nvml.mig import NvmlMigControl
+from dradriver.backend.nvml.telemetry import NvmlTelemetry
+from dradriver.health.events import SourceOptions
+from dradriver.health.targets import HealthTargets
+from dradriver.prepare.sharing import NvidiaSharing
+
+
+class NvmlBackend(NvmlLibrary):
+    """A `GpuBackend` over NVML: the library's discovery (NVML initialised at construction and
+    shut down by `close()`), and the parts it makes, each with an NVML reference of its own."""
+
+    def health_source(self, targets: HealthTargets, options: SourceOptions) -> NvmlHealthSource:
+        """NVML events for the published GPUs."""
+        return NvmlHealthSource(
+            targets.gpu_uuids,
+            thresholds=options.thresholds,
+            metrics=options.metrics,
+            inventory_changed=options.inventory_changed,
+        )
+
+    def mig_control(self, state_dir: Path) -> NvmlMigControl:
+        """MIG reconfiguration through NVML."""
+        return NvmlMigControl(library_path=self.library_path, proc_root=self.proc_root)
+
+    def sharing(self, state_dir: Path, driver_root: Path) -> NvidiaSharing:
+        """nvidia-smi's compute modes and the MPS control daemon of the host driver."""
+        return NvidiaSharing(driver_root, state_dir)
+
+    def telemetry(self, state_dir: Path) -> NvmlTelemetry:
+        """Utilisation, memory, power, clocks, ECC and NVLink through NVML."""
+        return NvmlTelemetry()
