@@ -34,6 +34,7 @@ from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet, PublishedDevice
+    from dradriver.devicemodel.shares import SharePolicy
     from dradriver.discovery import DeviceLibrary, NodeInventory
     from dradriver.health.config import HealthConfig
     from dradriver.health.monitor import HealthMonitor
@@ -89,6 +90,8 @@ class ServeConfig:
     #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
     idle_threshold: float | None = None
     idle_window: float | None = None
+    #: Which GPUs are published shareable and how shares are enforced (--gpu-shares); None: off.
+    shares: SharePolicy | None = None
 
 
 class DeferredDriver:
@@ -627,6 +630,7 @@ class Daemon:
             driver_name=config.driver_name,
             partitionable=config.partitionable,
             created=created if config.partitionable else frozenset(),
+            shares=config.shares,
         )
         return library, inventory, devices
 

@@ -18,6 +18,7 @@ from dradriver.slices.validate import Finding, validate_node_pool, validate_slic
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet
+    from dradriver.devicemodel.shares import SharePolicy
 
 __all__ = [
     "Finding",
@@ -50,6 +51,7 @@ def build_node_slices(
     driver_name: str,
     partitionable: bool = False,
     driver_root: Path | None = None,
+    shares: SharePolicy | None = None,
 ) -> list[dict[str, Any]]:
     """Discover the node's GPUs and return the validated slices `serve` would publish.
 
@@ -65,7 +67,7 @@ def build_node_slices(
         inventory = library.discover()
     finally:
         library.close()
-    device_set = build_devices(inventory, driver_name=driver_name, partitionable=partitionable)
+    device_set = build_devices(inventory, driver_name=driver_name, partitionable=partitionable, shares=shares)
     log = get_logger(component="slices")
     for skipped in inventory.skipped:
         log.warning("GPU skipped", index=skipped.index, reason=skipped.reason)
