@@ -549,6 +549,7 @@ class Daemon:
         from dradriver.prepare.devnodes import HostDeviceNodes
         from dradriver.prepare.driver import GpuDriver
         from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
+        from dradriver.prepare.mps_shares import share_daemons
         from dradriver.prepare.shared import SerializeLock
         from dradriver.prepare.sharing import FakeSharing, NvidiaSharing, SharingControl
 
@@ -581,6 +582,12 @@ class Daemon:
             mig=MigManager(lambda: library.mig_control(config.state_dir), mig_metrics),
             serialize=SerializeLock(self.paths.serialize_lock) if config.pod_uid else None,
             host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
+            shares=share_daemons(
+                config.shares,
+                fake=bool(config.fake_gpus),
+                driver_root=config.driver_root_mount,
+                state_dir=config.state_dir,
+            ),
         )
         self._started("driver", driver.close)
         recovery = driver.recover()

@@ -65,6 +65,7 @@ from dradriver.prepare.claims import (
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.mig import MigManager, intent
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.resourceclaim import ClaimFormatError, ResourceClaim, decode_claim
 from dradriver.prepare.shared import SerializeLock
@@ -165,6 +166,7 @@ class GpuDriver:
         mig: MigManager,
         serialize: SerializeLock | None = None,
         host_nodes: HostDeviceNodes | None = None,
+        shares: ShareDaemons | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -177,6 +179,7 @@ class GpuDriver:
         #: None with fake GPUs: their nodes are no host's.
         self._host_nodes = host_nodes
         self._sharing = sharing
+        self._shares = shares or ShareDaemons()
         self._mig = mig
         self._boot_id = boot_id
         self._state = CheckpointData(boot_id=boot_id)
@@ -251,6 +254,7 @@ class GpuDriver:
         else:
             state = loaded.model_copy(update={"boot_id": self._boot_id})
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
+        self._shares.reset(state.claims.values())
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
             try:
                 self._release(record)
@@ -277,6 +281,7 @@ class GpuDriver:
             if self._boot_id and last_boot != self._boot_id:
                 self._store.mark_boot(self._boot_id)  # once the previous boot's specs are gone
             self._store.save(self._state)
+        self._shares.recover()
         return report
 
     def _restore_specs(self, records: Sequence[ClaimRecord]) -> tuple[list[str], dict[str, str]]:
@@ -481,6 +486,7 @@ class GpuDriver:
                 if loaded is not None
                 else CheckpointData(boot_id=self._boot_id)
             )
+            self._shares.reset(self._state.claims.values())
         log.debug("checkpoint reloaded: another instance changed it", claims=len(self._state.claims))
 
     def _persist(self) -> None:
@@ -574,7 +580,9 @@ class GpuDriver:
                 devices = self._create_mig_devices(ref.uid, plan.devices)
                 with self._state_lock:
                     self._state.claims[ref.uid] = _with_created_migs(self._state.claims[ref.uid], devices)
-                spec_devices = tuple(self._cdi_device(ref, d) for d in devices)
+                spec_devices = self._shares.prepare(
+                    ref.uid, devices, [self._cdi_device(ref, d) for d in devices]
+                )
                 common = self._common + self._apply_sharing(ref, devices)
                 if self._host_nodes is not None:
                     common = self._host_nodes.complete(common, (d.edits for d in spec_devices))
@@ -719,7 +727,9 @@ class GpuDriver:
                 self._hold(holders, record)
                 started.append(plan)
             if replaced or any(
-                d.sharing or isinstance(d.hardware, PossibleMig) for plan in started for d in plan.devices
+                d.sharing or d.share or isinstance(d.hardware, PossibleMig)
+                for plan in started
+                for d in plan.devices
             ):
                 self._store.save(self._state)
         return started
@@ -744,6 +754,7 @@ class GpuDriver:
                     uuid=d.uuid,
                     sharing=d.sharing.describe() if d.sharing else "",
                     mig=intent(d.hardware) if isinstance(d.hardware, PossibleMig) else None,
+                    share=self._shares.record(d),
                 )
                 for d in plan.devices
             ),
@@ -866,6 +877,7 @@ class GpuDriver:
         caller forgets the record); safe to repeat after a crash. A
         MigError (e.g. a MIG device still in use) leaves the spec, so that the claim stays whole
         for the kubelet, or recovery, to try again."""
+        self._shares.release(record)
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:
