@@ -375,6 +375,7 @@ class Daemon:
 
     def _install_metrics(self, driver: GpuDriver) -> None:
         from dradriver import metrics
+        from dradriver.prepare.shares import shares_by_enforcement
 
         def devices() -> list[tuple[str, str]]:
             assert self._published is not None
@@ -391,6 +392,7 @@ class Daemon:
                 prepared_claims=lambda: len(driver.records()),
                 registered=lambda: self.registration.status.registered is True,
                 slice_writes=self._slice_writes,
+                shares=lambda: shares_by_enforcement(driver.records()),
             )
         )
 

@@ -14,14 +14,18 @@ is MPS already).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
 from dradriver.devicemodel.shares import COMPUTE_CAPACITY, MEMORY_CAPACITY, MIB
 from dradriver.prepare.cdi import ContainerEdits, Mount
 from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS
 from dradriver.quantity import Quantity, QuantityError
+
+if TYPE_CHECKING:
+    from dradriver.prepare.checkpoint import ClaimRecord, DeviceRecord, ShareRecord
 
 
 class ShareError(ValueError):
@@ -104,3 +108,34 @@ def unenforced_edits(limits: ShareLimits) -> ContainerEdits:
     return ContainerEdits(
         env=(f"{UNENFORCED_ENV}=memory={limits.memory_mib}Mi,computePercent={limits.thread_percentage}",)
     )
+
+
+def share_json(share: ShareRecord) -> dict[str, Any]:
+    """A share's record as `status` and `top` show it."""
+    return {
+        "memory": f"{share.memory_mib}Mi",
+        COMPUTE_CAPACITY: share.thread_percentage,
+        "enforcement": "mps" if share.enforced else "unenforced",
+    }
+
+
+def sharing_label(device: DeviceRecord) -> str:
+    """What a prepared device's sharing is: its claim-level setting, or the share it is."""
+    if device.share is None or device.share_id is None:
+        return device.sharing
+    return describe_share(share_json(device.share), device.share_id)
+
+
+def shares_by_enforcement(records: Iterable[ClaimRecord]) -> list[tuple[str, str]]:
+    """(device, enforcement) of every prepared share, for the metrics."""
+    return [
+        (d.device, "mps" if d.share.enforced else "unenforced")
+        for r in records
+        for d in r.devices
+        if d.share is not None
+    ]
+
+
+def describe_share(share: Mapping[str, Any], share_id: str) -> str:
+    """One share in a table cell: `share 1a2b3c4d 20480Mi 25% mps`."""
+    return f"share {share_id[:8]} {share['memory']} {share[COMPUTE_CAPACITY]}% {share['enforcement']}"
