@@ -134,8 +134,8 @@ MEMORY_SLICE = re.compile(r"memorySlice\d+")
 UNSUPPORTED_CAPACITIES = {
     "memorySlice": "dradriver publishes a MIG device's memory slices as the attributes placementStart and "
     "placementSize, not as capacities",
-    "shares": "consumable shares (NVIDIA's --consumable-shares N) have no capacity to select on in dradriver: "
-    "its shared GPUs have memory and computePercent",
+    "shares": "consumable shares (NVIDIA's --consumable-shares N) have no capacity to select on in "
+    "dradriver: its shared GPUs have memory and computePercent",
     "addressableMemory": "VFIO devices only: no equivalent",
 }
 

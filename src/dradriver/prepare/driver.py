@@ -727,9 +727,7 @@ class GpuDriver:
                 self._hold(holders, record)
                 started.append(plan)
             if replaced or any(
-                d.sharing or d.share or isinstance(d.hardware, PossibleMig)
-                for plan in started
-                for d in plan.devices
+                d.sharing or isinstance(d.hardware, PossibleMig) for plan in started for d in plan.devices
             ):
                 self._store.save(self._state)
         return started

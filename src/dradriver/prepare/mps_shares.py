@@ -9,6 +9,9 @@ needs. Each share's CDI device carries its client limits (`prepare.shares`). On 
 backend the stand-in daemon also keeps a register of the clients and their limits (no CUDA
 client ever connects to it), written into its state file in the pipe directory.
 
+A share's reservation is not written before its daemon starts: after a crash there, the
+checkpoint names no share on the GPU and recovery stops the daemon, as it stops any no share needs.
+
 Under `--gpu-shares unenforced` no daemon runs: shares are prepared without limits and say so
 in their records (`status`, the metrics). Under `mps` on a node whose host driver has no MPS
 control tool, a share fails with one line instead of running unguarded.
