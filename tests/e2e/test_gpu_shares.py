@@ -167,6 +167,7 @@ def test_four_20gi_shares_run_on_one_80gi_gpu_and_a_fifth_waits(
         str(tmp_path / "four.yaml"),
         "-f",
         str(tmp_path / "fifth.yaml"),
+        "--ignore-not-found",
         "--wait=true",
         "--timeout=90s",
         timeout=120,
