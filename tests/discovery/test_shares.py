@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dradriver.cli import main
 from dradriver.devicemodel import build_devices
 from dradriver.devicemodel.shares import COMPUTE_CAPACITY, SharePolicy, parse_policy
 from dradriver.discovery import open_library
@@ -210,3 +211,28 @@ def test_unrequested_amounts_are_one_share_of_count(allocator: oracle.Oracle, tm
     assert third is None
     assert first["devices"]["results"][0]["consumedCapacity"] == {"memory": "40Gi", COMPUTE_CAPACITY: "50"}
     assert second["devices"]["results"][0]["consumedCapacity"] == {"memory": "954Mi", COMPUTE_CAPACITY: "10"}
+
+
+def test_dry_run_shows_the_shares_of_each_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def claim(name: str, requests: dict[str, str]) -> dict[str, Any]:
+        selector = {"cel": {"expression": 'device.attributes["gpu.dradriver.dev"].minor == 0'}}
+        exactly = {"deviceClassName": DRIVER, "selectors": [selector], "capacity": {"requests": requests}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [claim("a", {"memory": "20Gi", COMPUTE_CAPACITY: "25"}), claim("b", {"memory": "30Gi"})]
+        )
+    )
+    code = main(["dry-run", "--claim", str(path), "--fake-gpus", "dgx-h100", "--gpu-shares", "mps:0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "shares of gpu.dradriver.dev/fake-node/gpu-0: 2 (memory 50Gi, computePercent 50)" in out
+    assert main(["dry-run", "--claim", str(path), "--slices", str(path), "--gpu-shares", "mps"]) == 2
+    assert "--gpu-shares applies to --fake-gpus only" in capsys.readouterr().err
