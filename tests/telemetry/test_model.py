@@ -181,8 +181,7 @@ def test_each_share_of_a_gpu_is_a_holder_with_its_amounts_in_top() -> None:
         "share 5a4e0000 20480Mi 25% mps",
         "share 5a4e0001 20480Mi 25% unenforced",
     ]
-    text = render(
-        [DeviceRow("gpu-3", "GPU-3", "GPU-3", f"ml/{h.claim_name}", [], h.sharing) for h in holders]
-    )
+    rows = [DeviceRow("gpu-3", "GPU-3", "GPU-3", f"ml/{h.claim_name}", [], h.sharing) for h in holders]
+    text = render(rows, width=100)
     assert "ml/share-0 [share 5a4e0000 20480Mi 25% mps]" in text
     assert "ml/share-1 [share 5a4e0001 20480Mi 25% unenforced]" in text
