@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from dradriver import kubeletclient
 from dradriver.devicemodel.shares import SharePolicy
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimState
 from dradriver.prepare.mps_shares import SHARES_DIRECTORY, ShareDaemons, daemon_key, share_daemons
 from dradriver.prepare.mps_standin import STATE_FILE
 from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons
-from tests.helpers import allocated_claim, opaque, short_tmpdir, uid
+from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, short_tmpdir, uid, wait_for
 from tests.prepare.node import Node
 
 GIB = "Gi"
@@ -209,7 +211,9 @@ def test_recovery_stops_a_daemon_no_share_needs(node: Node) -> None:
     ref = _share(node, 1)
     assert not driver.prepare([ref])[ref.uid].error
     # The checkpoint loses the claim (as after a crash between the daemon's start and the record).
-    node.store.save(node.store.load().model_copy(update={"claims": {}}))  # type: ignore[union-attr]
+    loaded = node.store.load()
+    assert loaded is not None
+    node.store.save(loaded.model_copy(update={"claims": {}}))
     restarted, _ = _shares(node)
     node.driver(shares=restarted)
     assert _standin_state(node) is None
@@ -338,3 +342,57 @@ def test_shares_that_cannot_be_held_to_limits_are_refused_before_anything_is_tou
     )
     assert daemons.starts == 0
     assert driver.records() == []
+
+
+def test_kill_9_of_serve_keeps_the_shares_and_their_daemon() -> None:
+    """A real `serve` killed with SIGKILL: the GPU's daemon (its own session) keeps running, the
+    restarted serve adopts it, and the last unprepare stops it."""
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, ["--gpu-shares", "mps:0"]).start()
+        try:
+            results: list[dict[str, object]] = [
+                {
+                    "request": "gpu",
+                    "device": "gpu-0",
+                    "shareID": f"5a4e0000-0000-4000-8000-{n:012d}",
+                    "consumedCapacity": {"memory": "10Gi", "computePercent": "10"},
+                }
+                for n in range(3)
+            ]
+            for n in range(3):
+                claim = allocated_claim(f"share-{n}", uid(n), [results[n]], pool="node-1")
+                (serve.claims_dir / f"share-{n}.yaml").write_text(yaml.safe_dump(claim))
+            refs = [ClaimRef("default", f"share-{n}", uid(n)) for n in range(3)]
+            state_dir = serve.plugins_dir / DRIVER
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                client.wait_ready(30)
+                response = client.prepare(refs)
+                assert all(not response.claims[r.uid].error for r in refs), response
+            (state_file,) = (state_dir / SHARES_DIRECTORY).rglob(STATE_FILE)
+            pid = json.loads(state_file.read_text())["pid"]
+
+            serve.kill()
+            assert _alive(pid)  # in its own session: the kill of serve leaves it running
+            serve.start()
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                client.wait_ready(30)
+                again = client.prepare(refs)
+                assert all(not again.claims[r.uid].error for r in refs), again
+                state = json.loads(state_file.read_text())
+                assert state["pid"] == pid
+                assert len(state["clients"]) == 3
+                assert all(not e.error for e in client.unprepare(refs[:2]).claims.values())
+                assert json.loads(state_file.read_text())["pid"] == pid
+                assert all(not e.error for e in client.unprepare(refs[2:]).claims.values())
+            wait_for(lambda: not _alive(pid), 10, "the daemon to exit")
+            assert [p for p in (state_dir / SHARES_DIRECTORY).rglob("*") if p.name != "mps"] == []
+        finally:
+            serve.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
