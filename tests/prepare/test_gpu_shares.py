@@ -184,7 +184,10 @@ def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
     assert state["pid"] == first
     assert daemons.starts == 0
 
-    # The daemon dies: recovery starts it again and tells it its clients' limits.
+    # The daemon dies: recovery starts it again, in the same pipe directory (the containers of
+    # the shares have it bind-mounted), and tells it its clients' limits.
+    pipe = MpsDaemons(MPS_STANDIN, node.root / "state" / SHARES_DIRECTORY).pipe(daemon_key(_gpu_uuid(node)))
+    inode = pipe.stat().st_ino
     os.kill(first, signal.SIGKILL)
     os.waitpid(first, 0) if _is_child(first) else None
     restarted, daemons = _shares(node)
@@ -194,6 +197,7 @@ def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
     assert state["pid"] != first
     assert len(state["clients"]) == 2
     assert daemons.starts == 1
+    assert pipe.stat().st_ino == inode
     assert driver.unprepare(refs) == {r.uid: "" for r in refs}
     assert _leftovers(node) == []
 

@@ -198,8 +198,10 @@ class ShareDaemons:
                     daemons.stop_directory(root)
 
     def _start(self, daemons: MpsDaemons, key: str, device: _Gpu | PlannedDevice) -> None:
-        if daemons.pipe(key).exists():
-            daemons.stop(key)  # a daemon that died leaves its directory (and socket) behind
+        # A daemon that died leaves its socket; its directory stays, as the containers of the
+        # GPU's shares have it bind-mounted: the new daemon listens where they look.
+        daemons.forget(key)
+        (daemons.pipe(key) / MPS_CONTROL_SOCKET).unlink(missing_ok=True)
         daemons.start(key, _DAEMON, [device])
         log.info("MPS daemon of shared GPU started", gpu=device.uuid)
 

@@ -175,6 +175,14 @@ class MpsDaemons:
             self._running.add(key)
         return True
 
+    def forget(self, key: str) -> None:
+        """Drop what is known of `key`'s daemon (it died: reaped if it was our child)."""
+        with self._lock:
+            child = self._children.pop(key, None)
+            self._running.discard(key)
+        if child is not None:
+            child.poll()
+
     def directories(self) -> list[Path]:
         """Every daemon directory under the state directory, running or left behind."""
         if not self._state_dir.is_dir():
