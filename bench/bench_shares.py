@@ -32,14 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_vs_go import NAMESPACE, NODE, node_and_namespace
+from bench.bench_vs_go import NODE, allocated_claim, node_and_namespace
 from bench.common import real_api_server, summary
 from dradriver import kubeletclient
 from dradriver.kube import KubeClient
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.mps_shares import SHARES_DIRECTORY
 from dradriver.prepare.mps_standin import STATE_FILE
-from tests.helpers import write_gpu_profile
+from tests.helpers import process_alive, write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"
 GPUS = 16
@@ -49,37 +49,12 @@ SMALL_SHARE = {"memory": "4Gi", "computePercent": "6"}
 
 def create_claim(admin: KubeClient, name: str, device: str, share: dict[str, str] | None) -> ClaimRef:
     """A ResourceClaim allocated as the scheduler would: the device, or a share of it."""
-    base = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
     exactly: dict[str, Any] = {"deviceClassName": DRIVER}
-    if share is not None:
-        exactly["capacity"] = {"requests": share}
-    claim = admin.request(
-        "POST",
-        base,
-        body={
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        },
-    )
     result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
     if share is not None:
-        result["shareID"] = claim["metadata"]["uid"]  # any lowercase UUID, unique per share
+        exactly["capacity"] = {"requests": share}
         result["consumedCapacity"] = share
-    claim["status"] = {
-        "allocation": {
-            "devices": {"results": [result]},
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-                ]
-            },
-        },
-        "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": claim["metadata"]["uid"]}],
-    }
-    claim = admin.request("PUT", f"{base}/{name}/status", body=claim)
-    return ClaimRef(NAMESPACE, name, claim["metadata"]["uid"])
+    return allocated_claim(admin, name, exactly, result, share=share is not None)
 
 
 def timed(call: Any, ref: ClaimRef) -> float:
@@ -94,14 +69,6 @@ def timed(call: Any, ref: ClaimRef) -> float:
 def daemon_pids(state: Path) -> set[int]:
     """The pids of the stand-in daemons running under the state directory's shares/."""
     return {json.loads(p.read_text())["pid"] for p in (state / SHARES_DIRECTORY).rglob(STATE_FILE)}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def main() -> None:
@@ -177,7 +144,7 @@ def run(admin: KubeClient, kubeconfig: Path, root: Path, opts: argparse.Namespac
                     str(p.relative_to(state)) for p in (state / SHARES_DIRECTORY).rglob("*") if p.is_file()
                 )
                 assert len(pids) == 1, f"cycle {cycle}: daemons {pids}"
-                assert not any(alive(p) for p in pids), f"cycle {cycle}: daemon still running"
+                assert not any(process_alive(p) for p in pids), f"cycle {cycle}: daemon still running"
                 assert left == [], f"cycle {cycle}: left {left}"
                 pid = pids.pop()
                 print(

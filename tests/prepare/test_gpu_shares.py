@@ -8,7 +8,7 @@ import json
 import os
 import random
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,21 @@ import yaml
 from dradriver import kubeletclient
 from dradriver.devicemodel.shares import SharePolicy
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.checkpoint import ClaimState
+from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
+from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.mps_shares import SHARES_DIRECTORY, ShareDaemons, daemon_key, share_daemons
 from dradriver.prepare.mps_standin import STATE_FILE
 from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons
-from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, short_tmpdir, uid, wait_for
+from tests.helpers import (
+    DRIVER,
+    ServeProcess,
+    allocated_claim,
+    opaque,
+    process_alive,
+    short_tmpdir,
+    uid,
+    wait_for,
+)
 from tests.prepare.node import Node
 
 GIB = "Gi"
@@ -189,7 +199,7 @@ def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
     pipe = MpsDaemons(MPS_STANDIN, node.root / "state" / SHARES_DIRECTORY).pipe(daemon_key(_gpu_uuid(node)))
     inode = pipe.stat().st_ino
     os.kill(first, signal.SIGKILL)
-    os.waitpid(first, 0) if _is_child(first) else None
+    os.waitpid(first, 0)  # the first driver's child, started in this process
     restarted, daemons = _shares(node)
     driver = node.driver(shares=restarted)
     state = _standin_state(node)
@@ -202,39 +212,32 @@ def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
     assert _leftovers(node) == []
 
 
-def _is_child(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return False
-
-
-def test_recovery_stops_a_daemon_no_share_needs(node: Node) -> None:
+def _restart_after(
+    node: Node, crash: Callable[[ClaimRecord], dict[str, ClaimRecord]]
+) -> tuple[GpuDriver, CountingDaemons]:
+    """One share prepared, the checkpoint's claims as `crash` leaves them, then a restart."""
     shares, _ = _shares(node)
     driver = node.driver(shares=shares)
     ref = _share(node, 1)
     assert not driver.prepare([ref])[ref.uid].error
-    # The checkpoint loses the claim (as after a crash between the daemon's start and the record).
     loaded = node.store.load()
     assert loaded is not None
-    node.store.save(loaded.model_copy(update={"claims": {}}))
-    restarted, _ = _shares(node)
-    node.driver(shares=restarted)
+    node.store.save(loaded.model_copy(update={"claims": crash(loaded.claims[ref.uid])}))
+    restarted, daemons = _shares(node)
+    return node.driver(shares=restarted), daemons
+
+
+def test_recovery_stops_a_daemon_no_share_needs(node: Node) -> None:
+    # The checkpoint names no share (a crash between the daemon's start and the claim's record).
+    _restart_after(node, lambda record: {})
     assert _standin_state(node) is None
     assert _leftovers(node) == []
 
 
 def test_a_crash_after_the_reservation_is_rolled_back_with_its_daemon(node: Node) -> None:
-    shares, _ = _shares(node)
-    driver = node.driver(shares=shares)
-    ref = _share(node, 1)
-    assert not driver.prepare([ref])[ref.uid].error
-    loaded = node.store.load()
-    assert loaded is not None
-    record = loaded.claims[ref.uid].model_copy(update={"state": ClaimState.PREPARE_STARTED})
-    node.store.save(loaded.model_copy(update={"claims": {ref.uid: record}}))
-    restarted, daemons = _shares(node)
-    driver = node.driver(shares=restarted)
+    driver, daemons = _restart_after(
+        node, lambda record: {record.uid: record.model_copy(update={"state": ClaimState.PREPARE_STARTED})}
+    )
     assert driver.records() == []
     assert daemons.stops == 1
     assert _leftovers(node) == []
@@ -376,7 +379,7 @@ def test_kill_9_of_serve_keeps_the_shares_and_their_daemon() -> None:
             pid = json.loads(state_file.read_text())["pid"]
 
             serve.kill()
-            assert _alive(pid)  # in its own session: the kill of serve leaves it running
+            assert process_alive(pid)  # in its own session: the kill of serve leaves it running
             serve.start()
             with kubeletclient.DRAClient(serve.dra_socket) as client:
                 client.wait_ready(30)
@@ -388,15 +391,7 @@ def test_kill_9_of_serve_keeps_the_shares_and_their_daemon() -> None:
                 assert all(not e.error for e in client.unprepare(refs[:2]).claims.values())
                 assert json.loads(state_file.read_text())["pid"] == pid
                 assert all(not e.error for e in client.unprepare(refs[2:]).claims.values())
-            wait_for(lambda: not _alive(pid), 10, "the daemon to exit")
+            wait_for(lambda: not process_alive(pid), 10, "the daemon to exit")
             assert [p for p in (state_dir / SHARES_DIRECTORY).rglob("*") if p.name != "mps"] == []
         finally:
             serve.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
