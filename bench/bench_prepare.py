@@ -46,6 +46,7 @@ def claim(i: int, shared: bool = False) -> dict[str, object]:
     }
     if shared:
         result["shareID"] = f"00000000-0000-4000-9000-{i:012d}"
+        result["consumedCapacity"] = {"memory": "1Gi", "computePercent": "1"}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -78,6 +79,7 @@ def start_serve(
         else:  # JSON: a 3,000-claim YAML file would be over the loader's node limit
             items = [claim(i, shared=True) for i in range(claims)]
             (root / "claims" / "claims.json").write_text(json.dumps({"kind": "List", "items": items}))
+            args += ["--gpu-shares", "unenforced"]  # shares counted, no MPS daemon per GPU
         args += ["--claims-dir", str(root / "claims")]
     else:
         args += ["--kubeconfig", str(kubeconfig)]

@@ -207,40 +207,47 @@ def grant_plugin_role(admin: KubeClient, user: str, rbac: Path = RBAC) -> None:
 
 def create_claims(admin: KubeClient, plugin: Plugin, count: int) -> list[ClaimRef]:
     """`count` ResourceClaims allocated to gpu-0.. of `plugin` on NODE, each reserved for a pod."""
-    refs = []
-    base = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
-    for i in range(count):
-        name = f"{plugin.prefix}-{i}"
-        claim = admin.request(
-            "POST",
-            base,
-            body={
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": NAMESPACE},
-                "spec": {
-                    "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": plugin.driver}}]}
-                },
-            },
+    return [
+        allocated_claim(
+            admin,
+            f"{plugin.prefix}-{i}",
+            {"deviceClassName": plugin.driver},
+            {"request": "gpu", "driver": plugin.driver, "pool": NODE, "device": f"gpu-{i}"},
         )
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": plugin.driver, "pool": NODE, "device": f"gpu-{i}"}
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-                    ]
-                },
+        for i in range(count)
+    ]
+
+
+def allocated_claim(
+    admin: KubeClient, name: str, exactly: dict[str, Any], result: dict[str, Any], *, share: bool = False
+) -> ClaimRef:
+    """A ResourceClaim in NAMESPACE with one request, allocated on NODE as the scheduler would
+    (`result`; with `share`, its shareID is the claim's UID, a lowercase UUID unique per share);
+    reserved for a pod."""
+    base = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    claim = admin.request(
+        "POST",
+        base,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [result | ({"shareID": claim["metadata"]["uid"]} if share else {})]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+                ]
             },
-            "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}],
-        }
-        claim = admin.request("PUT", f"{base}/{name}/status", body=claim)
-        refs.append(ClaimRef(NAMESPACE, name, claim["metadata"]["uid"]))
-    return refs
+        },
+        "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}],
+    }
+    claim = admin.request("PUT", f"{base}/{name}/status", body=claim)
+    return ClaimRef(NAMESPACE, name, claim["metadata"]["uid"])
 
 
 class SliceWatch:

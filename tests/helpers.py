@@ -37,6 +37,15 @@ def short_tmpdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts: reap your own children)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -143,7 +143,9 @@ class StateCollector(Collector):
         prepared_claims: Callable[[], int],
         registered: Callable[[], bool],
         slice_writes: Callable[[], Mapping[str, int]] = dict,
+        shares: Callable[[], Sequence[tuple[str, str]]] = list,
     ) -> None:
+        self._shares = shares
         self._devices = devices
         self._prepared = prepared_claims
         self._registered = registered
@@ -167,6 +169,17 @@ class StateCollector(Collector):
             "1 when the kubelet accepted our registration",
             value=1 if self._registered() else 0,
         )
+        shares = GaugeMetricFamily(
+            "dradriver_gpu_shares",
+            "Prepared shares of shared GPUs by device and enforcement (mps, or unenforced: no limits)",
+            labels=["device", "enforcement"],
+        )
+        share_counts: dict[tuple[str, str], int] = {}
+        for key in self._shares():
+            share_counts[key] = share_counts.get(key, 0) + 1
+        for (device, enforcement), count in sorted(share_counts.items()):
+            shares.add_metric([device, enforcement], count)
+        yield shares
         writes = CounterMetricFamily(
             "dradriver_resourceslice_writes", "ResourceSlice writes by operation", labels=["operation"]
         )

@@ -14,6 +14,7 @@ from dradriver import logs
 from dradriver.backend.interface import GpuBackend
 from dradriver.backend.select import open_backend
 from dradriver.devicemodel import DeviceSet, GpuInstance, build_devices
+from dradriver.devicemodel.shares import SharePolicy
 from dradriver.discovery import NodeInventory
 
 
@@ -34,10 +35,12 @@ def scan_node(
     driver_root: Path | None = None,
     proc_root: Path = Path("/proc"),
     created: Collection[GpuInstance] = frozenset(),
+    shares: SharePolicy | None = None,
     component: str | None,
 ) -> NodeScan:
     """Discover and build the device set; `created` names the GPU instances dradriver made
-    (published as their placements with --partitionable). GPUs discovery skipped and values the
+    (published as their placements with --partitionable); `shares`, the GPUs published as
+    shareable (--gpu-shares). GPUs discovery skipped and values the
     device model had to change or leave out are logged as warnings of `component` (None: not
     logged, as at a rescan that would repeat them).
 
@@ -53,6 +56,7 @@ def scan_node(
         driver_name=driver_name,
         partitionable=partitionable,
         created=created if partitionable else frozenset(),
+        shares=shares,
     )
     if component is not None:
         log = logs.get_logger(component=component)

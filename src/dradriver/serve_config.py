@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dradriver import logs
 
 if TYPE_CHECKING:  # pydantic: 0.2 s of imports the sockets-first start-up does not wait for
+    from dradriver.devicemodel.shares import SharePolicy
     from dradriver.health.config import HealthConfig
 
 
@@ -46,3 +47,5 @@ class ServeConfig:
     #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
     idle_threshold: float | None = None
     idle_window: float | None = None
+    #: Which GPUs are published shareable and how shares are enforced (--gpu-shares); None: off.
+    shares: SharePolicy | None = None

@@ -51,7 +51,9 @@ from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.hostdriver import driver_mounts
 from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
+from dradriver.prepare.mps_shares import share_daemons
 from dradriver.prepare.shared import SerializeLock
+from dradriver.prepare.shares import shares_by_enforcement
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
 from dradriver.publish.handover import Marker
@@ -224,6 +226,7 @@ def _scan(config: ServeConfig, created: frozenset[tuple[str, int]], component: s
         driver_root=config.driver_root_mount,
         proc_root=config.proc_root,
         created=created,
+        shares=config.shares,
         component=component,
     )
 
@@ -363,6 +366,12 @@ def _driver(
         mig=MigManager(lambda: backend.mig_control(config.state_dir), mig_metrics),
         serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
         host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
+        shares=share_daemons(
+            config.shares,
+            fake=bool(config.fake_gpus),
+            driver_root=config.driver_root_mount,
+            state_dir=config.state_dir,
+        ),
     )
     host.started("driver", driver.close)
     recovery = driver.recover()
@@ -411,6 +420,7 @@ def _install_metrics(
             prepared_claims=lambda: len(driver.records()),
             registered=lambda: host.registration.status.registered is True,
             slice_writes=slice_writes,
+            shares=lambda: shares_by_enforcement(driver.records()),
         )
     )
 

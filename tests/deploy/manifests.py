@@ -32,7 +32,7 @@ KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
 #: Built-in fake GPU profiles of `--fake-gpus`, the only profiles the examples table may name.
 FAKE_PROFILES = frozenset({"dgx-h100", "dgx-a100-mig", "t4x4", "mixed", "a100-mig-empty"})
 #: Flags a row of the examples table may give after the profile, as `dradriver dry-run` takes them.
-PROFILE_FLAGS = frozenset({"--partitionable"})
+PROFILE_FLAGS = frozenset({"--partitionable", "--gpu-shares=mps"})
 
 OUTCOMES = frozenset({"satisfiable", "unsatisfiable"})
 

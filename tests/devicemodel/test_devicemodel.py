@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from dradriver.devicemodel import (
     mig_device_name,
 )
 from dradriver.devicemodel import attributes as published
+from dradriver.devicemodel.shares import SharePolicy
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity, truncate_utf8
 from dradriver.discovery import Gpu, MigDevice, MigPlacement, NodeInventory
 from dradriver.names import dns_label_error
@@ -276,8 +278,9 @@ def test_the_published_attribute_table_is_what_the_device_model_writes() -> None
     seen: dict[tuple[str, str], set[str]] = {}
     capacities: dict[str, set[str]] = {}
     for inventory in inventories:
-        for partitionable in (False, True):
-            for device in build_devices(inventory, driver_name=DRIVER, partitionable=partitionable).devices:
+        for partitionable, shares in itertools.product((False, True), (None, SharePolicy("mps"))):
+            built = build_devices(inventory, driver_name=DRIVER, partitionable=partitionable, shares=shares)
+            for device in built.devices:
                 attributes = device.json["attributes"]
                 kind = attributes["type"]["string"]
                 for name, value in attributes.items():

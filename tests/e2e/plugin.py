@@ -89,8 +89,13 @@ class Deployment:
         wanted = {
             "DRADRIVER_FAKE_GPUS": profile,
             "DRADRIVER_PARTITIONABLE": str("--partitionable" in flags).lower(),
+            "DRADRIVER_GPU_SHARES": "mps" if "--gpu-shares=mps" in flags else "",
         }
-        defaults = {"DRADRIVER_FAKE_GPUS": FAKE_OVERLAY_PROFILE, "DRADRIVER_PARTITIONABLE": "false"}
+        defaults = {
+            "DRADRIVER_FAKE_GPUS": FAKE_OVERLAY_PROFILE,
+            "DRADRIVER_PARTITIONABLE": "false",
+            "DRADRIVER_GPU_SHARES": "",
+        }
         current = defaults | self.env
         if any(current[k] != v for k, v in wanted.items()):
             self.set_env(**wanted)

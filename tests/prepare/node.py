@@ -18,6 +18,7 @@ from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER
 
@@ -75,6 +76,7 @@ class Node:
         recover: bool = True,
         host_nodes: HostDeviceNodes | None = None,
         uvm_scanned: bool = True,
+        shares: ShareDaemons | None = None,
     ) -> GpuDriver:
         """`uvm_scanned` False: the nvidia-uvm module was not loaded when the node was scanned."""
         driver = GpuDriver(
@@ -90,6 +92,7 @@ class Node:
             boot_id=self.boot_id,
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
             host_nodes=host_nodes,
+            shares=shares,
         )
         if recover:
             driver.recover()

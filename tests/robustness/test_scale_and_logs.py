@@ -17,6 +17,7 @@ import pytest
 from dradriver import logs
 from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
+from dradriver.devicemodel.shares import SharePolicy
 from dradriver.discovery import DiscoveryError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
@@ -24,15 +25,23 @@ from dradriver.prepare.claims import DirectoryClaimSource
 from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
 from tests.prepare.node import CountingStore
+
+#: What each of the 1,000 shares consumes of its GPU (--gpu-shares unenforced: nothing enforced).
+SHARE = {"memory": "1Gi", "computePercent": "1"}
 
 
 def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_times(tmp_path: Path) -> None:
     gpus = 8
     claims = [
-        allocated_claim(f"c{i}", uid(i), [{"request": "gpu", "device": f"gpu-{i % gpus}", "shareID": uid(i)}])
+        allocated_claim(
+            f"c{i}",
+            uid(i),
+            [{"request": "gpu", "device": f"gpu-{i % gpus}", "shareID": uid(i), "consumedCapacity": SHARE}],
+        )
         for i in range(1000)
     ]
     (tmp_path / "claims").mkdir()
@@ -53,6 +62,7 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
         sharing=FakeSharing(tmp_path / "state"),
         boot_id="boot",
         mig=MigManager(lambda: library.mig_control(tmp_path / "state")),
+        shares=ShareDaemons(SharePolicy("unenforced")),
     )
     driver.recover()
     refs = [ClaimRef("default", f"c{i}", uid(i)) for i in range(1000)]

@@ -105,6 +105,27 @@ def test_a_missing_or_broken_kubeconfig_stops_serve_before_it_creates_anything()
             serve.log_path.unlink()
 
 
+def test_a_bad_gpu_shares_policy_stops_serve_before_it_creates_anything() -> None:
+    with short_tmpdir() as root:
+        for flags, message in (
+            (
+                ["--gpu-shares", "timeslice"],
+                "--gpu-shares timeslice: 'timeslice' is not one of mps, unenforced",
+            ),
+            (["--gpu-shares", "mps:"], "--gpu-shares mps:: 'mps:' names no GPU after ':'"),
+            (
+                ["--gpu-shares", "mps", "--gpu-share-count", "0"],
+                "--gpu-shares mps: share count 0 is not 1..100",
+            ),
+        ):
+            serve = ServeProcess(root, flags)
+            assert run_to_exit(serve) == 2
+            [record] = json_lines(serve.log())
+            assert message in str(record["event"])
+            assert not serve.plugins_dir.exists()
+            serve.log_path.unlink()
+
+
 # -- SIGTERM at any moment of start-up --------------------------------------------------------------
 
 #: Log lines marking the steps of start-up, in order (publishing needs the API server).

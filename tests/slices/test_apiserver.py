@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dradriver.backend.select import builtin_profile_names
+from dradriver.devicemodel.shares import SharePolicy
 from dradriver.slices import Finding, build_node_slices, stored_differences
 from tests.e2e.realcluster import RealCluster
 from tests.helpers import write_gpu_profile
@@ -98,3 +99,14 @@ def test_api_server_partitionable_slices_are_stored_or_the_drop_is_reported(
         assert all("DRAPartitionableDevices" in f.message for f in findings), findings
         assert any(f.path.endswith(".sharedCounters") for f in findings)
         pytest.xfail(f"the API server dropped {len(findings)} counter fields: DRAPartitionableDevices is off")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100-mig"])
+def test_api_server_stores_shared_gpus_unchanged(resource_api: Any, profile: str) -> None:
+    """Shareable GPUs and MIG devices (--gpu-shares): allowMultipleAllocations and the request
+    policies are stored as sent (DRAConsumableCapacity, beta and on by default in 1.36)."""
+    node = f"dradriver-test-{uuid.uuid4().hex[:8]}"
+    slices = build_node_slices(profile, node_name=node, driver_name=DRIVER, shares=SharePolicy("mps"))
+    assert any(d.get("allowMultipleAllocations") for s in slices for d in s["spec"]["devices"])
+    assert _round_trip(resource_api, slices) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dradriver.cli.top import DeviceRow, PodRow, render, rows_from_metrics
+from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, DeviceRecord, ShareRecord
 from dradriver.telemetry.exposition import families
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import (
@@ -14,6 +15,7 @@ from dradriver.telemetry.model import (
     ProcessSample,
     Reading,
     Target,
+    holders_by_device,
     pod_shares,
     pod_uid_of_cgroup,
     throttle_names,
@@ -153,3 +155,33 @@ def test_top_fits_80_columns_and_reads_what_serve_exports() -> None:
     assert lines[1].startswith("gpu-3   75%    30.0/80G   412W  61C  a-namespace-with-a-long-name/a-claim")
     assert lines[2].split() == ["50%", "20.0G", "└", "pod", "ml/train-a"]
     assert lines[3].split() == ["-", "-", "└", "pod", "ml/train-b"]
+
+
+def test_each_share_of_a_gpu_is_a_holder_with_its_amounts_in_top() -> None:
+    records = [
+        ClaimRecord(
+            uid=f"uid-{n}",
+            namespace="ml",
+            name=f"share-{n}",
+            state=ClaimState.PREPARE_COMPLETED,
+            devices=(
+                DeviceRecord(
+                    pool="node",
+                    device="gpu-3",
+                    share_id=f"5a4e000{n}-0000-4000-8000-000000000000",
+                    uuid="GPU-3",
+                    share=ShareRecord(memory_mib=20480, thread_percentage=25, enforced=n == 0),
+                ),
+            ),
+        )
+        for n in range(2)
+    ]
+    holders = holders_by_device(records, lambda uid: (POD_A,) if uid == "uid-0" else (POD_B,))["gpu-3"]
+    assert [h.sharing for h in holders] == [
+        "share 5a4e0000 20480Mi 25% mps",
+        "share 5a4e0001 20480Mi 25% unenforced",
+    ]
+    rows = [DeviceRow("gpu-3", "GPU-3", "GPU-3", f"ml/{h.claim_name}", [], h.sharing) for h in holders]
+    text = render(rows, width=100)
+    assert "ml/share-0 [share 5a4e0000 20480Mi 25% mps]" in text
+    assert "ml/share-1 [share 5a4e0001 20480Mi 25% unenforced]" in text

@@ -443,6 +443,37 @@ def add_partitionable_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_gpu_shares_flags(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--gpu-shares",
+        metavar="mps|unenforced[:GPU,...]",
+        help="publish full GPUs (and their MIG devices) as shareable: consumable memory and computePercent "
+        "capacities, each share held to its amounts by MPS (mps; a node without MPS fails the claim) or "
+        "not held at all (unenforced); after ':' the GPUs by minor or UUID (default: all)",
+    )
+    env_flag(
+        parser,
+        "--gpu-share-count",
+        type=int,
+        default=4,
+        metavar="N",
+        help="with --gpu-shares: a share gets 1/N of the memory and compute it does not ask for",
+    )
+
+
+def share_policy(args: argparse.Namespace) -> Any:
+    """The SharePolicy of --gpu-shares / --gpu-share-count (None: off); one line when invalid."""
+    if not args.gpu_shares:
+        return None
+    from dradriver.devicemodel.shares import parse_policy
+
+    try:
+        return parse_policy(args.gpu_shares, args.gpu_share_count)
+    except ValueError as err:
+        raise CLIError(f"--gpu-shares {args.gpu_shares}: {err}") from None
+
+
 def add_kubeconfig_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,

@@ -165,6 +165,8 @@ class FakeGPUs:
     node_name: str
     driver_name: str
     partitionable: bool = False
+    #: --gpu-shares: the GPUs serve would publish shareable (a SharePolicy), None: none.
+    shares: Any = None
 
     def resource_slices(self) -> list[Document]:
         import importlib
@@ -180,6 +182,7 @@ class FakeGPUs:
                 node_name=self.node_name,
                 driver_name=self.driver_name,
                 partitionable=self.partitionable,
+                shares=self.shares,
             )
         except (OSError, ValueError) as err:
             raise CLIError(f"--fake-gpus {self.profile}: {err}") from None
@@ -257,6 +260,7 @@ def add_inventory_flags(parser: Any) -> None:
     """--fake-gpus (with --partitionable) / --slices / --cluster (mutually exclusive) plus --node."""
     from dradriver.cli._common import (
         add_fake_gpus_flag,
+        add_gpu_shares_flags,
         add_kubeconfig_flag,
         add_partitionable_flag,
         env_flag,
@@ -267,6 +271,7 @@ def add_inventory_flags(parser: Any) -> None:
     group = parser.add_argument_group("device inventory (one of)")
     add_fake_gpus_flag(group)
     add_partitionable_flag(group)
+    add_gpu_shares_flags(group)
     env_list_flag(group, "--slices", help="ResourceSlice files (YAML or JSON; v1, v1beta2 or v1beta1)")
     env_switch(
         group, "--cluster", help="read ResourceSlices and DeviceClasses from the API server (KUBECONFIG)"
@@ -302,12 +307,17 @@ def inventory_from_args(args: Any) -> InventorySource:
     ]
     if len(chosen) > 1:
         raise CLIError(f"{' and '.join(chosen)} cannot be combined: choose one device inventory")
-    if args.partitionable and not args.fake_gpus:
-        raise CLIError(
-            "--partitionable applies to --fake-gpus only (slices from files or a cluster say it themselves)"
-        )
+    for flag, value in (("--partitionable", args.partitionable), ("--gpu-shares", args.gpu_shares)):
+        if value and not args.fake_gpus:
+            raise CLIError(
+                f"{flag} applies to --fake-gpus only (slices from files or a cluster say it themselves)"
+            )
     if args.fake_gpus:
-        return FakeGPUs(args.fake_gpus, args.node or "fake-node", args.driver_name, args.partitionable)
+        from dradriver.cli._common import share_policy
+
+        return FakeGPUs(
+            args.fake_gpus, args.node or "fake-node", args.driver_name, args.partitionable, share_policy(args)
+        )
     if args.slices:
         return SliceFiles(args.slices)
     if args.cluster:

@@ -377,6 +377,9 @@ def _print_tables(simulation: Any, hints: list[dict[str, str]], *, max_rows: int
             out.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         for claim in node.claims:
             _print_claim(out, claim, max_rows)
+        for device, count, used in shares_by_device(node.claims):
+            amounts = ", ".join(f"{name} {amount}" for name, amount in used.items())
+            out.print(f"  shares of {escape(device)}: {count} ({escape(amounts)})")
         if node.error:
             out.print(f"[red]scheduler error:[/red] {escape(node.error)}")
         elif node.reason and not any(claim.reason for claim in node.claims):
@@ -439,6 +442,25 @@ def _print_claim(out: Any, report: Any, max_rows: int | None) -> None:
             )
     if report.reason:
         out.print(f"  [red]cannot allocate:[/red] {escape(report.reason)}")
+
+
+def shares_by_device(claims: Any) -> list[tuple[str, int, dict[str, Any]]]:
+    """Each shared device the claims are allocated: how many shares, and what they consume together."""
+    from dradriver.offline.allocation.capacity import Amount, parse_amount
+
+    found: dict[str, tuple[int, dict[str, Amount]]] = {}
+    for claim in claims:
+        for result in claim.results:
+            if result.share_id is None:
+                continue
+            device = f"{result.driver}/{result.pool}/{result.device}"
+            count, used = found.get(device, (0, {}))
+            for name, text in result.consumed_capacity:
+                amount = parse_amount(text, f"{device} {name}")
+                before = used.get(name)
+                used[name] = amount if before is None else Amount(before.value + amount.value, amount.binary)
+            found[device] = (count + 1, used)
+    return [(device, count, {k: str(v) for k, v in used.items()}) for device, (count, used) in found.items()]
 
 
 def _rows_to_show(devices: list[Any], max_rows: int) -> list[Any]:

@@ -13,6 +13,7 @@ from dradriver.cli._common import (
     add_driver_name_flag,
     add_driver_root_flags,
     add_fake_gpus_flag,
+    add_gpu_shares_flags,
     add_kubeconfig_flag,
     add_node_name_flag,
     add_partitionable_flag,
@@ -23,6 +24,7 @@ from dradriver.cli._common import (
     env_flag,
     existing_directory,
     percent,
+    share_policy,
     state_dir,
 )
 
@@ -72,6 +74,7 @@ def register(subparsers: Any) -> None:
     )
     add_driver_root_flags(parser)
     add_partitionable_flag(parser)
+    add_gpu_shares_flags(parser)
     env_flag(
         parser,
         "--proc-root",
@@ -207,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
         raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
     _check_input_files(args)
+    shares = share_policy(args)
     if (args.idle_threshold is None) != (args.idle_window is None):
         raise CLIError("--idle-threshold and --idle-window go together: give both, or neither")
     if args.idle_threshold is not None and not (args.metrics_address and args.telemetry_interval):
@@ -249,5 +253,6 @@ def run(args: argparse.Namespace) -> int:
         telemetry_interval=args.telemetry_interval,
         idle_threshold=args.idle_threshold,
         idle_window=args.idle_window,
+        shares=shares,
     )
     return Daemon(config).run()

@@ -12,12 +12,14 @@ from dradriver.cli._common import (
     add_driver_name_flag,
     add_driver_root_flags,
     add_fake_gpus_flag,
+    add_gpu_shares_flags,
     add_kubeconfig_flag,
     add_node_name_flag,
     add_output_flag,
     add_partitionable_flag,
     cluster_client,
     driver_root_mount,
+    share_policy,
 )
 
 
@@ -36,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_node_name_flag(parser)
     add_driver_name_flag(parser)
     add_partitionable_flag(parser)
+    add_gpu_shares_flags(parser)
     add_output_flag(parser, default="yaml")
     parser.add_argument(
         "--delete",
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             driver_name=args.driver_name,
             partitionable=args.partitionable,
             driver_root=driver_root_mount(args),
+            shares=share_policy(args),
         )
     except DiscoveryError as err:
         raise CLIError(str(err)) from None

@@ -22,6 +22,7 @@ from dradriver.cli._common import (
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
+from dradriver.prepare.shares import describe_share, share_json
 
 if TYPE_CHECKING:
     from dradriver.prepare.checkpoint import MigRecord
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                     "cdiDeviceIds": list(d.cdi_device_ids),
                     "health": health.get(d.device, "unknown"),
                     **({"createdMig": _created_mig(d.mig)} if d.mig is not None else {}),
+                    **({"shareID": d.share_id} if d.share_id is not None else {}),
+                    **({"share": share_json(d.share)} if d.share is not None else {}),
                 }
                 for d in c.devices
             ],
@@ -192,6 +195,8 @@ def _print_table(console: Any, directory: Path, rows: list[dict[str, Any]], have
         state = _BROKEN_SPECS.get(row.get("cdiSpec", ""), _STATES.get(row["state"], row["state"]))
         for i, d in enumerate(row["devices"] or [{}]):
             sharing = (d.get("sharing") or "") + (" admin" if d.get("adminAccess") else "")
+            if "share" in d:
+                sharing = f"{sharing} {describe_share(d['share'], d['shareID'])}"
             table.add_row(
                 claim if i == 0 else "",
                 state if i == 0 else "",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.devicemodel.naming import counter_set_name, gpu_device_name, mig_device_name
+from dradriver.devicemodel.shares import SharePolicy, share
 from dradriver.devicemodel.values import AttributeWriter, binary_quantity, decimal_quantity
 from dradriver.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, MigResources, NodeInventory
 from dradriver.names import dns_label_error, driver_name_error
@@ -288,6 +289,7 @@ def build_devices(
     driver_name: str,
     partitionable: bool = False,
     created: Collection[GpuInstance] = frozenset(),
+    shares: SharePolicy | None = None,
 ) -> DeviceSet:
     """Every device the node publishes, GPUs in minor order, each GPU's MIG devices after it.
 
@@ -341,5 +343,5 @@ def build_devices(
             warnings.append(f"device {name!r} left out: an earlier device has the same name")
         else:
             seen.add(name)
-            published.append(PublishedDevice(name, device_json, hardware))
+            published.append(PublishedDevice(name, share(device_json, hardware, shares), hardware))
     return DeviceSet(driver_name, tuple(published), tuple(counter_sets), tuple(warnings))

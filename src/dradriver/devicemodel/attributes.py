@@ -66,6 +66,8 @@ CAPACITIES: dict[str, frozenset[DeviceType]] = {
     "encoders": BOTH,
     "jpegEngines": BOTH,
     "ofaEngines": BOTH,
+    # Only on shared devices (serve --gpu-shares), in percent of the device's multiprocessors.
+    "computePercent": BOTH,
 }
 
 BY_NAME: dict[str, AttributeSpec] = {a.name: a for a in ATTRIBUTES}

@@ -84,6 +84,17 @@ class MigRecord(_Model):
     ci_id: int | None = None
 
 
+class ShareRecord(_Model):
+    """One share of a shared GPU (consumable capacity), as its MPS client is held to it: the
+    pinned device memory limit (MiB) and active thread percentage. `enforced` is False under
+    `--gpu-shares unenforced`. A GPU's MPS control daemon runs while any record names a share
+    on it: recovery starts the missing ones and stops those no share needs."""
+
+    memory_mib: int
+    thread_percentage: int
+    enforced: bool = True
+
+
 class DeviceRecord(_Model):
     """One device of a prepared claim, as returned to the kubelet."""
 
@@ -100,6 +111,8 @@ class DeviceRecord(_Model):
     #: Set when prepare creates this MIG device (--partitionable); destroyed on unprepare. Left
     #: out of the file when unset, so records without one read the same in every version.
     mig: MigRecord | None = Field(default=None, exclude_if=lambda value: value is None)
+    #: Set for a share (`share_id`) prepared with limits; left out of the file when unset.
+    share: ShareRecord | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ClaimRecord(_Model):

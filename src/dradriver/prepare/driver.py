@@ -48,6 +48,7 @@ from dradriver.prepare.fetch import ClaimFetcher, route_for
 from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.plan import Published
 from dradriver.prepare.preparer import NodeDevices, Preparer
 from dradriver.prepare.recovery import Recovery, StartupRecovery
@@ -88,6 +89,7 @@ class GpuDriver:
         mig: MigManager,
         serialize: SerializeLock | None = None,
         host_nodes: HostDeviceNodes | None = None,
+        shares: ShareDaemons | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
@@ -96,10 +98,11 @@ class GpuDriver:
         self._mig = mig
         self._serialize = serialize
         self._ledger = ledger = Ledger(store, boot_id)
-        release = Release(sharing, mig, cdi_dir)
+        self._shares = shares = shares or ShareDaemons()
+        release = Release(sharing, mig, cdi_dir, shares)
         self._fetcher = ClaimFetcher(claims, route_for(claims))
         self._recovery = StartupRecovery(
-            ledger, cdi_dir, release, driver_name=driver_name, pool_name=pool_name
+            ledger, cdi_dir, release, shares, driver_name=driver_name, pool_name=pool_name
         )
         self._preparer = Preparer(
             driver_name=driver_name,
@@ -111,6 +114,7 @@ class GpuDriver:
             mig=mig,
             stale_holders=StaleHolders(claims, ledger, release, driver_name),
             host_nodes=host_nodes,
+            shares=shares,
         )
         self._unpreparer = Unpreparer(ledger, cdi_dir, release)
         #: Called after an unprepare released devices (the live inventory drops vanished ones).
@@ -189,5 +193,6 @@ class GpuDriver:
                 log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
             else:
                 if reloaded is not None:
+                    self._shares.reset(self._ledger.records())
                     log.debug("checkpoint reloaded: another instance changed it", claims=reloaded)
             yield

@@ -6,7 +6,11 @@
 It behaves like NVIDIA's tool where the driver depends on it: the daemon takes its pipe and log
 directories from CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY, listens on `<pipe>/control`,
 sees only the GPUs in CUDA_VISIBLE_DEVICES, takes `set_default_active_thread_percentage`,
-`set_default_device_pinned_mem_limit` (and their `get_` forms) and stops on `quit`; a client
+`set_default_device_pinned_mem_limit` (and their `get_` forms) and stops on `quit`. For the
+shares of a shared GPU (serve --gpu-shares), where each CUDA client brings its own limits in its
+environment, it also keeps a register of clients and their limits (`set_client_limits <client>
+<percentage> <limit>`, `remove_client <client>`, `get_client_limits <client>`), since no CUDA
+client ever connects to it; a client
 exits non-zero when the daemon is unreachable or refuses a command. It runs no CUDA: what it was
 told is written to `<pipe>/dradriver-mps-standin.json`, which a workload sees in its bind-mounted
 pipe directory.
@@ -27,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 CONTROL_SOCKET = "control"
+BINDING_SOCKET = ".control.binding"
 STATE_FILE = "dradriver-mps-standin.json"
 _LIMIT = re.compile(r"[1-9]\d*[MG]")
 
@@ -43,6 +48,7 @@ class Daemon:
         self.devices = devices
         self.thread_percentage = 100
         self.pinned_limits: dict[str, str] = {}
+        self.clients: dict[str, dict[str, str | int]] = {}
 
     def handle(self, line: str) -> str:
         """The reply to one command line: a value, `ok`, or `error: ...`."""
@@ -63,6 +69,22 @@ class Daemon:
             self.pinned_limits[uuid] = limit
         elif command == "get_default_device_pinned_mem_limit" and len(args) == 1:
             return self.pinned_limits.get(args[0], "none")
+        elif command == "set_client_limits" and len(args) == 3:
+            client, percentage, limit = args
+            if not percentage.isdigit() or not 0 < int(percentage) <= 100:
+                return f"error: active thread percentage {percentage!r} is not 1..100"
+            if not _LIMIT.fullmatch(limit):
+                return f"error: pinned memory limit {limit!r} is not <N>M or <N>G"
+            self.clients[client] = {"activeThreadPercentage": int(percentage), "pinnedDeviceMemLimit": limit}
+        elif command == "remove_client" and len(args) == 1:
+            self.clients.pop(args[0], None)
+        elif command == "get_client_limits" and len(args) == 1:
+            limits = self.clients.get(args[0])
+            return (
+                "none"
+                if limits is None
+                else f"{limits['activeThreadPercentage']} {limits['pinnedDeviceMemLimit']}"
+            )
         elif command == "quit" and not args:
             raise _StopRequestedError
         else:
@@ -76,6 +98,7 @@ class Daemon:
             "devices": self.devices,
             "defaultActiveThreadPercentage": self.thread_percentage,
             "defaultDevicePinnedMemLimit": self.pinned_limits,
+            "clients": self.clients,
         }
         temporary = self.pipe_dir / f".{STATE_FILE}.tmp"
         temporary.write_text(json.dumps(state, indent=2) + "\n")
@@ -124,14 +147,22 @@ def run_daemon() -> int:
     try:
         daemon.save()  # before the socket, which is what says the daemon is ready
         Path(CONTROL_SOCKET).unlink(missing_ok=True)
-        server.bind(CONTROL_SOCKET)
+        # Bound under another name and renamed once listening: a client that sees the socket
+        # can connect (between bind and listen it would be refused).
+        server.bind(BINDING_SOCKET)
         server.listen()
+        os.replace(BINDING_SOCKET, CONTROL_SOCKET)
         _serve(daemon, server, log_dir / "control.log")
     except _StopRequestedError:
         pass
     finally:
         server.close()
-        for name in (CONTROL_SOCKET, STATE_FILE, f".{STATE_FILE}.tmp"):  # a save SIGTERM cut short
+        for name in (
+            CONTROL_SOCKET,
+            BINDING_SOCKET,
+            STATE_FILE,
+            f".{STATE_FILE}.tmp",
+        ):  # a save SIGTERM cut short
             Path(name).unlink(missing_ok=True)
     return 0
 

@@ -28,6 +28,7 @@ from dradriver.prepare.config import (
     our_configs,
 )
 from dradriver.prepare.resourceclaim import AllocationResult, DeviceAllocation, ResourceClaim
+from dradriver.prepare.shares import PlannedShare, ShareError, ShareLimits, check_shares, share_limits
 
 #: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Published = Gpu | MigDevice | PossibleMig
@@ -48,6 +49,8 @@ class PlannedDevice:
     admin_access: bool
     share_id: str | None
     sharing: Sharing | None
+    #: A share's MPS client limits, from what the scheduler recorded it consumes.
+    share: ShareLimits | None = None
 
     @property
     def uuid(self) -> str:
@@ -106,6 +109,10 @@ def plan_claim(
         for (name, share_id), results in grouped.items()
     ]
     _check_every_sharing_config_applies(ref, configs, planned)
+    try:
+        check_shares(str(ref), [PlannedShare(d.name, d.share_id, d.sharing is not None) for d in planned])
+    except ShareError as err:
+        raise PlanError(str(err)) from None
     return ClaimPlan(claim=ref, devices=tuple(planned))
 
 
@@ -157,6 +164,12 @@ def _plan_device(
     if len(chosen) > 1:
         raise PlanError(f"claim {ref}: requests {list(requests)} give device {name} conflicting configs")
     config = next(iter(chosen.values()), None)
+    limits = None
+    if share_id is not None:
+        try:
+            limits = share_limits(f"claim {ref}: device {name}", results[0].consumed_capacity)
+        except ShareError as err:
+            raise PlanError(str(err)) from None
     return PlannedDevice(
         name=name,
         pool=pool,
@@ -165,4 +178,5 @@ def _plan_device(
         admin_access=all(bool(r.admin_access) for r in results),
         share_id=share_id,
         sharing=config.sharing if config is not None else None,
+        share=limits,
     )

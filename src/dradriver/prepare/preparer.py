@@ -41,6 +41,7 @@ from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager, intent
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.recovery import restore_specs
 from dradriver.prepare.release import Release
@@ -113,6 +114,7 @@ class Preparer:
         mig: MigManager,
         stale_holders: StaleHolders,
         host_nodes: HostDeviceNodes | None,
+        shares: ShareDaemons,
     ) -> None:
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -124,8 +126,14 @@ class Preparer:
         self._stale_holders = stale_holders
         #: None with fake GPUs: their nodes are no host's.
         self._host_nodes = host_nodes
+        self._shares = shares
         #: What each claim with devices goes through, in order, once its devices are reserved.
-        self._steps: tuple[Step, ...] = (self._make_mig_devices, self._apply_sharing, self._render_spec)
+        self._steps: tuple[Step, ...] = (
+            self._make_mig_devices,
+            self._hold_shares,
+            self._apply_sharing,
+            self._render_spec,
+        )
 
     def run(
         self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], node: NodeDevices
@@ -264,6 +272,7 @@ class Preparer:
                     uuid=d.uuid,
                     sharing=d.sharing.describe() if d.sharing else "",
                     mig=intent(d.hardware) if isinstance(d.hardware, PossibleMig) else None,
+                    share=self._shares.record(d),
                 )
                 for d in plan.devices
             ),
@@ -300,6 +309,12 @@ class Preparer:
         self._ledger.update(work.uid, lambda r: _with_created_migs(r, work.devices))
         for i, mig_device in made.items():
             work.entries[i] = _cdi_device(work.uid, work.devices[i], mig_device, work.node.caps_major)
+
+    def _hold_shares(self, work: ClaimWork) -> None:
+        """Each GPU share's limits added to its entry, its GPU's daemon started first if need be."""
+        entries = [e for e in work.entries if e is not None]
+        assert len(entries) == len(work.devices), "a device without its CDI entry"
+        work.entries = list(self._shares.prepare(work.uid, work.devices, entries))
 
     def _apply_sharing(self, work: ClaimWork) -> None:
         """Apply each sharing configuration to the devices it is for; its edits join the claim's."""

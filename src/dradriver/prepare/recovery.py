@@ -22,6 +22,7 @@ from dradriver.names import uid_error
 from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.prepare.ledger import Ledger, OnDisk
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.plan import Published
 from dradriver.prepare.release import Release
 
@@ -70,9 +71,17 @@ def restore_specs(
 
 class StartupRecovery:
     def __init__(
-        self, ledger: Ledger, cdi_dir: cdi.CdiDirectory, release: Release, *, driver_name: str, pool_name: str
+        self,
+        ledger: Ledger,
+        cdi_dir: cdi.CdiDirectory,
+        release: Release,
+        shares: ShareDaemons,
+        *,
+        driver_name: str,
+        pool_name: str,
     ) -> None:
         self._ledger = ledger
+        self._shares = shares
         self._cdi = cdi_dir
         self._release = release
         self._driver_name = driver_name
@@ -98,6 +107,8 @@ class StartupRecovery:
         for uid, error in failed.items():
             log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
         self._ledger.install(state, claims, disk.last_boot)
+        # The GPUs' share daemons as the kept shares need them: adopted, started again or stopped.
+        self._shares.recover()
         return report
 
     def _log_unusable(self, disk: OnDisk) -> None:
@@ -137,6 +148,7 @@ class StartupRecovery:
         """Release the half-prepared claims: the claims kept (the prepared ones, and those whose
         MIG device could not be removed yet)."""
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
+        self._shares.reset(state.claims.values())  # before a rollback releases a share
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
             try:
                 self._release(record)

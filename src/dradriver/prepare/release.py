@@ -1,4 +1,5 @@
-"""Undoing what prepare set up for a claim: its sharing, the MIG devices made for it, its spec.
+"""Undoing what prepare set up for a claim: its GPU shares, its sharing, the MIG devices made for
+it, its spec.
 
 Used wherever a record is let go: unprepare, a prepare that fails or replaces an earlier attempt,
 a stale holder freed, and recovery's rollback of half-prepared claims.
@@ -9,12 +10,16 @@ from __future__ import annotations
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.sharing import SharingControl
 
 
 class Release:
-    def __init__(self, sharing: SharingControl, mig: MigManager, cdi_dir: CdiDirectory) -> None:
+    def __init__(
+        self, sharing: SharingControl, mig: MigManager, cdi_dir: CdiDirectory, shares: ShareDaemons
+    ) -> None:
         self._sharing = sharing
+        self._shares = shares
         self._mig = mig
         self._cdi = cdi_dir
 
@@ -23,6 +28,7 @@ class Release:
         caller forgets the record); safe to repeat after a crash. A MigError (e.g. a MIG device
         still in use) leaves the spec, so that the claim stays whole for the kubelet, or
         recovery, to try again."""
+        self._shares.release(record)
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:

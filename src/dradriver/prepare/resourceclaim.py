@@ -43,6 +43,9 @@ class AllocationResult(_Part):
     device: StrictStr = ""
     admin_access: StrictBool | None = Field(default=None, alias="adminAccess")
     share_id: StrictStr | None = Field(default=None, alias="shareID")
+    consumed_capacity: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_null_is_default)] = Field(
+        default_factory=dict, alias="consumedCapacity"
+    )
 
 
 class OpaqueConfig(_Part):

@@ -30,6 +30,7 @@ from dradriver.quantity import Quantity
 #: nvidia-smi compute-policy --set-timeslice values.
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+PIPE_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind", "rprivate")
 #: The socket the MPS control daemon listens on, and the longest name it binds, in its pipe dir.
 MPS_CONTROL_SOCKET = "control"
 MPS_LONGEST_SOCKET = "control_privileged"
@@ -145,13 +146,54 @@ class MpsDaemons:
                 commands.append(f"set_default_device_pinned_mem_limit {device.uuid} {limit}")
         if commands:
             run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
-        host_pipe = self._host_state_dir / directory / "pipe"
         return ContainerEdits(
             env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
-            mounts=(
-                Mount(str(host_pipe), MPS_PIPE_IN_CONTAINER, ("rw", "nosuid", "nodev", "rbind", "rprivate")),
-            ),
+            mounts=(Mount(str(self.host_pipe(claim_uid)), MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS),),
         )
+
+    def host_pipe(self, key: str) -> Path:
+        """The pipe directory of `key`'s daemon as the host (the container runtime) sees it."""
+        return self._host_state_dir / mps_directory(key) / "pipe"
+
+    def pipe(self, key: str) -> Path:
+        """The pipe directory of `key`'s daemon as this process sees it."""
+        return self._state_dir / mps_directory(key) / "pipe"
+
+    def running(self, key: str) -> bool:
+        """Whether `key`'s daemon answers: our child that has not exited, or one an earlier
+        process started (it outlives us, in its own session) whose control socket answers."""
+        with self._lock:
+            child = self._children.get(key)
+        if child is not None:
+            return child.poll() is None
+        root = self._state_dir / mps_directory(key)
+        if not (root / "pipe" / MPS_CONTROL_SOCKET).is_socket():
+            return False
+        try:
+            run_tool(self._control, env=self._env(root, []), stdin="get_default_active_thread_percentage\n")
+        except SharingError:
+            return False
+        with self._lock:
+            self._running.add(key)
+        return True
+
+    def forget(self, key: str) -> None:
+        """Drop what is known of `key`'s daemon (it died: reaped if it was our child)."""
+        with self._lock:
+            child = self._children.pop(key, None)
+            self._running.discard(key)
+        if child is not None:
+            child.poll()
+
+    def directories(self) -> list[Path]:
+        """Every daemon directory under the state directory, running or left behind."""
+        if not self._state_dir.is_dir():
+            return []
+        return sorted(p for p in self._state_dir.iterdir() if p.is_dir())
+
+    def stop_directory(self, root: Path) -> None:
+        """Stop the daemon of a directory no key names any more (found at recovery), remove it."""
+        self._quit([root], None, root.name)
 
     def _spawn(self, claim_uid: str, env: dict[str, str]) -> None:
         """Start the control daemon in the foreground, as our child, and wait until it listens."""
@@ -190,7 +232,9 @@ class MpsDaemons:
             self._running.discard(claim_uid)
         # Also the directory named by the whole UID, where earlier versions put it.
         candidates = (self._state_dir / mps_directory(claim_uid), self._state_dir / claim_uid)
-        roots = [r for r in candidates if r.exists()]
+        self._quit([r for r in candidates if r.exists()], child, claim_uid)
+
+    def _quit(self, roots: Sequence[Path], child: subprocess.Popen[bytes] | None, claim_uid: str) -> None:
         for root in roots:
             try:
                 run_tool(self._control, env=self._env(root, []), stdin="quit\n")

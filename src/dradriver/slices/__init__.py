@@ -19,6 +19,7 @@ from dradriver.slices.validate import Finding, validate_node_pool, validate_slic
 
 if TYPE_CHECKING:
     from dradriver.devicemodel import DeviceSet
+    from dradriver.devicemodel.shares import SharePolicy
 
 __all__ = [
     "Finding",
@@ -51,6 +52,7 @@ def build_node_slices(
     driver_name: str,
     partitionable: bool = False,
     driver_root: Path | None = None,
+    shares: SharePolicy | None = None,
 ) -> list[dict[str, Any]]:
     """Discover the node's GPUs and return the validated slices `serve` would publish.
 
@@ -62,6 +64,7 @@ def build_node_slices(
         driver_name=driver_name,
         partitionable=partitionable,
         driver_root=driver_root,
+        shares=shares,
         component="slices",
     )
     return render_node_slices(scan.devices, node_name=node_name, driver_name=driver_name)

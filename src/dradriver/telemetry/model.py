@@ -17,6 +17,7 @@ from dradriver.devicemodel import PossibleMig, PublishedDevice
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
+from dradriver.prepare.shares import sharing_label
 
 #: NVML's clock event ("throttle") reason bits -> the names the metrics use.
 THROTTLE_REASONS = {
@@ -161,7 +162,7 @@ def holders_by_device(
         pods = tuple(pods_of(record.uid))
         for device in record.devices:
             found.setdefault(device.device, []).append(
-                Holder(record.namespace, record.name, record.uid, pods, device.sharing)
+                Holder(record.namespace, record.name, record.uid, pods, sharing_label(device))
             )
     return found
 

@@ -15,7 +15,7 @@ import yaml
 
 from dradriver.backend.select import builtin_profile_names
 from dradriver.cli import main
-from tests.deploy.manifests import KUBERNETES_VERSIONS
+from tests.deploy.manifests import KUBERNETES_VERSIONS, PROFILE_FLAGS
 from tests.deploy.test_schemas import validate as validate_schema
 from tests.offline.migrate.table import FIXTURES, Case, cases, row_id
 
@@ -38,7 +38,9 @@ def test_the_table_covers_every_fixture_with_valid_rows() -> None:
             assert "pods" not in row, f"{where}: a refused spec runs nowhere"
         else:
             assert row["expected"] in OUTCOMES, f"{where}: expected {row['expected']!r}"
-            assert row.get("profile") in profiles, f"{where}: unknown profile {row.get('profile')}"
+            profile, *flags = str(row.get("profile")).split()
+            assert profile in profiles, f"{where}: unknown profile {profile}"
+            assert set(flags) <= PROFILE_FLAGS, f"{where}: unknown serve flags {flags}"
             assert set(row["pods"]) <= PHASES, f"{where}: pod phases {set(row['pods'])}"
             if row["expected"] == "unsatisfiable":
                 assert set(row["pods"]) == {"Pending"}, f"{where}: nothing runs where nothing fits"
@@ -83,6 +85,6 @@ def test_spec_migrates_and_gives_the_expected_verdict(
     migrated.write_text(out)
     assert main(["validate", str(migrated)]) == 0, capsys.readouterr()
     capsys.readouterr()
-    code = main(["dry-run", "--claim", str(migrated), "--fake-gpus", row["profile"], "-o", "json"])
+    code = main(["dry-run", "--claim", str(migrated), "--fake-gpus", *row["profile"].split(), "-o", "json"])
     report = capsys.readouterr().out
     assert code == OUTCOMES[row["expected"]], report

@@ -134,10 +134,25 @@ MEMORY_SLICE = re.compile(r"memorySlice\d+")
 UNSUPPORTED_CAPACITIES = {
     "memorySlice": "dradriver publishes a MIG device's memory slices as the attributes placementStart and "
     "placementSize, not as capacities",
-    "shares": "consumable shares (NVIDIA's ConsumableShares gate) have no equivalent: dradriver allocates "
-    "whole devices; share one ResourceClaim between pods instead",
+    "shares": "consumable shares (NVIDIA's --consumable-shares N) have no capacity to select on in "
+    "dradriver: its shared GPUs have memory and computePercent",
     "addressableMemory": "VFIO devices only: no equivalent",
 }
+
+
+#: NVIDIA's consumable shares (its --consumable-shares flag) in dradriver (serve --gpu-shares).
+SHARE_MEMORY_NOTE = (
+    "a share of the GPU's memory where dradriver serve runs with --gpu-shares (NVIDIA's --consumable-shares "
+    "memory), MPS holding the share to it; elsewhere a whole GPU with at least that much memory"
+)
+ONE_SHARE_NOTE = (
+    "one of N integer shares is what a dradriver share gets by default: 1/N of the GPU's memory and "
+    "compute (serve --gpu-shares mps --gpu-share-count N, N as NVIDIA's --consumable-shares N)"
+)
+MANY_SHARES_PROBLEM = (
+    "{amount} integer shares have no exact equivalent: a dradriver share names its amounts; ask "
+    "capacity.requests memory and computePercent (a share asking nothing gets 1/N of the GPU)"
+)
 
 
 def attribute(name: str) -> Attribute | None:

@@ -426,19 +426,39 @@ def _exact(
     for i, selector in enumerate(exact.get("selectors") or []):
         _selector(selector, f"{where}.selectors[{i}]", types, out, ctx)
     capacity = exact.get("capacity")
-    if mine and isinstance(capacity, Mapping) and capacity.get("requests"):
-        for resource in capacity["requests"]:
-            key = "shares" if resource == "shares" else resource
-            reason = nvidia.UNSUPPORTED_CAPACITIES.get(
-                key,
-                "consumable capacity has no equivalent: dradriver allocates whole devices (a capacity "
-                "request would be checked against the device and the whole device allocated)",
-            )
-            out.problem(f"{where}.capacity.requests[{resource}]", reason)
+    if mine and isinstance(capacity, dict) and isinstance(capacity.get("requests"), dict):
+        _capacity_requests(exact, capacity["requests"], f"{where}.capacity.requests", out)
     tolerations = exact.get("tolerations")
     if isinstance(tolerations, list):
         exact["tolerations"] = _tolerations(tolerations, f"{where}.tolerations", out, ctx)
     return types, mine
+
+
+def _capacity_requests(exact: dict[str, Any], requests: dict[str, Any], where: str, out: Migration) -> None:
+    """NVIDIA's consumable shares (--consumable-shares memory|unlimited|N) as dradriver's shares
+    (serve --gpu-shares): `memory` keeps its name and meaning; one integer share is what a
+    dradriver share gets by default (1/N of the GPU, serve --gpu-share-count N); more than one
+    integer share has no exact equivalent."""
+    for resource in list(requests):
+        amount = requests[resource]
+        at = f"{where}[{resource}]"
+        if resource == "memory":
+            out.change(at, amount, amount, nvidia.SHARE_MEMORY_NOTE)
+        elif resource == "shares" and str(amount) == "1":
+            del requests[resource]
+            out.change(at, amount, None, nvidia.ONE_SHARE_NOTE)
+        elif resource == "shares":
+            out.problem(at, nvidia.MANY_SHARES_PROBLEM.format(amount=amount))
+        else:
+            out.problem(
+                at,
+                nvidia.UNSUPPORTED_CAPACITIES.get(
+                    resource,
+                    "a share of a dradriver GPU has only the capacities memory and computePercent",
+                ),
+            )
+    if not requests:
+        del exact["capacity"]
 
 
 def _selector(selector: Any, where: str, types: frozenset[DeviceType], out: Migration, ctx: _Context) -> None:

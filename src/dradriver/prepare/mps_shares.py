@@ -1,0 +1,248 @@
+"""The shares of shared GPUs on this node: one MPS control daemon per GPU, outliving claims.
+
+A GPU's daemon starts with its first share and stops with its last; it runs in its own session,
+so a restart (or kill -9) of serve leaves it running, and recovery adopts it. Which daemons must
+run follows from the checkpoint alone (the share records, `ShareRecord`): `reset` takes the
+records as loaded (start-up, or another instance's write during a rolling update), `recover`
+then starts the daemons that shares need and stops, and removes the directories of, those none
+needs. Each share's CDI device carries its client limits (`prepare.shares`). On the fake GPU
+backend the stand-in daemon also keeps a register of the clients and their limits (no CUDA
+client ever connects to it), written into its state file in the pipe directory.
+
+A share's reservation is not written before its daemon starts: after a crash there, the
+checkpoint names no share on the GPU and recovery stops the daemon, as it stops any no share needs.
+
+Under `--gpu-shares unenforced` no daemon runs: shares are prepared without limits and say so
+in their records (`status`, the metrics). Under `mps` on a node whose host driver has no MPS
+control tool, a share fails with one line instead of running unguarded.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from dradriver import logs
+from dradriver.devicemodel.shares import SharePolicy
+from dradriver.prepare.cdi import CdiDevice, ContainerEdits
+from dradriver.prepare.checkpoint import ClaimRecord, ShareRecord
+from dradriver.prepare.config import Sharing
+from dradriver.prepare.plan import PlannedDevice
+from dradriver.prepare.shares import ShareLimits, share_edits, unenforced_edits
+from dradriver.prepare.sharing import MPS_CONTROL_SOCKET, MPS_STANDIN, MpsDaemons, SharingError
+
+#: The sharing setting a GPU's daemon starts with: no defaults, each client brings its limits.
+_DAEMON = Sharing(strategy="MPS")
+#: The directory under the state directory that holds the daemons of shared GPUs.
+SHARES_DIRECTORY = "shares"
+STANDIN_TIMEOUT_SECONDS = 20.0
+
+log = logs.get_logger(component="shares")
+
+#: A share: (claim UID, share ID).
+_Key = tuple[str, str]
+
+
+def daemon_key(gpu_uuid: str) -> str:
+    return f"gpu-share-daemon-{gpu_uuid}"
+
+
+class ShareDaemons:
+    """Shares: their records, their CDI edits, and the per-GPU daemons that hold them to limits.
+
+    `daemons` runs the MPS control tool, None when the host has none (`missing` says why).
+    `register` (the stand-in only) tells the daemon each client's limits.
+    """
+
+    def __init__(
+        self,
+        policy: SharePolicy | None = None,
+        daemons: MpsDaemons | None = None,
+        *,
+        register: bool = False,
+        missing: str = "",
+    ) -> None:
+        self.policy = policy
+        self._missing = missing
+        self._register = register
+        self._daemons = daemons
+        self._lock = threading.Lock()
+        #: GPU UUID -> the shares on it and their records.
+        self._shares: dict[str, dict[_Key, ShareRecord]] = {}
+
+    # --- records ------------------------------------------------------------------------------
+
+    def record(self, device: PlannedDevice) -> ShareRecord | None:
+        """The checkpoint record of a planned device's share (None: not a share, or shares off)."""
+        if device.share is None or self.policy is None:
+            return None
+        return ShareRecord(
+            memory_mib=device.share.memory_mib,
+            thread_percentage=device.share.thread_percentage,
+            enforced=self.policy.enforced,
+        )
+
+    def reset(self, records: Iterable[ClaimRecord]) -> None:
+        """The shares are those of these records (as loaded from the checkpoint)."""
+        shares: dict[str, dict[_Key, ShareRecord]] = {}
+        for record in records:
+            for device in record.devices:
+                if device.share is not None and device.share_id is not None:
+                    shares.setdefault(device.uuid, {})[(record.uid, device.share_id)] = device.share
+        with self._lock:
+            self._shares = shares
+
+    def shares(self) -> dict[str, dict[_Key, ShareRecord]]:
+        with self._lock:
+            return {gpu: dict(on) for gpu, on in self._shares.items()}
+
+    # --- prepare and release -------------------------------------------------------------------
+
+    def prepare(
+        self, claim_uid: str, devices: Sequence[PlannedDevice], cdi_devices: Sequence[CdiDevice]
+    ) -> tuple[CdiDevice, ...]:
+        """The CDI devices with each share's edits added, its GPU's daemon running first.
+
+        Raises SharingError (one line) when a share cannot be held to its limits."""
+        out = list(cdi_devices)
+        for index, device in enumerate(devices):
+            if device.share is None or device.share_id is None:
+                continue
+            limits, share_id = device.share, device.share_id
+            if self.policy is None:
+                raise SharingError(
+                    f"device {device.name} was allocated as a share, but this node does not publish shares "
+                    "(serve --gpu-shares)"
+                )
+            shared = ShareRecord(
+                memory_mib=limits.memory_mib,
+                thread_percentage=limits.thread_percentage,
+                enforced=self.policy.enforced,
+            )
+            if not self.policy.enforced:
+                edits = unenforced_edits(limits)
+                with self._lock:
+                    self._shares.setdefault(device.uuid, {})[(claim_uid, share_id)] = shared
+            else:
+                edits = self._enforce(claim_uid, share_id, device, limits, shared)
+            out[index] = replace(out[index], edits=out[index].edits + edits)
+        return tuple(out)
+
+    def _enforce(
+        self, claim_uid: str, share_id: str, device: PlannedDevice, limits: ShareLimits, shared: ShareRecord
+    ) -> ContainerEdits:
+        daemons = self._daemons
+        if daemons is None:
+            raise SharingError(
+                f"the share of {device.name} cannot be held to its limits: {self._missing} "
+                "(serve --gpu-shares unenforced runs shares without limits)"
+            )
+        key = daemon_key(device.uuid)
+        with self._lock:
+            if not daemons.running(key):
+                self._start(daemons, key, device)
+            self._shares.setdefault(device.uuid, {})[(claim_uid, share_id)] = shared
+            if self._register:
+                self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(shared)}")
+        return share_edits(limits, str(daemons.host_pipe(key)))
+
+    def release(self, record: ClaimRecord) -> None:
+        """Release the claim's shares; a GPU whose last share this was has its daemon stopped.
+        Safe to repeat."""
+        for device in record.devices:
+            if device.share is None or device.share_id is None:
+                continue
+            with self._lock:
+                on_gpu = self._shares.get(device.uuid, {})
+                on_gpu.pop((record.uid, device.share_id), None)
+                if self._daemons is None or not device.share.enforced:
+                    continue
+                key = daemon_key(device.uuid)
+                if on_gpu:
+                    if self._register and self._daemons.running(key):
+                        self._tell(self._daemons.pipe(key), f"remove_client {device.share_id}")
+                    continue
+                self._shares.pop(device.uuid, None)
+                self._daemons.stop(key)
+                log.info("MPS daemon of shared GPU stopped: its last share was released", gpu=device.uuid)
+
+    def recover(self) -> None:
+        """Start the daemons the shares need (again told their clients' limits), stop and remove
+        the rest."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        with self._lock:
+            needed = {
+                gpu: on
+                for gpu, on in self._shares.items()
+                if on and any(share.enforced for share in on.values())
+            }
+            for gpu, on in needed.items():
+                key = daemon_key(gpu)
+                try:
+                    if not daemons.running(key):
+                        self._start(daemons, key, _Gpu(gpu))
+                    if self._register:
+                        for (_, share_id), share in on.items():
+                            self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(share)}")
+                except SharingError as err:
+                    log.error("the MPS daemon of a shared GPU cannot be started", gpu=gpu, error=str(err))
+            keep = {daemons.pipe(daemon_key(gpu)).parent for gpu in needed}
+            for root in daemons.directories():
+                if root not in keep:
+                    log.info("stopping an MPS daemon no share needs", directory=str(root))
+                    daemons.stop_directory(root)
+
+    def _start(self, daemons: MpsDaemons, key: str, device: _Gpu | PlannedDevice) -> None:
+        # A daemon that died leaves its socket; its directory stays, as the containers of the
+        # GPU's shares have it bind-mounted: the new daemon listens where they look.
+        daemons.forget(key)
+        (daemons.pipe(key) / MPS_CONTROL_SOCKET).unlink(missing_ok=True)
+        daemons.start(key, _DAEMON, [device])
+        log.info("MPS daemon of shared GPU started", gpu=device.uuid)
+
+    def _tell(self, pipe: Path, command: str) -> None:
+        """One command to the stand-in daemon, in process (its protocol: a line, a reply)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(STANDIN_TIMEOUT_SECONDS)
+                conn.connect(str(pipe / MPS_CONTROL_SOCKET))
+                conn.sendall(command.encode() + b"\n")
+                reply = conn.makefile("r", encoding="utf-8").readline().strip()
+        except OSError as err:
+            raise SharingError(f"the MPS daemon in {pipe} does not answer: {err.strerror or err}") from err
+        if reply != "ok":
+            raise SharingError(f"the MPS daemon refused {command!r}: {reply}")
+
+
+class _Gpu:
+    """A GPU known by its UUID alone (recovery), as the daemon's start needs it."""
+
+    def __init__(self, uuid: str) -> None:
+        self.uuid = uuid
+        self.name = uuid
+
+
+def _client(share: ShareRecord) -> str:
+    return f"{share.thread_percentage} {share.memory_mib}M"
+
+
+def share_daemons(
+    policy: SharePolicy | None, *, fake: bool, driver_root: Path, state_dir: Path
+) -> ShareDaemons:
+    """The node's shares: the stand-in daemon on fake GPUs, else the host driver's MPS tool."""
+    from dradriver.discovery.driverroot import find_binary
+
+    directory = state_dir / SHARES_DIRECTORY
+    if fake:
+        return ShareDaemons(policy, MpsDaemons(MPS_STANDIN, directory), register=True)
+    found = find_binary(driver_root, "nvidia-cuda-mps-control")
+    return ShareDaemons(
+        policy,
+        None if found is None else MpsDaemons([str(found)], directory),
+        missing=f"the host driver under {driver_root} has no nvidia-cuda-mps-control (no MPS on this node)",
+    )
