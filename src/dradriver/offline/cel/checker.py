@@ -515,21 +515,22 @@ def qualified_name(e: ast.Expr) -> str | None:
     return None
 
 
+#: A literal's Python class -> its CEL type; bool before int and UInt before int (subclasses).
+_LITERAL_TYPES: tuple[tuple[type, t.Type], ...] = (
+    (type(None), t.NULL),
+    (bool, t.BOOL),
+    (UInt, t.UINT),
+    (int, t.INT),
+    (float, t.DOUBLE),
+    (str, t.STRING),
+    (bytes, t.BYTES),
+)
+
+
 def _literal_type(value: object) -> t.Type:
-    if value is None:
-        return t.NULL
-    if isinstance(value, bool):
-        return t.BOOL
-    if isinstance(value, UInt):
-        return t.UINT
-    if isinstance(value, int):
-        return t.INT
-    if isinstance(value, float):
-        return t.DOUBLE
-    if isinstance(value, str):
-        return t.STRING
-    if isinstance(value, bytes):
-        return t.BYTES
+    for cls, ty in _LITERAL_TYPES:
+        if isinstance(value, cls):
+            return ty
     raise TypeError(f"unexpected literal {value!r}")  # pragma: no cover
 
 
