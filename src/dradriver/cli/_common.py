@@ -462,6 +462,15 @@ def add_gpu_shares_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that decide the devices this node publishes: `serve` and `dradriver slices` take
+    the same ones, so that slices prints what serve would publish."""
+    add_fake_gpus_flag(parser)
+    add_driver_root_flags(parser)
+    add_partitionable_flag(parser)
+    add_gpu_shares_flags(parser)
+
+
 def share_policy(args: argparse.Namespace) -> Any:
     """The SharePolicy of --gpu-shares / --gpu-share-count (None: off); one line when invalid."""
     if not args.gpu_shares:

@@ -24,18 +24,17 @@ def register(subparsers: Any) -> None:
         run=_run_without_subcommand,
     )
     commands = parser.add_subparsers(title="cel commands", metavar="COMMAND", parser_class=_common.Parser)
-    evaluate = commands.add_parser(
+    evaluate = _common.add_command(
+        commands,
         "eval",
         help="evaluate an expression against every device: true, false or error",
+        run=run,
         description=(
             "Evaluate a DRA CEL selector against every device, as the scheduler would.\n"
             "Exit status: 0 evaluated (runtime errors are reported per device), "
             "2 the expression does not compile or the input is invalid."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common.add_logging_flags(evaluate, "console")
-    evaluate.set_defaults(run=run, prog=evaluate.prog, defer_logging=False)
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
     _common.add_feature_gates_flag(evaluate)

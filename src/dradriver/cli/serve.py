@@ -10,16 +10,14 @@ from dradriver.cli._common import (
     CLIError,
     absolute_path,
     add_command,
+    add_device_flags,
     add_driver_name_flag,
-    add_driver_root_flags,
-    add_fake_gpus_flag,
-    add_gpu_shares_flags,
     add_kubeconfig_flag,
     add_node_name_flag,
-    add_partitionable_flag,
     add_plugins_dir_flag,
     add_pod_uid_flag,
     add_state_dir_flag,
+    driver_root_mount,
     duration,
     env_flag,
     existing_directory,
@@ -63,7 +61,6 @@ def register(subparsers: Any) -> None:
     )
     add_state_dir_flag(parser)
     add_kubeconfig_flag(parser)
-    add_fake_gpus_flag(parser)
     env_flag(
         parser,
         "--claims-dir",
@@ -72,9 +69,7 @@ def register(subparsers: Any) -> None:
         help="read ResourceClaims from the YAML/JSON files in DIR instead of the API server "
         "(node-only set-ups, the demo and tests)",
     )
-    add_driver_root_flags(parser)
-    add_partitionable_flag(parser)
-    add_gpu_shares_flags(parser)
+    add_device_flags(parser)
     env_flag(
         parser,
         "--proc-root",
@@ -205,10 +200,10 @@ def _check_input_files(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from dradriver.daemon import Daemon, ServeConfig
 
-    driver_root_mount: Path = args.driver_root_mount or args.driver_root
-    if not args.fake_gpus and not driver_root_mount.is_dir():
+    mount = driver_root_mount(args)
+    if not args.fake_gpus and not mount.is_dir():
         flag = "--driver-root-mount" if args.driver_root_mount else "--driver-root"
-        raise CLIError(f"{flag} {driver_root_mount}: no such directory in this container")
+        raise CLIError(f"{flag} {mount}: no such directory in this container")
     _check_input_files(args)
     shares = share_policy(args)
     if (args.idle_threshold is None) != (args.idle_window is None):
@@ -242,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         claims_dir=args.claims_dir,
         driver_root=args.driver_root,
-        driver_root_mount=driver_root_mount,
+        driver_root_mount=mount,
         partitionable=args.partitionable,
         stale_claim_grace=args.stale_claim_grace,
         health=health,

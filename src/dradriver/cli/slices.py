@@ -9,14 +9,11 @@ from typing import Any
 from dradriver.cli._common import (
     CLIError,
     add_command,
+    add_device_flags,
     add_driver_name_flag,
-    add_driver_root_flags,
-    add_fake_gpus_flag,
-    add_gpu_shares_flags,
     add_kubeconfig_flag,
     add_node_name_flag,
     add_output_flag,
-    add_partitionable_flag,
     cluster_client,
     driver_root_mount,
     share_policy,
@@ -33,12 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Exits 1 with the findings if any slice would be rejected.",
         run=run,
     )
-    add_fake_gpus_flag(parser)
-    add_driver_root_flags(parser)
+    add_device_flags(parser)
     add_node_name_flag(parser)
     add_driver_name_flag(parser)
-    add_partitionable_flag(parser)
-    add_gpu_shares_flags(parser)
     add_output_flag(parser, default="yaml")
     parser.add_argument(
         "--delete",

@@ -314,14 +314,18 @@ class _MatchState:
         value = lookup_attribute(device, self.attribute)
         if value is None:
             return False
-        if self.count == 0:
-            self.value = value
-            self.count = 1
-            return True
-        if value[0] == "other" or value != self.value:
+        # The first device sets what the others are compared with, whatever its kind.
+        if self.count != 0 and (value[0] == "other" or not self._admits(value)):
             return False
+        self._record(base, value)
         self.count += 1
         return True
+
+    def _admits(self, value: tuple[str, Any]) -> bool:
+        return value == self.value
+
+    def _record(self, base: str, value: tuple[str, Any]) -> None:
+        self.value = value
 
     def remove(self, base: str, sub: str) -> None:
         if self.applies(base, sub):
@@ -337,21 +341,11 @@ class _DistinctState(_MatchState):
         super().__init__(attribute, requests)
         self.values: dict[str, tuple[str, Any]] = {}
 
-    def add(self, base: str, sub: str, device: Device) -> bool:
-        if not self.applies(base, sub):
-            return True
-        value = lookup_attribute(device, self.attribute)
-        if value is None:
-            return False
-        if self.count == 0:
-            self.values[base] = value
-            self.count = 1
-            return True
-        if value[0] == "other" or any(value == seen for seen in self.values.values()):
-            return False
+    def _admits(self, value: tuple[str, Any]) -> bool:
+        return not any(value == seen for seen in self.values.values())
+
+    def _record(self, base: str, value: tuple[str, Any]) -> None:
         self.values[base] = value
-        self.count += 1
-        return True
 
     def remove(self, base: str, sub: str) -> None:
         if self.applies(base, sub):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass(eq=False)
@@ -109,3 +111,54 @@ INDEX = "_[_]"
 OPT_SELECT = "_?._"
 OPT_INDEX = "_[?_]"
 IN = "@in"
+
+
+class Visitor(Generic[R]):
+    """A pass over the tree with one method per node kind: `visit` picks it (cel-go's switch on
+    the expression kind); a kind the pass has no method for is a bug, the parser makes no other."""
+
+    def visit(self, e: Expr) -> R:
+        if isinstance(e, Literal):
+            return self.visit_literal(e)
+        if isinstance(e, Ident):
+            return self.visit_ident(e)
+        if isinstance(e, Select):
+            return self.visit_select(e)
+        if isinstance(e, Call):
+            return self.visit_call(e)
+        if isinstance(e, ListExpr):
+            return self.visit_list(e)
+        if isinstance(e, MapExpr):
+            return self.visit_map(e)
+        if isinstance(e, StructExpr):
+            return self.visit_struct(e)
+        if isinstance(e, Comprehension):
+            return self.visit_comprehension(e)
+        return self._unexpected(e)
+
+    def _unexpected(self, e: Expr) -> R:  # pragma: no cover - see the class docstring
+        raise TypeError(f"{type(self).__name__}: unexpected expression {type(e).__name__}")
+
+    def visit_literal(self, e: Literal) -> R:
+        return self._unexpected(e)
+
+    def visit_ident(self, e: Ident) -> R:
+        return self._unexpected(e)
+
+    def visit_select(self, e: Select) -> R:
+        return self._unexpected(e)
+
+    def visit_call(self, e: Call) -> R:
+        return self._unexpected(e)
+
+    def visit_list(self, e: ListExpr) -> R:
+        return self._unexpected(e)
+
+    def visit_map(self, e: MapExpr) -> R:
+        return self._unexpected(e)
+
+    def visit_struct(self, e: StructExpr) -> R:
+        return self._unexpected(e)
+
+    def visit_comprehension(self, e: Comprehension) -> R:
+        return self._unexpected(e)

@@ -151,7 +151,7 @@ class _Scope:
         return None
 
 
-class Checker:
+class Checker(ast.Visitor[None]):
     """cel-go's checker: every problem is recorded and checking goes on with the error type, so
     that one expression reports all its errors, as the API server does."""
 
@@ -212,26 +212,12 @@ class Checker:
     # -- expressions --------------------------------------------------------------------------
 
     def _check(self, e: ast.Expr) -> None:
-        if isinstance(e, ast.Literal):
-            self._set(e, _literal_type(e.value))
-        elif isinstance(e, ast.Ident):
-            self._check_ident(e)
-        elif isinstance(e, ast.Select):
-            self._check_select(e)
-        elif isinstance(e, ast.Call):
-            self._check_call(e)
-        elif isinstance(e, ast.ListExpr):
-            self._check_list(e)
-        elif isinstance(e, ast.MapExpr):
-            self._check_map(e)
-        elif isinstance(e, ast.StructExpr):
-            self._check_struct(e)
-        elif isinstance(e, ast.Comprehension):
-            self._check_comprehension(e)
-        else:  # pragma: no cover - the parser produces no other node kinds
-            raise CheckError(f"unexpected expression {type(e).__name__}", e.pos)
+        self.visit(e)
 
-    def _check_ident(self, e: ast.Ident) -> None:
+    def visit_literal(self, e: ast.Literal) -> None:
+        self._set(e, _literal_type(e.value))
+
+    def visit_ident(self, e: ast.Ident) -> None:
         name = e.name.removeprefix(".")
         found = self._lookup_ident(name)
         if found is None:
@@ -244,7 +230,7 @@ class Checker:
             self.result.type_idents[e] = TYPE_IDENTS[name]
         self._set(e, ty)
 
-    def _check_select(self, e: ast.Select) -> None:
+    def visit_select(self, e: ast.Select) -> None:
         qualified = qualified_name(e)
         if qualified is not None and not e.test_only:
             if qualified.removeprefix(".") in ENUM_VALUES:
@@ -289,7 +275,7 @@ class Checker:
             self._error(f"type '{t.format_type(operand_type)}' does not support field selection", e.pos)
         return t.DYN
 
-    def _check_call(self, e: ast.Call) -> None:
+    def visit_call(self, e: ast.Call) -> None:
         if e.function == ast.OPT_SELECT and e.target is None:
             operand, field = e.args
             assert isinstance(field, ast.Literal)
@@ -384,7 +370,7 @@ class Checker:
         # but only for an expression that type-checked otherwise.
         return t.DYN
 
-    def _check_list(self, e: ast.ListExpr) -> None:
+    def visit_list(self, e: ast.ListExpr) -> None:
         elem: t.Type | None = None
         for i, element in enumerate(e.elements):
             self._check(element)
@@ -394,7 +380,7 @@ class Checker:
             elem = self._join(element, elem, element_type)
         self._set(e, t.list_of(elem if elem is not None else self._new_type_var()))
 
-    def _check_struct(self, e: ast.StructExpr) -> None:
+    def visit_struct(self, e: ast.StructExpr) -> None:
         """checker.go checkCreateStruct, for the message types the checker knows (the
         well-known types)."""
         found = self._lookup_ident(e.type_name.removeprefix("."))
@@ -444,7 +430,7 @@ class Checker:
             return t.ERROR
         return fields[f.name]
 
-    def _check_map(self, e: ast.MapExpr) -> None:
+    def visit_map(self, e: ast.MapExpr) -> None:
         key_type: t.Type | None = None
         value_type: t.Type | None = None
         for i, (key, value) in enumerate(e.entries):
@@ -467,7 +453,7 @@ class Checker:
             self._error(f"expected type '{expected}' but found '{t.format_type(value)}'", node.pos)
         return value
 
-    def _check_comprehension(self, e: ast.Comprehension) -> None:
+    def visit_comprehension(self, e: ast.Comprehension) -> None:
         self._check(e.iter_range)
         self._check(e.accu_init)
         range_type = t.substitute(self.mapping, self._get(e.iter_range), False)
@@ -529,21 +515,22 @@ def qualified_name(e: ast.Expr) -> str | None:
     return None
 
 
+#: A literal's Python class -> its CEL type; bool before int and UInt before int (subclasses).
+_LITERAL_TYPES: tuple[tuple[type, t.Type], ...] = (
+    (type(None), t.NULL),
+    (bool, t.BOOL),
+    (UInt, t.UINT),
+    (int, t.INT),
+    (float, t.DOUBLE),
+    (str, t.STRING),
+    (bytes, t.BYTES),
+)
+
+
 def _literal_type(value: object) -> t.Type:
-    if value is None:
-        return t.NULL
-    if isinstance(value, bool):
-        return t.BOOL
-    if isinstance(value, UInt):
-        return t.UINT
-    if isinstance(value, int):
-        return t.INT
-    if isinstance(value, float):
-        return t.DOUBLE
-    if isinstance(value, str):
-        return t.STRING
-    if isinstance(value, bytes):
-        return t.BYTES
+    for cls, ty in _LITERAL_TYPES:
+        if isinstance(value, cls):
+            return ty
     raise TypeError(f"unexpected literal {value!r}")  # pragma: no cover
 
 

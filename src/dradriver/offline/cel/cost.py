@@ -187,7 +187,7 @@ _DEVICE_DECLS = {flag: _device_decl(flag) for flag in (False, True)}
 # -- the estimator ------------------------------------------------------------------------------------
 
 
-class Coster:
+class Coster(ast.Visitor[Estimate]):
     def __init__(self, checked: CheckResult, *, list_attributes: bool = False) -> None:
         self.checked = checked
         self.list_attributes = list_attributes
@@ -277,36 +277,29 @@ class Coster:
     # -- expressions ----------------------------------------------------------------------------
 
     def cost(self, e: ast.Expr) -> Estimate:
-        if isinstance(e, ast.Literal):
-            return ZERO
-        if isinstance(e, ast.Ident) or (
-            isinstance(e, ast.Select) and (e in self.checked.type_idents or e in self.checked.enum_values)
-        ):
-            return self._ident(e)
-        if isinstance(e, ast.Select):
-            return self._select(e)
-        if isinstance(e, ast.Call):
-            return self._call(e)
-        if isinstance(e, ast.ListExpr):
-            return self._list(e)
-        if isinstance(e, ast.MapExpr):
-            return self._map(e)
-        if isinstance(e, ast.StructExpr):
-            total = ZERO
-            for f in e.fields:
-                total = total.add(self.cost(f.value))
-            return total.add(fixed(STRUCT_CREATE))
-        if isinstance(e, ast.Comprehension):
-            return self._bind(e) if _is_bind(e) else self._comprehension(e)
+        return self.visit(e)
+
+    def visit_literal(self, e: ast.Literal) -> Estimate:
         return ZERO
 
-    def _ident(self, e: ast.Expr) -> Estimate:
+    def visit_struct(self, e: ast.StructExpr) -> Estimate:
+        total = ZERO
+        for f in e.fields:
+            total = total.add(self.cost(f.value))
+        return total.add(fixed(STRUCT_CREATE))
+
+    def visit_comprehension(self, e: ast.Comprehension) -> Estimate:
+        return self._bind(e) if _is_bind(e) else self._comprehension(e)
+
+    def visit_ident(self, e: ast.Ident | ast.Select) -> Estimate:
         name = e.name if isinstance(e, ast.Ident) else _dotted(e)
         local = self._peek(name)
         self.paths[e] = list(local.path) if local is not None else [name]
         return ONE
 
-    def _select(self, e: ast.Select) -> Estimate:
+    def visit_select(self, e: ast.Select) -> Estimate:
+        if e in self.checked.type_idents or e in self.checked.enum_values:
+            return self.visit_ident(e)  # a qualified type or enum name
         if e.test_only:
             return self.cost(e.operand)
         total = self.cost(e.operand)
@@ -315,7 +308,7 @@ class Coster:
         self.paths[e] = [*self.path_of(e.operand), e.field]
         return total
 
-    def _call(self, e: ast.Call) -> Estimate:
+    def visit_call(self, e: ast.Call) -> Estimate:
         qualified = self.checked.qualified_calls.get(e)
         name = qualified or e.function.removeprefix(".")
         if name == "dyn" and len(e.args) == 1:
@@ -355,7 +348,7 @@ class Coster:
         self._set_size(e, result_size)
         return total.add(fn_cost)
 
-    def _list(self, e: ast.ListExpr) -> Estimate:
+    def visit_list(self, e: ast.ListExpr) -> Estimate:
         total = ZERO
         item = Estimate(MAX, 0) if e.elements else ZERO
         for element in e.elements:
@@ -364,7 +357,7 @@ class Coster:
         self._set_entry(e, _Entry("list", ONE, item))
         return total.add(fixed(LIST_CREATE))
 
-    def _map(self, e: ast.MapExpr) -> Estimate:
+    def visit_map(self, e: ast.MapExpr) -> Estimate:
         total = ZERO
         keys = Estimate(MAX, 0) if e.entries else ZERO
         values = Estimate(MAX, 0) if e.entries else ZERO

@@ -437,9 +437,7 @@ def index_of(s: Any, sub: Any, *offset: Any) -> int:
     start = _int(offset[0], "indexOf", s, sub) if offset else 0
     if not needle:
         return start
-    if start < 0:
-        raise EvalError(f"index out of range: {start}")
-    if start >= len(text):
+    if not _searchable_from(start, text):
         return -1
     return text.find(needle, start)
 
@@ -463,14 +461,19 @@ def last_index_of(s: Any, sub: Any, *offset: Any) -> int:
         start = _int(offset[0], "lastIndexOf", s, sub)
         if not needle:
             return start
-    if start < 0:
-        raise EvalError(f"index out of range: {start}")
-    if start >= len(text):
+    if not _searchable_from(start, text):
         return -1
     start = min(start, len(text) - len(needle))
     if start < 0:
         return -1
     return text.rfind(needle, 0, start + len(needle))
+
+
+def _searchable_from(start: int, text: str) -> bool:
+    """Whether a search may start at `start` (inside `text`); a negative start is an error."""
+    if start < 0:
+        raise EvalError(f"index out of range: {start}")
+    return start < len(text)
 
 
 def _equal_true(a: Any, b: Any) -> bool:

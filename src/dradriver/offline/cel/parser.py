@@ -911,14 +911,35 @@ def _list_fold(
 ) -> ast.Expr:
     """The fold of map, filter and transformList: `accu + [element]`, guarded by `keep` if any."""
     accu = _accu(pos)
-    step: ast.Expr = ast.Call(ast.ADD, [accu, ast.ListExpr([element], pos=pos)], pos=pos)
+    step = ast.Call(ast.ADD, [accu, ast.ListExpr([element], pos=pos)], pos=pos)
+    init = ast.ListExpr([], pos=pos)
+    return _accumulate(
+        target, var, var2, init=init, accu=accu, step=step, keep=keep, pos=pos, macro=macro, args=args
+    )
+
+
+def _accumulate(
+    target: ast.Expr,
+    var: str,
+    var2: str,
+    *,
+    init: ast.Expr,
+    accu: ast.Ident,
+    step: ast.Expr,
+    keep: ast.Expr | None,
+    pos: tuple[int, int],
+    macro: str,
+    args: list[ast.Expr],
+) -> ast.Expr:
+    """The fold of the macros that build a list or map: from `init`, each iteration's `step` on
+    `accu`, skipped where `keep` (if any) is false."""
     if keep is not None:
         step = ast.Call(ast.CONDITIONAL, [keep, step, accu], pos=pos)
     return ast.Comprehension(
         target,
         var,
         ast.ACCUMULATOR,
-        ast.ListExpr([], pos=pos),
+        init,
         ast.Literal(True, pos=pos),
         step,
         accu,
@@ -1026,21 +1047,12 @@ def _transform_map(entries: bool) -> Callable[[ast.Expr, list[ast.Expr], tuple[i
         fn = args[-1]
         accu = _accu(pos)
         inserted = [accu, fn] if entries else [accu, ast.Ident(first, pos=pos), fn]
-        step: ast.Expr = ast.Call("cel.@mapInsert", inserted, pos=pos)
-        if len(args) == 4:
-            step = ast.Call(ast.CONDITIONAL, [args[2], step, accu], pos=pos)
-        return ast.Comprehension(
-            target,
-            first,
-            ast.ACCUMULATOR,
-            ast.MapExpr([], pos=pos),
-            ast.Literal(True, pos=pos),
-            step,
-            accu,
-            iter_var2=second,
-            macro="transformMapEntry" if entries else "transformMap",
-            macro_args=args,
-            pos=pos,
+        step = ast.Call("cel.@mapInsert", inserted, pos=pos)
+        keep = args[2] if len(args) == 4 else None
+        macro = "transformMapEntry" if entries else "transformMap"
+        init = ast.MapExpr([], pos=pos)
+        return _accumulate(
+            target, first, second, init=init, accu=accu, step=step, keep=keep, pos=pos, macro=macro, args=args
         )
 
     return expand

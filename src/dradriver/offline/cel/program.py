@@ -76,7 +76,7 @@ class Activation:
         self.slots: list[Any] = [None] * slot_count
         self.cost = 0
         self.limit = limit
-        # The has() whose attribute's root has been resolved (see Compiler._select).
+        # The has() whose attribute's root has been resolved (see Compiler.visit_select).
         self.has_root: object | None = None
 
 
@@ -267,7 +267,7 @@ def qualifier_type_name(value: Any) -> str:
     return _QUALIFIER_TYPE_NAMES.get(type(value), f"types.{type(value).__name__}")
 
 
-class Compiler:
+class Compiler(ast.Visitor[Eval]):
     def __init__(self, check: CheckResult, variables: dict[str, int]) -> None:
         self.check = check
         self._constants: dict[ast.Expr, Any] = {}
@@ -355,25 +355,11 @@ class Compiler:
             return constant.evaluation()
         if constant is not _NOT_CONSTANT:
             return lambda _a: constant
-        if isinstance(e, ast.Ident):
-            return self._ident(e)
-        if isinstance(e, ast.Select):
-            return self._select(e)
-        if isinstance(e, ast.Call):
-            return self._call(e)
-        if isinstance(e, ast.ListExpr):
-            return self._list(e)
-        if isinstance(e, ast.MapExpr):
-            return self._map(e)
-        if isinstance(e, ast.StructExpr):
-            return self._struct(e)
-        if isinstance(e, ast.Comprehension):
-            return self._comprehension(e)
-        raise TypeError(f"cannot compile {type(e).__name__}")  # pragma: no cover
+        return self.visit(e)  # a literal is constant, so no visit_literal
 
     # -- variables and attribute paths ------------------------------------------------------------
 
-    def _ident(self, e: ast.Ident) -> Eval:
+    def visit_ident(self, e: ast.Ident) -> Eval:
         if e in self.check.type_idents:
             value = self._type_value(e)
             return lambda _a: value
@@ -497,7 +483,7 @@ class Compiler:
 
         return qualified
 
-    def _select(self, e: ast.Select) -> Eval:
+    def visit_select(self, e: ast.Select) -> Eval:
         if e in self.check.type_idents:
             value = self._type_value(e)
             return lambda _a: value
@@ -572,7 +558,7 @@ class Compiler:
                 continue
             assert isinstance(node, ast.Call)
             node = node.args[0]
-        # A relative root that fails is charged as its relative attribute (_select, _index): a
+        # A relative root that fails is charged as its relative attribute (visit_select, _index): a
         # has() attribute has no unit of its own.
         root_failure = (
             not self.attribute_shaped(root_node)
@@ -641,7 +627,7 @@ class Compiler:
 
     # -- calls --------------------------------------------------------------------------------------
 
-    def _call(self, e: ast.Call) -> Eval:
+    def visit_call(self, e: ast.Call) -> Eval:
         name = self.check.qualified_calls.get(e, e.function.removeprefix("."))
         args = list(e.args) if e.target is None or e in self.check.qualified_calls else [e.target, *e.args]
         special = {
@@ -921,7 +907,7 @@ class Compiler:
 
     # -- aggregates ---------------------------------------------------------------------------------
 
-    def _list(self, e: ast.ListExpr) -> Eval:
+    def visit_list(self, e: ast.ListExpr) -> Eval:
         elements = [self.compile(el) for el in e.elements]
         if e.optional_indices:
             optional = [i in e.optional_indices for i in range(len(elements))]
@@ -948,7 +934,7 @@ class Compiler:
 
         return _charging_constructor(make_list, LIST_CREATE_COST)
 
-    def _map(self, e: ast.MapExpr) -> Eval:
+    def visit_map(self, e: ast.MapExpr) -> Eval:
         entries = [(self.compile(k), self.compile(v)) for k, v in e.entries]
 
         optional = [i in e.optional_entries for i in range(len(entries))]
@@ -967,7 +953,7 @@ class Compiler:
 
         return _charging_constructor(make_map, MAP_CREATE_COST)
 
-    def _struct(self, e: ast.StructExpr) -> Eval:
+    def visit_struct(self, e: ast.StructExpr) -> Eval:
         """evalObj: the field values in order (an optional one set only when it holds a value), a
         repeated field's last value wins, then the message is built."""
         type_name = e.type_name.removeprefix(".")
@@ -988,7 +974,7 @@ class Compiler:
 
     # -- comprehensions -------------------------------------------------------------------------------
 
-    def _comprehension(self, e: ast.Comprehension) -> Eval:
+    def visit_comprehension(self, e: ast.Comprehension) -> Eval:
         iter_range = self.compile(e.iter_range)
         accu_init = self.compile(e.accu_init)
         saved = dict(self.scope)
