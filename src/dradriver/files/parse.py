@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,94 +217,136 @@ def _too_deep(limits: Limits, mark: Any) -> ParseError:
 
 
 def _build(text: str, limits: Limits) -> list[Any]:
-    """The event loop; per node it does as little as it can (this is the hot path of every load)."""
-    parser = _Parser(text)
-    scalars = _ScalarResolver()
-    documents: list[Any] = []
-    root: Any = None
-    stack: list[_Frame] = []
-    anchors: dict[str, Any] = {}
-    shapes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, height), when an alias first needs it
-    open_anchors: set[str] = set()
-    total = 0
-    max_nodes, max_depth = limits.max_nodes, limits.max_depth
-    get_event = parser.get_event
-    while True:
-        event: Any = get_event()
-        kind = type(event)
-        if kind is ScalarEvent:
-            tag = event.tag
-            if tag is None:
-                value = event.value
-                if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
-                    value = scalars.plain(value, event.start_mark)
-            elif tag == "!":
-                value = event.value
-            else:
-                value = scalars.tagged(tag, event.value, event.start_mark)
-            total += 1
-            anchor = event.anchor
-        elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            mapping = kind is MappingStartEvent
-            if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
-                raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
-            if len(stack) >= max_depth:
-                raise _too_deep(limits, event.start_mark)
-            if event.anchor is not None:
-                open_anchors.add(event.anchor)
-            stack.append(_Frame({} if mapping else [], event.anchor))
-            continue
-        elif kind is MappingEndEvent or kind is SequenceEndEvent:
-            frame = stack.pop()
-            value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
-            total += 1
-            anchor = frame.anchor
-            if anchor is not None:
-                open_anchors.discard(anchor)
-        elif kind is AliasEvent:
-            name = event.anchor
-            if name in open_anchors:
-                raise ParseError(
-                    f"line {_line(event.start_mark)}: alias *{name} refers to a node that contains it"
-                )
-            if name not in anchors:
-                raise ParseError(f"line {_line(event.start_mark)}: alias *{name} names no anchor")
-            value = anchors[name]
-            if name not in shapes:
-                shapes[name] = _shape(value)
-            nodes, height = shapes[name]
-            total += nodes
-            if len(stack) + height > max_depth:
-                raise _too_deep(limits, event.start_mark)
-            anchor = None
-        elif kind is DocumentStartEvent:
-            anchors.clear()  # anchors are per document
-            shapes.clear()
-            root = None
-            continue
-        elif kind is DocumentEndEvent:
-            documents.append(root)
-            continue
-        elif kind is StreamEndEvent:
-            return documents
-        else:  # StreamStartEvent
-            continue
+    return _Builder(limits).build(text)
 
-        if total > max_nodes:
-            raise _too_many(limits, event.start_mark)
+
+class _Builder:
+    """Documents from one YAML stream's events: containers open on a stack, anchors per document,
+    and the count of nodes so far (aliases counted as what they expand to)."""
+
+    __slots__ = (
+        "anchors",
+        "documents",
+        "limits",
+        "max_nodes",
+        "open_anchors",
+        "root",
+        "scalars",
+        "shapes",
+        "stack",
+        "total",
+    )
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.max_nodes = limits.max_nodes
+        self.scalars = _ScalarResolver()
+        self.documents: list[Any] = []
+        self.root: Any = None
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, Any] = {}
+        # anchor -> (nodes, height), when an alias first needs it
+        self.shapes: dict[str, tuple[int, int]] = {}
+        self.open_anchors: set[str] = set()
+        self.total = 0
+
+    def build(self, text: str) -> list[Any]:
+        """The event loop; per node it does as little as it can (this is the hot path of every
+        load): scalars are handled here, the rarer events by a method each."""
+        get_event = _Parser(text).get_event
+        scalars, add = self.scalars, self.add
+        handlers: dict[type, Callable[[Any], None]] = {
+            MappingStartEvent: self.start,
+            SequenceStartEvent: self.start,
+            MappingEndEvent: self.end,
+            SequenceEndEvent: self.end,
+            AliasEvent: self.alias,
+            DocumentStartEvent: self.document_start,
+            DocumentEndEvent: self.document_end,
+        }
+        while True:
+            event: Any = get_event()
+            kind = type(event)
+            if kind is ScalarEvent:
+                tag = event.tag
+                if tag is None:
+                    value = event.value
+                    if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
+                        value = scalars.plain(value, event.start_mark)
+                elif tag == "!":
+                    value = event.value
+                else:
+                    value = scalars.tagged(tag, event.value, event.start_mark)
+                self.total += 1
+                add(value, event.anchor, event.start_mark)
+            elif kind is StreamEndEvent:
+                return self.documents
+            else:
+                handle = handlers.get(kind)
+                if handle is not None:  # else StreamStartEvent: nothing to do
+                    handle(event)
+
+    def start(self, event: Any) -> None:
+        mapping = type(event) is MappingStartEvent
+        if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
+            raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
+        if len(self.stack) >= self.limits.max_depth:
+            raise _too_deep(self.limits, event.start_mark)
+        if event.anchor is not None:
+            self.open_anchors.add(event.anchor)
+        self.stack.append(_Frame({} if mapping else [], event.anchor))
+
+    def end(self, event: Any) -> None:
+        frame = self.stack.pop()
+        value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
+        self.total += 1
+        if frame.anchor is not None:
+            self.open_anchors.discard(frame.anchor)
+        self.add(value, frame.anchor, event.start_mark)
+
+    def alias(self, event: Any) -> None:
+        name = event.anchor
+        if name in self.open_anchors:
+            raise ParseError(
+                f"line {_line(event.start_mark)}: alias *{name} refers to a node that contains it"
+            )
+        if name not in self.anchors:
+            raise ParseError(f"line {_line(event.start_mark)}: alias *{name} names no anchor")
+        value = self.anchors[name]
+        if name not in self.shapes:
+            self.shapes[name] = _shape(value)
+        nodes, height = self.shapes[name]
+        self.total += nodes
+        if len(self.stack) + height > self.limits.max_depth:
+            raise _too_deep(self.limits, event.start_mark)
+        self.add(value, None, event.start_mark)
+
+    def document_start(self, _event: Any) -> None:
+        self.anchors.clear()  # anchors are per document
+        self.shapes.clear()
+        self.root = None
+
+    def document_end(self, _event: Any) -> None:
+        self.documents.append(self.root)
+
+    def add(self, value: Any, anchor: str | None, mark: Any) -> None:
+        """Place a finished node: the document's root, a list item, a key, or a key's value."""
+        if self.total > self.max_nodes:
+            raise _too_many(self.limits, mark)
         if anchor is not None:
-            anchors[anchor] = value
-            shapes.pop(anchor, None)
+            self.anchors[anchor] = value
+            self.shapes.pop(anchor, None)
+        stack = self.stack
         if not stack:
-            root = value
-            continue
+            self.root = value
+            return
         parent = stack[-1]
         target = parent.value
         if type(target) is list:
             target.append(value)
         elif parent.key is _NO_KEY:
             parent.key = value
-            parent.key_mark = event.start_mark
+            parent.key_mark = mark
         else:
             key = parent.key
             parent.key = _NO_KEY
@@ -311,7 +354,7 @@ def _build(text: str, limits: Limits) -> list[Any]:
                 if parent.merges is None:
                     parent.merges = []
                 parent.merges.append(value)
-                continue
+                return
             if type(key) is not str:
                 key = _key(key, parent.key_mark)
             if key in target:
