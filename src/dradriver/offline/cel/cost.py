@@ -737,24 +737,21 @@ def _replace(c: Coster, _overload: str, target: Node | None, args: list[Node]) -
     size = c.estimate_size(target)
     old = c.estimate_size(args[0])
     new = c.estimate_size(args[1])
-    count_min = count_max = retained_min = retained_max = 0
-    if old.min == 0:
-        count_max = size.max + 1 if size.max < MAX else size.max
-        retained_max = size.max
-    elif new.max <= old.min:
-        retained_max = size.max
-    else:
-        count_max = math.ceil(float(size.max) / float(old.min))
-        count_max = MAX if count_max >= _TWO_TO_64 else int(count_max)
-    if old.max == 0:
-        count_min = size.min + 1 if size.min < MAX else size.min
-        retained_min = size.min
-    elif old.max <= new.min:
-        retained_min = size.min
-    else:
-        count_min = math.ceil(float(size.min) / float(old.max))
+    count_max, retained_max = _replace_bound(size.max, old.min, kept=new.max <= old.min)
+    count_max = MAX if count_max >= _TWO_TO_64 else count_max
+    count_min, retained_min = _replace_bound(size.min, old.max, kept=old.max <= new.min)
     result = Estimate(count_min, count_max).multiply(new).add(Estimate(retained_min, retained_max))
     return CallEstimate(size.factor(2 * STRING_TRAVERSAL), result)
+
+
+def _replace_bound(length: int, old: int, *, kept: bool) -> tuple[int, int]:
+    """One bound of replace()'s result for a string `length` long whose replaced text is `old`
+    long: (replacements, characters retained); `kept` when the replacement cannot move it."""
+    if old == 0:
+        return (length + 1 if length < MAX else length), length
+    if kept:
+        return 0, length
+    return math.ceil(float(length) / float(old)), 0
 
 
 def _split(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
