@@ -220,26 +220,19 @@ def _build(text: str, limits: Limits) -> list[Any]:
     return _Builder(limits).build(text)
 
 
-class _Builder:
-    """Documents from one YAML stream's events: containers open on a stack, anchors per document,
-    and the count of nodes so far (aliases counted as what they expand to)."""
+#: What an event adds: a finished node, its anchor and how many nodes it counts for; None when
+#: it adds none.
+_Placed = tuple[Any, str | None, int] | None
 
-    __slots__ = (
-        "anchors",
-        "documents",
-        "limits",
-        "max_nodes",
-        "open_anchors",
-        "root",
-        "scalars",
-        "shapes",
-        "stack",
-        "total",
-    )
+
+class _Builder:
+    """Documents from one YAML stream's events: containers open on a stack, anchors per document.
+    The event loop places scalars and finished nodes itself; the rarer events have a method each."""
+
+    __slots__ = ("anchors", "documents", "limits", "open_anchors", "root", "scalars", "shapes", "stack")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.max_nodes = limits.max_nodes
         self.scalars = _ScalarResolver()
         self.documents: list[Any] = []
         self.root: Any = None
@@ -248,14 +241,13 @@ class _Builder:
         # anchor -> (nodes, height), when an alias first needs it
         self.shapes: dict[str, tuple[int, int]] = {}
         self.open_anchors: set[str] = set()
-        self.total = 0
 
     def build(self, text: str) -> list[Any]:
         """The event loop; per node it does as little as it can (this is the hot path of every
-        load): scalars are handled here, the rarer events by a method each."""
+        load), so scalars and the placing of every node stay inline."""
         get_event = _Parser(text).get_event
-        scalars, add = self.scalars, self.add
-        handlers: dict[type, Callable[[Any], None]] = {
+        scalars, stack, anchors, shapes = self.scalars, self.stack, self.anchors, self.shapes
+        handlers: dict[type, Callable[[Any], _Placed]] = {
             MappingStartEvent: self.start,
             SequenceStartEvent: self.start,
             MappingEndEvent: self.end,
@@ -264,29 +256,49 @@ class _Builder:
             DocumentStartEvent: self.document_start,
             DocumentEndEvent: self.document_end,
         }
+        total = 0
+        max_nodes = self.limits.max_nodes
         while True:
             event: Any = get_event()
             kind = type(event)
             if kind is ScalarEvent:
-                tag = event.tag
+                value, tag = event.value, event.tag
                 if tag is None:
-                    value = event.value
                     if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
                         value = scalars.plain(value, event.start_mark)
-                elif tag == "!":
-                    value = event.value
-                else:
-                    value = scalars.tagged(tag, event.value, event.start_mark)
-                self.total += 1
-                add(value, event.anchor, event.start_mark)
+                elif tag != "!":  # "!": a non-specific tag, the text as it is
+                    value = scalars.tagged(tag, value, event.start_mark)
+                total += 1
+                anchor = event.anchor
             elif kind is StreamEndEvent:
                 return self.documents
             else:
-                handle = handlers.get(kind)
-                if handle is not None:  # else StreamStartEvent: nothing to do
-                    handle(event)
+                handle = handlers.get(kind)  # None: StreamStartEvent, nothing to do
+                placed = handle(event) if handle is not None else None
+                if placed is None:
+                    continue
+                value, anchor, nodes = placed
+                total += nodes
 
-    def start(self, event: Any) -> None:
+            if total > max_nodes:
+                raise _too_many(self.limits, event.start_mark)
+            if anchor is not None:
+                anchors[anchor] = value
+                shapes.pop(anchor, None)
+            if not stack:
+                self.root = value
+                continue
+            parent = stack[-1]
+            target = parent.value
+            if type(target) is list:
+                target.append(value)
+            elif parent.key is _NO_KEY:
+                parent.key = value
+                parent.key_mark = event.start_mark
+            else:
+                _set_value(parent, value)
+
+    def start(self, event: Any) -> _Placed:
         mapping = type(event) is MappingStartEvent
         if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
             raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
@@ -295,16 +307,16 @@ class _Builder:
         if event.anchor is not None:
             self.open_anchors.add(event.anchor)
         self.stack.append(_Frame({} if mapping else [], event.anchor))
+        return None
 
-    def end(self, event: Any) -> None:
+    def end(self, event: Any) -> _Placed:
         frame = self.stack.pop()
         value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
-        self.total += 1
         if frame.anchor is not None:
             self.open_anchors.discard(frame.anchor)
-        self.add(value, frame.anchor, event.start_mark)
+        return value, frame.anchor, 1
 
-    def alias(self, event: Any) -> None:
+    def alias(self, event: Any) -> _Placed:
         name = event.anchor
         if name in self.open_anchors:
             raise ParseError(
@@ -316,50 +328,35 @@ class _Builder:
         if name not in self.shapes:
             self.shapes[name] = _shape(value)
         nodes, height = self.shapes[name]
-        self.total += nodes
         if len(self.stack) + height > self.limits.max_depth:
             raise _too_deep(self.limits, event.start_mark)
-        self.add(value, None, event.start_mark)
+        return value, None, nodes
 
-    def document_start(self, _event: Any) -> None:
+    def document_start(self, _event: Any) -> _Placed:
         self.anchors.clear()  # anchors are per document
         self.shapes.clear()
         self.root = None
+        return None
 
-    def document_end(self, _event: Any) -> None:
+    def document_end(self, _event: Any) -> _Placed:
         self.documents.append(self.root)
+        return None
 
-    def add(self, value: Any, anchor: str | None, mark: Any) -> None:
-        """Place a finished node: the document's root, a list item, a key, or a key's value."""
-        if self.total > self.max_nodes:
-            raise _too_many(self.limits, mark)
-        if anchor is not None:
-            self.anchors[anchor] = value
-            self.shapes.pop(anchor, None)
-        stack = self.stack
-        if not stack:
-            self.root = value
-            return
-        parent = stack[-1]
-        target = parent.value
-        if type(target) is list:
-            target.append(value)
-        elif parent.key is _NO_KEY:
-            parent.key = value
-            parent.key_mark = mark
-        else:
-            key = parent.key
-            parent.key = _NO_KEY
-            if key is _MERGE:
-                if parent.merges is None:
-                    parent.merges = []
-                parent.merges.append(value)
-                return
-            if type(key) is not str:
-                key = _key(key, parent.key_mark)
-            if key in target:
-                raise ParseError(f"line {_line(parent.key_mark)}: duplicate key {key!r}")
-            target[key] = value
+
+def _set_value(parent: _Frame, value: Any) -> None:
+    """A mapping's value for the key before it; `<<` keys collect maps to merge."""
+    key = parent.key
+    parent.key = _NO_KEY
+    if key is _MERGE:
+        if parent.merges is None:
+            parent.merges = []
+        parent.merges.append(value)
+        return
+    if type(key) is not str:
+        key = _key(key, parent.key_mark)
+    if key in parent.value:
+        raise ParseError(f"line {_line(parent.key_mark)}: duplicate key {key!r}")
+    parent.value[key] = value
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
