@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,107 +217,146 @@ def _too_deep(limits: Limits, mark: Any) -> ParseError:
 
 
 def _build(text: str, limits: Limits) -> list[Any]:
-    """The event loop; per node it does as little as it can (this is the hot path of every load)."""
-    parser = _Parser(text)
-    scalars = _ScalarResolver()
-    documents: list[Any] = []
-    root: Any = None
-    stack: list[_Frame] = []
-    anchors: dict[str, Any] = {}
-    shapes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, height), when an alias first needs it
-    open_anchors: set[str] = set()
-    total = 0
-    max_nodes, max_depth = limits.max_nodes, limits.max_depth
-    get_event = parser.get_event
-    while True:
-        event: Any = get_event()
-        kind = type(event)
-        if kind is ScalarEvent:
-            tag = event.tag
-            if tag is None:
-                value = event.value
-                if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
-                    value = scalars.plain(value, event.start_mark)
-            elif tag == "!":
-                value = event.value
-            else:
-                value = scalars.tagged(tag, event.value, event.start_mark)
-            total += 1
-            anchor = event.anchor
-        elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            mapping = kind is MappingStartEvent
-            if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
-                raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
-            if len(stack) >= max_depth:
-                raise _too_deep(limits, event.start_mark)
-            if event.anchor is not None:
-                open_anchors.add(event.anchor)
-            stack.append(_Frame({} if mapping else [], event.anchor))
-            continue
-        elif kind is MappingEndEvent or kind is SequenceEndEvent:
-            frame = stack.pop()
-            value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
-            total += 1
-            anchor = frame.anchor
-            if anchor is not None:
-                open_anchors.discard(anchor)
-        elif kind is AliasEvent:
-            name = event.anchor
-            if name in open_anchors:
-                raise ParseError(
-                    f"line {_line(event.start_mark)}: alias *{name} refers to a node that contains it"
-                )
-            if name not in anchors:
-                raise ParseError(f"line {_line(event.start_mark)}: alias *{name} names no anchor")
-            value = anchors[name]
-            if name not in shapes:
-                shapes[name] = _shape(value)
-            nodes, height = shapes[name]
-            total += nodes
-            if len(stack) + height > max_depth:
-                raise _too_deep(limits, event.start_mark)
-            anchor = None
-        elif kind is DocumentStartEvent:
-            anchors.clear()  # anchors are per document
-            shapes.clear()
-            root = None
-            continue
-        elif kind is DocumentEndEvent:
-            documents.append(root)
-            continue
-        elif kind is StreamEndEvent:
-            return documents
-        else:  # StreamStartEvent
-            continue
+    return _Builder(limits).build(text)
 
-        if total > max_nodes:
-            raise _too_many(limits, event.start_mark)
-        if anchor is not None:
-            anchors[anchor] = value
-            shapes.pop(anchor, None)
-        if not stack:
-            root = value
-            continue
-        parent = stack[-1]
-        target = parent.value
-        if type(target) is list:
-            target.append(value)
-        elif parent.key is _NO_KEY:
-            parent.key = value
-            parent.key_mark = event.start_mark
-        else:
-            key = parent.key
-            parent.key = _NO_KEY
-            if key is _MERGE:
-                if parent.merges is None:
-                    parent.merges = []
-                parent.merges.append(value)
+
+#: What an event adds: a finished node, its anchor and how many nodes it counts for; None when
+#: it adds none.
+_Placed = tuple[Any, str | None, int] | None
+
+
+class _Builder:
+    """Documents from one YAML stream's events: containers open on a stack, anchors per document.
+    The event loop places scalars and finished nodes itself; the rarer events have a method each."""
+
+    __slots__ = ("anchors", "documents", "limits", "open_anchors", "root", "scalars", "shapes", "stack")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.scalars = _ScalarResolver()
+        self.documents: list[Any] = []
+        self.root: Any = None
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, Any] = {}
+        # anchor -> (nodes, height), when an alias first needs it
+        self.shapes: dict[str, tuple[int, int]] = {}
+        self.open_anchors: set[str] = set()
+
+    def build(self, text: str) -> list[Any]:
+        """The event loop; per node it does as little as it can (this is the hot path of every
+        load), so scalars and the placing of every node stay inline."""
+        get_event = _Parser(text).get_event
+        scalars, stack, anchors, shapes = self.scalars, self.stack, self.anchors, self.shapes
+        handlers: dict[type, Callable[[Any], _Placed]] = {
+            MappingStartEvent: self.start,
+            SequenceStartEvent: self.start,
+            MappingEndEvent: self.end,
+            SequenceEndEvent: self.end,
+            AliasEvent: self.alias,
+            DocumentStartEvent: self.document_start,
+            DocumentEndEvent: self.document_end,
+        }
+        total = 0
+        max_nodes = self.limits.max_nodes
+        while True:
+            event: Any = get_event()
+            kind = type(event)
+            if kind is ScalarEvent:
+                value, tag = event.value, event.tag
+                if tag is None:
+                    if event.implicit[0] and value[:1] in _RESOLVABLE:  # else plain text: a string
+                        value = scalars.plain(value, event.start_mark)
+                elif tag != "!":  # "!": a non-specific tag, the text as it is
+                    value = scalars.tagged(tag, value, event.start_mark)
+                total += 1
+                anchor = event.anchor
+            elif kind is StreamEndEvent:
+                return self.documents
+            else:
+                handle = handlers.get(kind)  # None: StreamStartEvent, nothing to do
+                placed = handle(event) if handle is not None else None
+                if placed is None:
+                    continue
+                value, anchor, nodes = placed
+                total += nodes
+
+            if total > max_nodes:
+                raise _too_many(self.limits, event.start_mark)
+            if anchor is not None:
+                anchors[anchor] = value
+                shapes.pop(anchor, None)
+            if not stack:
+                self.root = value
                 continue
-            if type(key) is not str:
-                key = _key(key, parent.key_mark)
-            if key in target:
-                raise ParseError(f"line {_line(parent.key_mark)}: duplicate key {key!r}")
-            target[key] = value
+            parent = stack[-1]
+            target = parent.value
+            if type(target) is list:
+                target.append(value)
+            elif parent.key is _NO_KEY:
+                parent.key = value
+                parent.key_mark = event.start_mark
+            else:
+                _set_value(parent, value)
+
+    def start(self, event: Any) -> _Placed:
+        mapping = type(event) is MappingStartEvent
+        if event.tag is not None and event.tag not in ("!", _CORE + ("map" if mapping else "seq")):
+            raise ParseError(f"line {_line(event.start_mark)}: unsupported YAML tag {event.tag!r}")
+        if len(self.stack) >= self.limits.max_depth:
+            raise _too_deep(self.limits, event.start_mark)
+        if event.anchor is not None:
+            self.open_anchors.add(event.anchor)
+        self.stack.append(_Frame({} if mapping else [], event.anchor))
+        return None
+
+    def end(self, event: Any) -> _Placed:
+        frame = self.stack.pop()
+        value = frame.value if frame.merges is None else _merged(frame, event.start_mark)
+        if frame.anchor is not None:
+            self.open_anchors.discard(frame.anchor)
+        return value, frame.anchor, 1
+
+    def alias(self, event: Any) -> _Placed:
+        name = event.anchor
+        if name in self.open_anchors:
+            raise ParseError(
+                f"line {_line(event.start_mark)}: alias *{name} refers to a node that contains it"
+            )
+        if name not in self.anchors:
+            raise ParseError(f"line {_line(event.start_mark)}: alias *{name} names no anchor")
+        value = self.anchors[name]
+        if name not in self.shapes:
+            self.shapes[name] = _shape(value)
+        nodes, height = self.shapes[name]
+        if len(self.stack) + height > self.limits.max_depth:
+            raise _too_deep(self.limits, event.start_mark)
+        return value, None, nodes
+
+    def document_start(self, _event: Any) -> _Placed:
+        self.anchors.clear()  # anchors are per document
+        self.shapes.clear()
+        self.root = None
+        return None
+
+    def document_end(self, _event: Any) -> _Placed:
+        self.documents.append(self.root)
+        return None
+
+
+def _set_value(parent: _Frame, value: Any) -> None:
+    """A mapping's value for the key before it; `<<` keys collect maps to merge."""
+    key = parent.key
+    parent.key = _NO_KEY
+    if key is _MERGE:
+        if parent.merges is None:
+            parent.merges = []
+        parent.merges.append(value)
+        return
+    if type(key) is not str:
+        key = _key(key, parent.key_mark)
+    if key in parent.value:
+        raise ParseError(f"line {_line(parent.key_mark)}: duplicate key {key!r}")
+    parent.value[key] = value
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -351,7 +351,19 @@ def device_findings(device: Any, path: str, per_device_node_selection: bool) -> 
         yield from _qualified_key(key, f"{path}.attributes")
         if not _plain_valid_attribute(value):
             yield from _attribute(value, field_key(f"{path}.attributes", str(key)))
-    multi = device.get("allowMultipleAllocations") is True
+    yield from _capacities(capacity, path, multi=device.get("allowMultipleAllocations") is True)
+    for flag in ("allowMultipleAllocations", "bindsToNode"):
+        if flag in device:
+            yield from bool_value(device[flag], f"{path}.{flag}")
+    yield from _consumptions(device.get("consumesCounters"), f"{path}.consumesCounters")
+    if "taints" in device:
+        yield from _taints(device["taints"], f"{path}.taints")
+    yield from _binding_conditions(device, path)
+    yield from node_selection(device, path, per_device=True, allowed=per_device_node_selection)
+
+
+def _capacities(capacity: Mapping[Any, Any], path: str, *, multi: bool) -> Iterator[Finding]:
+    """A device's capacities; a request policy only where the device allows multiple allocations."""
     for key, value in capacity.items():
         yield from _qualified_key(key, f"{path}.capacity")
         if _plain_valid_quantity(value):
@@ -369,14 +381,6 @@ def device_findings(device: Any, path: str, per_device_node_selection: bool) -> 
                     yield Finding(
                         f"{where}.requestPolicy", "Forbidden: allowMultipleAllocations must be true"
                     )
-    for flag in ("allowMultipleAllocations", "bindsToNode"):
-        if flag in device:
-            yield from bool_value(device[flag], f"{path}.{flag}")
-    yield from _consumptions(device.get("consumesCounters"), f"{path}.consumesCounters")
-    if "taints" in device:
-        yield from _taints(device["taints"], f"{path}.taints")
-    yield from _binding_conditions(device, path)
-    yield from node_selection(device, path, per_device=True, allowed=per_device_node_selection)
 
 
 def _consumptions(consumptions: Any, path: str) -> Iterator[Finding]:

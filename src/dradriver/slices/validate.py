@@ -194,19 +194,8 @@ def _pool_devices(
     driver: str, pool_name: str, members: list[tuple[int, Mapping[str, Any]]]
 ) -> Iterator[Finding]:
     device_at: dict[str, str] = {}
-    counter_sets: dict[str, set[str]] = {}
-    for index, spec in members:
-        for position, counter_set in enumerate(spec.get("sharedCounters") or []):
-            name = counter_set.get("name") if isinstance(counter_set, Mapping) else None
-            if not isinstance(name, str):
-                continue
-            if name in counter_sets:
-                yield Finding(
-                    f"[{index}].spec.sharedCounters[{position}]",
-                    f"counter set {name!r} repeats in pool {pool_name!r}",
-                )
-            counters = counter_set.get("counters")
-            counter_sets[name] = set(counters) if isinstance(counters, Mapping) else set()
+    counter_sets, repeats = _shared_counter_sets(pool_name, members)
+    yield from repeats
     for index, spec in members:
         devices = spec.get("devices")
         for position, device in enumerate(devices if isinstance(devices, list) else []):
@@ -232,24 +221,54 @@ def _pool_devices(
                             f"also published as {bare!r}; both are the same CEL key and which one wins "
                             "is undefined",
                         )
-            consumptions = device.get("consumesCounters")
-            for c_index, consumption in enumerate(consumptions if isinstance(consumptions, list) else []):
-                if not isinstance(consumption, Mapping):
-                    continue
-                set_name = consumption.get("counterSet")
-                if set_name not in counter_sets:
-                    yield Finding(
-                        f"{where}.consumesCounters[{c_index}].counterSet",
-                        f"counter set {set_name!r} is not in pool {pool_name!r}",
+            yield from _consumptions_in_pool(device, where, pool_name, counter_sets)
+
+
+def _shared_counter_sets(
+    pool_name: str, members: list[tuple[int, Mapping[str, Any]]]
+) -> tuple[dict[str, set[str]], list[Finding]]:
+    """The pool's counter sets (name -> counter names), and a finding for each name that repeats."""
+    counter_sets: dict[str, set[str]] = {}
+    repeats: list[Finding] = []
+    for index, spec in members:
+        for position, counter_set in enumerate(spec.get("sharedCounters") or []):
+            name = counter_set.get("name") if isinstance(counter_set, Mapping) else None
+            if not isinstance(name, str):
+                continue
+            if name in counter_sets:
+                repeats.append(
+                    Finding(
+                        f"[{index}].spec.sharedCounters[{position}]",
+                        f"counter set {name!r} repeats in pool {pool_name!r}",
                     )
-                    continue
-                counters = consumption.get("counters")
-                for counter in counters if isinstance(counters, Mapping) else ():
-                    if counter not in counter_sets[str(set_name)]:
-                        yield Finding(
-                            field_key(f"{where}.consumesCounters[{c_index}].counters", str(counter)),
-                            f"counter {counter!r} is not in counter set {set_name!r}",
-                        )
+                )
+            counters = counter_set.get("counters")
+            counter_sets[name] = set(counters) if isinstance(counters, Mapping) else set()
+    return counter_sets, repeats
+
+
+def _consumptions_in_pool(
+    device: Mapping[str, Any], where: str, pool_name: str, counter_sets: dict[str, set[str]]
+) -> Iterator[Finding]:
+    """A device consumes only counters of its pool's counter sets."""
+    consumptions = device.get("consumesCounters")
+    for c_index, consumption in enumerate(consumptions if isinstance(consumptions, list) else []):
+        if not isinstance(consumption, Mapping):
+            continue
+        set_name = consumption.get("counterSet")
+        if set_name not in counter_sets:
+            yield Finding(
+                f"{where}.consumesCounters[{c_index}].counterSet",
+                f"counter set {set_name!r} is not in pool {pool_name!r}",
+            )
+            continue
+        counters = consumption.get("counters")
+        for counter in counters if isinstance(counters, Mapping) else ():
+            if counter not in counter_sets[str(set_name)]:
+                yield Finding(
+                    field_key(f"{where}.consumesCounters[{c_index}].counters", str(counter)),
+                    f"counter {counter!r} is not in counter set {set_name!r}",
+                )
 
 
 def validate_slices(slices: Sequence[Mapping[str, Any]]) -> list[Finding]:

@@ -76,7 +76,11 @@ def _series(reading: Reading) -> Iterator[tuple[list[str], DeviceSample]]:
 
 
 def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMetricFamily]:
-    out: list[GaugeMetricFamily | CounterMetricFamily] = []
+    return [*_gauges(readings), *_labelled_families(readings), *_pod_families(readings)]
+
+
+def _gauges(readings: Sequence[Reading]) -> Iterator[GaugeMetricFamily]:
+    """One family per plain device gauge."""
     for name, help_text, attribute, scale in _GAUGES:
         family = GaugeMetricFamily(name, help_text, labels=DEVICE_LABELS)
         for reading in readings:
@@ -84,7 +88,11 @@ def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMet
                 value = getattr(sample, attribute)
                 if value is not None:
                     family.add_metric(labels, value * scale)
-        out.append(family)
+        yield family
+
+
+def _labelled_families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """Device families with one more label: clock, clock event reason, ECC error type, NVLink."""
     clocks = GaugeMetricFamily("dradriver_gpu_clock_hertz", "Current clock", labels=[*DEVICE_LABELS, "clock"])
     throttle = GaugeMetricFamily(
         "dradriver_gpu_clock_event_reason",
@@ -110,7 +118,11 @@ def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMet
                     ecc.add_metric([*labels, kind], count)
             for link, up in enumerate(sample.nvlink_up or ()):
                 nvlink.add_metric([*labels, str(link)], 1.0 if up else 0.0)
-    out += [clocks, throttle, ecc, nvlink]
+    return [clocks, throttle, ecc, nvlink]
+
+
+def _pod_families(readings: Sequence[Reading]) -> list[GaugeMetricFamily]:
+    """Per pod: its processes' share of SM time and the device memory they use."""
     pod_sm = GaugeMetricFamily(
         "dradriver_pod_gpu_sm_utilization_ratio",
         "A pod's share of the device's SM time, from its processes",
@@ -127,5 +139,4 @@ def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMet
                 pod_sm.add_metric(labels, share.sm_util_percent / 100)
             if share.used_bytes is not None:
                 pod_fb.add_metric(labels, share.used_bytes)
-    out += [pod_sm, pod_fb]
-    return out
+    return [pod_sm, pod_fb]

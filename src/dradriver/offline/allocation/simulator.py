@@ -536,18 +536,7 @@ class _Allocator:
         key = (ci, ri, si)
         data = self.request_data[key]
         if not in_subrequest and data.parent is not None:
-            all_exceeded = True
-            sub = 0
-            while (ci, ri, sub) in self.request_data:
-                outcome = yield (ci, ri, sub, di, True, (0, 0))
-                sub += 1
-                if outcome is _EXCEEDED:
-                    continue
-                all_exceeded = False
-                if outcome is True:
-                    self.request_data[(ci, ri, 0)].selected_sub = sub - 1
-                    return True
-            return _EXCEEDED if all_exceeded else False
+            return (yield from self._first_available(ci, ri, di))
         request = data.request
         if request.mode == ALL and not data.all_devices:
             return False
@@ -556,15 +545,45 @@ class _Allocator:
         if len(self.results[ci]) + data.num_devices - di > MAX_RESULTS_PER_CLAIM:
             return _EXCEEDED
         if request.mode == ALL:
-            pool, device = data.all_devices[di]
-            undo = self.allocate_device(ci, key, pool, device, must=True)
-            if undo is None:
-                return False
-            outcome = yield (ci, ri, si, di + 1, in_subrequest, (0, 0))
-            if outcome is not True:
-                undo()
-                return False if outcome is False else outcome
-            return True
+            return (yield from self._allocate_all(key, di, in_subrequest))
+        return (yield from self._allocate_next(key, di, in_subrequest, start))
+
+    def _first_available(self, ci: int, ri: int, di: int) -> _Frame:
+        """A request with firstAvailable: its subrequests in order until one allocates."""
+        all_exceeded = True
+        sub = 0
+        while (ci, ri, sub) in self.request_data:
+            outcome = yield (ci, ri, sub, di, True, (0, 0))
+            sub += 1
+            if outcome is _EXCEEDED:
+                continue
+            all_exceeded = False
+            if outcome is True:
+                self.request_data[(ci, ri, 0)].selected_sub = sub - 1
+                return True
+        return _EXCEEDED if all_exceeded else False
+
+    def _allocate_all(self, key: tuple[int, int, int], di: int, in_subrequest: bool) -> _Frame:
+        """allocationMode All: device `di` of the request's list, which must be taken."""
+        ci, ri, si = key
+        pool, device = self.request_data[key].all_devices[di]
+        undo = self.allocate_device(ci, key, pool, device, must=True)
+        if undo is None:
+            return False
+        outcome = yield (ci, ri, si, di + 1, in_subrequest, (0, 0))
+        if outcome is not True:
+            undo()
+            return False if outcome is False else outcome
+        return True
+
+    def _allocate_next(
+        self, key: tuple[int, int, int], di: int, in_subrequest: bool, start: tuple[int, int]
+    ) -> _Frame:
+        """allocationMode ExactCount: device `di` is any free matching device from `start` (pool,
+        device) on, each tried with the rest of the search after it."""
+        ci, ri, si = key
+        data = self.request_data[key]
+        request = data.request
         first_pool, first_device = start
         for pool_index in range(first_pool, len(self.pools)):
             pool = self.pools[pool_index]

@@ -534,42 +534,9 @@ class _Parser:
             self.call("expr", frozenset({RPAREN}), False)
             self.match(RPAREN, 146, NOTHING, True)
         elif kind in (LBRACKET, LBRACE):
-            if kind == LBRACKET:
-                close, elements, base = RBRACKET, "list_init", 148
-            else:
-                close, elements, base = RBRACE, "map_initializer_list", 156
-            self.match(kind, base, FIRST_OPT_EXPR | {COMMA, close})
-            frame.pending[-1] = _LITERALS[close - 1]
-            self.sync(base + 2, FIRST_OPT_EXPR | {COMMA, close})
-            if self.la() in FIRST_OPT_EXPR:
-                self.call(elements, frozenset({COMMA, close}), False)
-            self.sync(base + 5, frozenset({COMMA, close}))
-            if self.la() == COMMA:
-                self.match(COMMA, base + 4, frozenset({close}))
-            self.match(close, base + 7, NOTHING, True)
+            self.collection(frame, kind)
         elif kind in (DOT, IDENT):
-            name = 2 if kind == DOT else 1
-            if self.la(name) != IDENT:
-                self.no_viable(start, self.lt(name))
-            after = name + 1
-            while self.la(after) == DOT and self.la(after + 1) == IDENT:
-                after += 2
-            if self.la(name + 1) == LPAREN:
-                if kind == DOT:
-                    self.match(DOT, 135, frozenset({IDENT}))
-                self.match(IDENT, 138, frozenset({LPAREN}))
-                self.match(LPAREN, 139, FIRST_EXPR | {RPAREN})
-                frame.pending[-1] = ")"
-                self.sync(141, FIRST_EXPR | {RPAREN})
-                if self.la() in FIRST_EXPR:
-                    self.call("expr_list", frozenset({RPAREN}), False)
-                self.match(RPAREN, 143, NOTHING, True)
-            elif self.la(after) == LBRACE:
-                self.create_message(frame, kind)
-            else:
-                if kind == DOT:
-                    self.match(DOT, 131, frozenset({IDENT}))
-                self.match(IDENT, 134, NOTHING, True)
+            self.ident_primary(frame, start, kind)
         elif kind in FIRST_LITERAL:
             frame.pending.pop()
             self.call("literal", NOTHING, True)
@@ -577,6 +544,47 @@ class _Parser:
         else:
             self.no_viable(start, start)
         frame.pending.pop()
+
+    def collection(self, frame: _Frame, kind: int) -> None:
+        """A list (`[`) or map (`{`) literal."""
+        if kind == LBRACKET:
+            close, elements, base = RBRACKET, "list_init", 148
+        else:
+            close, elements, base = RBRACE, "map_initializer_list", 156
+        self.match(kind, base, FIRST_OPT_EXPR | {COMMA, close})
+        frame.pending[-1] = _LITERALS[close - 1]
+        self.sync(base + 2, FIRST_OPT_EXPR | {COMMA, close})
+        if self.la() in FIRST_OPT_EXPR:
+            self.call(elements, frozenset({COMMA, close}), False)
+        self.sync(base + 5, frozenset({COMMA, close}))
+        if self.la() == COMMA:
+            self.match(COMMA, base + 4, frozenset({close}))
+        self.match(close, base + 7, NOTHING, True)
+
+    def ident_primary(self, frame: _Frame, start: Token, kind: int) -> None:
+        """An identifier (`.` first for the root scope): a global call, a message or a name."""
+        name = 2 if kind == DOT else 1
+        if self.la(name) != IDENT:
+            self.no_viable(start, self.lt(name))
+        after = name + 1
+        while self.la(after) == DOT and self.la(after + 1) == IDENT:
+            after += 2
+        if self.la(name + 1) == LPAREN:
+            if kind == DOT:
+                self.match(DOT, 135, frozenset({IDENT}))
+            self.match(IDENT, 138, frozenset({LPAREN}))
+            self.match(LPAREN, 139, FIRST_EXPR | {RPAREN})
+            frame.pending[-1] = ")"
+            self.sync(141, FIRST_EXPR | {RPAREN})
+            if self.la() in FIRST_EXPR:
+                self.call("expr_list", frozenset({RPAREN}), False)
+            self.match(RPAREN, 143, NOTHING, True)
+        elif self.la(after) == LBRACE:
+            self.create_message(frame, kind)
+        else:
+            if kind == DOT:
+                self.match(DOT, 131, frozenset({IDENT}))
+            self.match(IDENT, 134, NOTHING, True)
 
     def create_message(self, frame: _Frame, kind: int) -> None:
         if kind == DOT:

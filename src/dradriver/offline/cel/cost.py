@@ -506,111 +506,8 @@ class Coster(ast.Visitor[Estimate]):
         self, function: str, overload: str, target: Node | None, args: list[Node]
     ) -> CallEstimate | None:
         """The DRA estimator (`includes`) and Kubernetes' CostEstimator.EstimateCallCost."""
-        if function == "includes" and overload == "dra_includes_dyn_dyn" and target is not None:
-            return CallEstimate(Estimate(0, ATTRIBUTE_VALUES_PER_DEVICE).multiply(ONE))
-        if function in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf"):
-            if target is None:
-                return None
-            element = _list_element(target)
-            if element is not None:
-                cost = ONE
-                if element.type.kind in (t.Kind.STRING, t.Kind.BYTES):
-                    cost = cost.add(self.estimate_size(element).factor(STRING_TRAVERSAL))
-                return CallEstimate(self.estimate_size(target).multiply(cost))
-            return CallEstimate(self.estimate_size(target).factor(STRING_TRAVERSAL))
-        if function == "url" and len(args) == 1:
-            size = self.estimate_size(args[0])
-            return CallEstimate(size.factor(STRING_TRAVERSAL), size)
-        if function == "format" and target is not None:
-            return CallEstimate(self.estimate_size(target).factor(STRING_TRAVERSAL))
-        if function in ("lowerAscii", "upperAscii", "substring", "trim") and target is not None:
-            size = self.estimate_size(target)
-            return CallEstimate(size.factor(STRING_TRAVERSAL), size)
-        if function == "replace" and target is not None and len(args) >= 2:
-            return self._replace(target, args)
-        if function == "split" and target is not None:
-            size = self.estimate_size(target)
-            most = size.max
-            if len(args) > 1 and isinstance(args[1].expr, ast.Literal) and type(args[1].expr.value) is int:
-                most = args[1].expr.value % 2**64
-            return CallEstimate(size.factor(2 * STRING_TRAVERSAL), Estimate(0, most))
-        if function == "join" and target is not None:
-            list_size = self.estimate_size(target)
-            element = _list_element(target)
-            size = ZERO
-            if element is not None:
-                size = list_size.multiply(self.estimate_size(element))
-            if args:
-                separator = self.estimate_size(args[0])
-                separators = Estimate(max(list_size.min - 1, 0), max(list_size.max - 1, 0))
-                size = size.add(separator.multiply(separators))
-            return CallEstimate(size.factor(STRING_TRAVERSAL), size)
-        if function in ("find", "findAll") and target is not None and args:
-            size = self.estimate_size(target)
-            text = size.add(ONE).factor(STRING_TRAVERSAL)
-            regex = self.estimate_size(args[0]).factor(REGEX_LENGTH)
-            return CallEstimate(text.multiply(regex), Estimate(0, size.max))
-        if function in ("cidr", "isIP", "isCIDR") and args:
-            return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
-        if function == "ip":
-            if overload == "cidr_ip":
-                return CallEstimate(ONE)
-            if args:
-                return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
-        if function == "ip.isCanonical" and args:
-            return CallEstimate(self.estimate_size(args[0]).factor(2 * STRING_TRAVERSAL))
-        if function in _NOMINAL:
-            return CallEstimate(ONE)
-        if function in ("containsIP", "containsCIDR") and args:
-            size = Estimate(4, 16)
-            cost = size.add(size).factor(STRING_TRAVERSAL)
-            if function == "containsCIDR":
-                cost = cost.add(size.factor(STRING_TRAVERSAL)).add(ONE)
-            if overload in ("cidr_contains_ip_string", "cidr_contains_cidr_string"):
-                cost = cost.add(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
-            return CallEstimate(cost)
-        if function in ("quantity", "isQuantity", "semver", "isSemver") and args:
-            return CallEstimate(self.estimate_size(args[0]).factor(STRING_TRAVERSAL))
-        if function == "validate" and target is not None and args:
-            # Kubernetes estimates every format with the largest regex it allows.
-            size = self.estimate_size(args[0]).factor(STRING_TRAVERSAL)
-            return CallEstimate(size.factor(MAX_NAME_FORMAT_REGEX_SIZE * REGEX_LENGTH))
-        if function == "_==_" and len(args) == 2 and args[0].type == args[1].type:
-            kind, name = args[0].type.kind, args[0].type.name
-            if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.CIDR")) or (
-                kind is t.Kind.STRUCT and name in ("kubernetes.Quantity", "kubernetes.Semver")
-            ):
-                return CallEstimate(ONE)
-            if kind is t.Kind.STRUCT and name == "kubernetes.NamedFormat":
-                return CallEstimate(Estimate(1, MAX_FORMAT_SIZE).factor(STRING_TRAVERSAL))
-            if kind is t.Kind.STRUCT and name == "kubernetes.URL":
-                # Kubernetes takes both sides' size from the right-hand operand.
-                size = args[1].computed or Estimate(1, 1)
-                return CallEstimate(Estimate(1, size.max).factor(STRING_TRAVERSAL))
-        return None
-
-    def _replace(self, target: Node, args: list[Node]) -> CallEstimate:
-        size = self.estimate_size(target)
-        old = self.estimate_size(args[0])
-        new = self.estimate_size(args[1])
-        count_min = count_max = retained_min = retained_max = 0
-        if old.min == 0:
-            count_max = size.max + 1 if size.max < MAX else size.max
-            retained_max = size.max
-        elif new.max <= old.min:
-            retained_max = size.max
-        else:
-            count_max = math.ceil(float(size.max) / float(old.min))
-            count_max = MAX if count_max >= _TWO_TO_64 else int(count_max)
-        if old.max == 0:
-            count_min = size.min + 1 if size.min < MAX else size.min
-            retained_min = size.min
-        elif old.max <= new.min:
-            retained_min = size.min
-        else:
-            count_min = math.ceil(float(size.min) / float(old.max))
-        result = Estimate(count_min, count_max).multiply(new).add(Estimate(retained_min, retained_max))
-        return CallEstimate(size.factor(2 * STRING_TRAVERSAL), result)
+        estimator = _LIBRARY_ESTIMATORS.get(function)
+        return estimator(self, overload, target, args) if estimator is not None else None
 
 
 _SIZED_COMPARISONS = frozenset(
@@ -782,6 +679,200 @@ def _overload_estimators() -> dict[str, Callable[[Coster, Node | None, list[Node
 
 
 _OVERLOAD_ESTIMATORS = _overload_estimators()
+
+
+# -- library functions (CostEstimator.EstimateCallCost), by function name -----------------------
+
+_LibraryEstimator = Callable[[Coster, str, Node | None, list[Node]], CallEstimate | None]
+
+
+def _includes(_c: Coster, overload: str, target: Node | None, _args: list[Node]) -> CallEstimate | None:
+    if overload == "dra_includes_dyn_dyn" and target is not None:
+        return CallEstimate(Estimate(0, ATTRIBUTE_VALUES_PER_DEVICE).multiply(ONE))
+    return None
+
+
+def _list_scan(c: Coster, _overload: str, target: Node | None, _args: list[Node]) -> CallEstimate | None:
+    """isSorted, sum, max, min, indexOf, lastIndexOf: one pass over the list."""
+    if target is None:
+        return None
+    element = _list_element(target)
+    if element is None:
+        return CallEstimate(c.estimate_size(target).factor(STRING_TRAVERSAL))
+    cost = ONE
+    if element.type.kind in (t.Kind.STRING, t.Kind.BYTES):
+        cost = cost.add(c.estimate_size(element).factor(STRING_TRAVERSAL))
+    return CallEstimate(c.estimate_size(target).multiply(cost))
+
+
+def _url(c: Coster, _overload: str, _target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if len(args) != 1:
+        return None
+    size = c.estimate_size(args[0])
+    return CallEstimate(size.factor(STRING_TRAVERSAL), size)
+
+
+def _format(c: Coster, _overload: str, target: Node | None, _args: list[Node]) -> CallEstimate | None:
+    return CallEstimate(c.estimate_size(target).factor(STRING_TRAVERSAL)) if target is not None else None
+
+
+def _string_copy(c: Coster, _overload: str, target: Node | None, _args: list[Node]) -> CallEstimate | None:
+    """lowerAscii, upperAscii, substring, trim: a pass over the string, a result as long."""
+    if target is None:
+        return None
+    size = c.estimate_size(target)
+    return CallEstimate(size.factor(STRING_TRAVERSAL), size)
+
+
+def _replace(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if target is None or len(args) < 2:
+        return None
+    size = c.estimate_size(target)
+    old = c.estimate_size(args[0])
+    new = c.estimate_size(args[1])
+    count_max, retained_max = _replace_bound(size.max, old.min, kept=new.max <= old.min)
+    count_max = MAX if count_max >= _TWO_TO_64 else count_max
+    count_min, retained_min = _replace_bound(size.min, old.max, kept=old.max <= new.min)
+    result = Estimate(count_min, count_max).multiply(new).add(Estimate(retained_min, retained_max))
+    return CallEstimate(size.factor(2 * STRING_TRAVERSAL), result)
+
+
+def _replace_bound(length: int, old: int, *, kept: bool) -> tuple[int, int]:
+    """One bound of replace()'s result for a string `length` long whose replaced text is `old`
+    long: (replacements, characters retained); `kept` when the replacement cannot move it."""
+    if old == 0:
+        return (length + 1 if length < MAX else length), length
+    if kept:
+        return 0, length
+    return math.ceil(float(length) / float(old)), 0
+
+
+def _split(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if target is None:
+        return None
+    size = c.estimate_size(target)
+    most = size.max
+    if len(args) > 1 and isinstance(args[1].expr, ast.Literal) and type(args[1].expr.value) is int:
+        most = args[1].expr.value % 2**64
+    return CallEstimate(size.factor(2 * STRING_TRAVERSAL), Estimate(0, most))
+
+
+def _join(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if target is None:
+        return None
+    list_size = c.estimate_size(target)
+    element = _list_element(target)
+    size = ZERO
+    if element is not None:
+        size = list_size.multiply(c.estimate_size(element))
+    if args:
+        separator = c.estimate_size(args[0])
+        separators = Estimate(max(list_size.min - 1, 0), max(list_size.max - 1, 0))
+        size = size.add(separator.multiply(separators))
+    return CallEstimate(size.factor(STRING_TRAVERSAL), size)
+
+
+def _find(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if target is None or not args:
+        return None
+    size = c.estimate_size(target)
+    text = size.add(ONE).factor(STRING_TRAVERSAL)
+    regex = c.estimate_size(args[0]).factor(REGEX_LENGTH)
+    return CallEstimate(text.multiply(regex), Estimate(0, size.max))
+
+
+def _parse_argument(c: Coster, _overload: str, _target: Node | None, args: list[Node]) -> CallEstimate | None:
+    """cidr, isIP, isCIDR, quantity, isQuantity, semver, isSemver: a pass over the string."""
+    return CallEstimate(c.estimate_size(args[0]).factor(STRING_TRAVERSAL)) if args else None
+
+
+def _ip(c: Coster, overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if overload == "cidr_ip":
+        return CallEstimate(ONE)
+    return _parse_argument(c, overload, target, args)
+
+
+def _is_canonical(c: Coster, _overload: str, _target: Node | None, args: list[Node]) -> CallEstimate | None:
+    return CallEstimate(c.estimate_size(args[0]).factor(2 * STRING_TRAVERSAL)) if args else None
+
+
+def _nominal(_c: Coster, _overload: str, _target: Node | None, _args: list[Node]) -> CallEstimate | None:
+    return CallEstimate(ONE)
+
+
+def _contains(*, of_cidr: bool) -> _LibraryEstimator:
+    """containsIP (`of_cidr` False) and containsCIDR."""
+
+    def estimate(c: Coster, overload: str, _target: Node | None, args: list[Node]) -> CallEstimate | None:
+        if not args:
+            return None
+        size = Estimate(4, 16)
+        cost = size.add(size).factor(STRING_TRAVERSAL)
+        if of_cidr:
+            cost = cost.add(size.factor(STRING_TRAVERSAL)).add(ONE)
+        if overload in ("cidr_contains_ip_string", "cidr_contains_cidr_string"):
+            cost = cost.add(c.estimate_size(args[0]).factor(STRING_TRAVERSAL))
+        return CallEstimate(cost)
+
+    return estimate
+
+
+def _validate(c: Coster, _overload: str, target: Node | None, args: list[Node]) -> CallEstimate | None:
+    if target is None or not args:
+        return None
+    # Kubernetes estimates every format with the largest regex it allows.
+    size = c.estimate_size(args[0]).factor(STRING_TRAVERSAL)
+    return CallEstimate(size.factor(MAX_NAME_FORMAT_REGEX_SIZE * REGEX_LENGTH))
+
+
+def _equals(_c: Coster, _overload: str, _target: Node | None, args: list[Node]) -> CallEstimate | None:
+    """`==` of two library values of one type."""
+    if len(args) != 2 or args[0].type != args[1].type:
+        return None
+    kind, name = args[0].type.kind, args[0].type.name
+    if (kind is t.Kind.OPAQUE and name in ("net.IP", "net.CIDR")) or (
+        kind is t.Kind.STRUCT and name in ("kubernetes.Quantity", "kubernetes.Semver")
+    ):
+        return CallEstimate(ONE)
+    if kind is t.Kind.STRUCT and name == "kubernetes.NamedFormat":
+        return CallEstimate(Estimate(1, MAX_FORMAT_SIZE).factor(STRING_TRAVERSAL))
+    if kind is t.Kind.STRUCT and name == "kubernetes.URL":
+        # Kubernetes takes both sides' size from the right-hand operand.
+        size = args[1].computed or Estimate(1, 1)
+        return CallEstimate(Estimate(1, size.max).factor(STRING_TRAVERSAL))
+    return None
+
+
+def _library_estimators() -> dict[str, _LibraryEstimator]:
+    out: dict[str, _LibraryEstimator] = {
+        "includes": _includes,
+        "url": _url,
+        "format": _format,
+        "replace": _replace,
+        "split": _split,
+        "join": _join,
+        "ip": _ip,
+        "ip.isCanonical": _is_canonical,
+        "validate": _validate,
+        "_==_": _equals,
+        "containsIP": _contains(of_cidr=False),
+        "containsCIDR": _contains(of_cidr=True),
+    }
+    groups: list[tuple[tuple[str, ...], _LibraryEstimator]] = [
+        (("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf"), _list_scan),
+        (("lowerAscii", "upperAscii", "substring", "trim"), _string_copy),
+        (("find", "findAll"), _find),
+        (("cidr", "isIP", "isCIDR", "quantity", "isQuantity", "semver", "isSemver"), _parse_argument),
+        (tuple(_NOMINAL), _nominal),
+    ]
+    for names, estimator in groups:
+        for name in names:
+            assert name not in out, name  # the names are disjoint, so the order of rules never mattered
+            out[name] = estimator
+    return out
+
+
+_LIBRARY_ESTIMATORS = _library_estimators()
 
 
 def estimate_cost(root: ast.Expr, checked: CheckResult, *, list_attributes: bool = False) -> int:

@@ -135,16 +135,7 @@ def _parse_ipv6(text: str) -> tuple[IP, str]:
         if not s:
             return IP(128, 0), zone
     while len(groups) < 8:
-        off = acc = 0
-        while off < len(s) and s[off] in _HEX:
-            acc = (acc << 4) + _HEX[s[off]]
-            if off > 3:
-                raise _ParseAddrError(text, "each group must have 4 or less digits", s)
-            if acc > 0xFFFF:
-                raise _ParseAddrError(text, "IPv6 field has value >=2^16", s)
-            off += 1
-        if off == 0:
-            raise _ParseAddrError(text, "each colon-separated field must have at least one digit", s)
+        acc, off = _hex_field(text, s)
         if off < len(s) and s[off] == ".":
             if ellipsis < 0 and len(groups) != 6:
                 raise _ParseAddrError(
@@ -176,16 +167,36 @@ def _parse_ipv6(text: str) -> tuple[IP, str]:
                 break
     if s:
         raise _ParseAddrError(text, "trailing garbage after address", s)
+    return _ipv6_value(text, groups, ellipsis), zone
+
+
+def _hex_field(text: str, s: str) -> tuple[int, int]:
+    """The hex field at the start of `s`: its value and its length (at least one digit)."""
+    off = acc = 0
+    while off < len(s) and s[off] in _HEX:
+        acc = (acc << 4) + _HEX[s[off]]
+        if off > 3:
+            raise _ParseAddrError(text, "each group must have 4 or less digits", s)
+        if acc > 0xFFFF:
+            raise _ParseAddrError(text, "IPv6 field has value >=2^16", s)
+        off += 1
+    if off == 0:
+        raise _ParseAddrError(text, "each colon-separated field must have at least one digit", s)
+    return acc, off
+
+
+def _ipv6_value(text: str, groups: list[int], ellipsis: int) -> IP:
+    """The address of its groups, the `::` (at index `ellipsis`, or -1) expanded to zeros."""
     if len(groups) < 8:
         if ellipsis < 0:
             raise _ParseAddrError(text, "address string too short")
         groups = groups[:ellipsis] + [0] * (8 - len(groups)) + groups[ellipsis:]
     elif ellipsis >= 0:
-        raise _ParseAddrError(text, "the :: must expand to at least one field of zeros", s)
+        raise _ParseAddrError(text, "the :: must expand to at least one field of zeros")
     value = 0
     for group in groups:
         value = value << 16 | group
-    return IP(128, value), zone
+    return IP(128, value)
 
 
 def _parse_addr(text: str) -> tuple[IP, str]:

@@ -792,42 +792,40 @@ def _unescape(text: str, *, is_bytes: bool, pos: tuple[int, int]) -> str | bytes
             continue
         if i + 1 >= n:
             raise CELSyntaxError("unable to unescape string, found '\\' as last character", pos)
-        code = body[i + 1]
-        i += 2
-        if code in _SIMPLE_ESCAPES:
-            out += _SIMPLE_ESCAPES[code].encode()
-            continue
-        if code in "xXuU":
-            width = {"x": 2, "X": 2, "u": 4, "U": 8}[code]
-            if is_bytes and code in "uU":
-                raise CELSyntaxError("unable to unescape string", pos)
-            digits = body[i : i + width]
-            if len(digits) < width or any(c not in "0123456789abcdefABCDEF" for c in digits):
-                raise CELSyntaxError("unable to unescape string", pos)
-            value = int(digits, 16)
-            i += width
-            if is_bytes and code in "xX":
-                out.append(value)
-                continue
-            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
-                raise CELSyntaxError("invalid unicode code point", pos)
-            out += chr(value).encode()
-            continue
-        if code in "0123":
-            digits = body[i : i + 2]
-            if len(digits) < 2 or any(c not in "01234567" for c in digits):
-                raise CELSyntaxError("unable to unescape octal sequence in string", pos)
-            value = int(code + digits, 8)
-            i += 2
-            if is_bytes:
-                out.append(value)
-            else:
-                out += chr(value).encode()
-            continue
-        raise CELSyntaxError("unable to unescape string", pos)
+        encoded, i = _escape(body, i + 1, is_bytes=is_bytes, pos=pos)
+        out += encoded
     if is_bytes:
         return bytes(out)
     return out.decode("utf-8", errors="surrogateescape")
+
+
+def _escape(body: str, i: int, *, is_bytes: bool, pos: tuple[int, int]) -> tuple[bytes, int]:
+    """The escape whose code letter is at `i` (after a backslash): its bytes and where the text
+    goes on."""
+    code = body[i]
+    i += 1
+    if code in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[code].encode(), i
+    if code in "xXuU":
+        width = {"x": 2, "X": 2, "u": 4, "U": 8}[code]
+        if is_bytes and code in "uU":
+            raise CELSyntaxError("unable to unescape string", pos)
+        digits = body[i : i + width]
+        if len(digits) < width or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise CELSyntaxError("unable to unescape string", pos)
+        value = int(digits, 16)
+        if is_bytes and code in "xX":
+            return bytes([value]), i + width
+        if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+            raise CELSyntaxError("invalid unicode code point", pos)
+        return chr(value).encode(), i + width
+    if code in "0123":
+        digits = body[i : i + 2]
+        if len(digits) < 2 or any(c not in "01234567" for c in digits):
+            raise CELSyntaxError("unable to unescape octal sequence in string", pos)
+        value = int(code + digits, 8)
+        return (bytes([value]) if is_bytes else chr(value).encode()), i + 2
+    raise CELSyntaxError("unable to unescape string", pos)
 
 
 # -- macros -------------------------------------------------------------------------------------

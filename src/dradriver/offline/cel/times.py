@@ -148,40 +148,7 @@ def parse_duration(text: str) -> Duration:
         raise EvalError(_DURATION_ERROR)
     total = 0
     while s:
-        if not (s[0] == "." or "0" <= s[0] <= "9"):
-            raise EvalError(_DURATION_ERROR)
-        digits = re.match(r"[0-9]*", s, re.ASCII)
-        assert digits is not None
-        whole_text, s = digits.group(), s[digits.end() :]
-        if whole_text and int(whole_text) >= 2**63:
-            raise EvalError(_DURATION_ERROR)
-        whole = int(whole_text or "0")
-        fraction, scale = 0, 1
-        has_fraction = False
-        if s.startswith("."):
-            frac = re.match(r"[0-9]*", s[1:], re.ASCII)
-            assert frac is not None
-            has_fraction = bool(frac.group())
-            for ch in frac.group():  # leadingFraction: stops accumulating before overflow
-                if fraction > (2**63 - 1) // 10:
-                    break
-                fraction, scale = fraction * 10 + int(ch), scale * 10
-            s = s[1 + frac.end() :]
-        if not whole_text and not has_fraction:
-            raise EvalError(_DURATION_ERROR)
-        unit_match = re.match(r"[^0-9.]*", s)
-        assert unit_match is not None
-        unit_text, s = unit_match.group(), s[unit_match.end() :]
-        unit = _UNITS.get(unit_text)
-        if unit is None:
-            raise EvalError(_DURATION_ERROR)
-        if whole > 2**63 // unit:
-            raise EvalError(_DURATION_ERROR)
-        value = whole * unit
-        if fraction > 0:
-            value += int(float(fraction) * (float(unit) / scale))
-            if value > 2**63:
-                raise EvalError(_DURATION_ERROR)
+        value, s = _duration_term(s)
         total += value
         if total > 2**63:
             raise EvalError(_DURATION_ERROR)
@@ -190,6 +157,45 @@ def parse_duration(text: str) -> Duration:
     if total > INT64_MAX:
         raise EvalError(_DURATION_ERROR)
     return Duration(total)
+
+
+def _duration_term(s: str) -> tuple[int, str]:
+    """One `<number><unit>` of a duration: its nanoseconds and the text after it."""
+    if not (s[0] == "." or "0" <= s[0] <= "9"):
+        raise EvalError(_DURATION_ERROR)
+    digits = re.match(r"[0-9]*", s, re.ASCII)
+    assert digits is not None
+    whole_text, s = digits.group(), s[digits.end() :]
+    if whole_text and int(whole_text) >= 2**63:
+        raise EvalError(_DURATION_ERROR)
+    whole = int(whole_text or "0")
+    fraction, scale = 0, 1
+    has_fraction = False
+    if s.startswith("."):
+        frac = re.match(r"[0-9]*", s[1:], re.ASCII)
+        assert frac is not None
+        has_fraction = bool(frac.group())
+        for ch in frac.group():  # leadingFraction: stops accumulating before overflow
+            if fraction > (2**63 - 1) // 10:
+                break
+            fraction, scale = fraction * 10 + int(ch), scale * 10
+        s = s[1 + frac.end() :]
+    if not whole_text and not has_fraction:
+        raise EvalError(_DURATION_ERROR)
+    unit_match = re.match(r"[^0-9.]*", s)
+    assert unit_match is not None
+    unit_text, s = unit_match.group(), s[unit_match.end() :]
+    unit = _UNITS.get(unit_text)
+    if unit is None:
+        raise EvalError(_DURATION_ERROR)
+    if whole > 2**63 // unit:
+        raise EvalError(_DURATION_ERROR)
+    value = whole * unit
+    if fraction > 0:
+        value += int(float(fraction) * (float(unit) / scale))
+        if value > 2**63:
+            raise EvalError(_DURATION_ERROR)
+    return value, s
 
 
 # -- arithmetic (overflow.go) ------------------------------------------------------------------------

@@ -203,6 +203,8 @@ def _numeric_equal(a: int | float, b: int | float) -> bool:
 _NUMERIC = (int, UInt, float)
 #: Key types Go compares by value; other keys (lists, maps, quantities) are pointers.
 _VALUE_KEYS: tuple[type, ...] = (times.Timestamp, times.Duration, TypeValue, type(None))
+#: Types equal only to a value of the very same type, compared by value.
+_SAME_TYPE_ONLY = frozenset({str, bool, bytes, TypeValue, times.Timestamp, times.Duration})
 
 
 def equal(a: object, b: object) -> bool:
@@ -214,16 +216,12 @@ def equal(a: object, b: object) -> bool:
     if a is None or b is None:
         return a is None and b is None
     ta = type(a)
-    if ta is str:
-        return type(b) is str and a == b
-    if ta is bool:
-        return type(b) is bool and a == b
+    if ta in _SAME_TYPE_ONLY:
+        return type(b) is ta and a == b
     if ta in _NUMERIC:
         if type(b) in _NUMERIC:
             return _numeric_equal(a, b)  # type: ignore[arg-type]
         return False
-    if ta is bytes:
-        return type(b) is bytes and a == b
     if ta is tuple or ta is list:
         return _list_equal(a, b)  # type: ignore[arg-type]
     if isinstance(a, dict):
@@ -236,12 +234,8 @@ def equal(a: object, b: object) -> bool:
         if not isinstance(b, Semver):
             raise EvalError("no such overload")
         return a.compare(b) == 0
-    if ta is TypeValue:
-        return type(b) is TypeValue and a == b
     if ta is Optional:
         return _optional_equal(a, b)  # type: ignore[arg-type]
-    if ta is times.Timestamp or ta is times.Duration:
-        return type(b) is ta and a == b
     if isinstance(a, OpaqueValue) and type(b) is not ta:
         raise EvalError("no such overload")
     return a == b
@@ -296,30 +290,35 @@ def map_find(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
         if key in mapping:
             return True, mapping[key]
         return False, None
-    if tk is bool:
-        for candidate, value in mapping.items():
-            if type(candidate) is bool and candidate == key:
-                return True, value
-        return False, None
+    if tk is bool or tk in _VALUE_KEYS:
+        return _find_same_type(mapping, key)
     if tk in _NUMERIC:
+        found = _find_same_type(mapping, key)
+        return found if found[0] else _find_other_number(mapping, key)
+    return False, None
+
+
+def _find_same_type(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
+    tk = type(key)
+    for candidate, value in mapping.items():
+        if type(candidate) is tk and candidate == key:
+            return True, value
+    return False, None
+
+
+def _find_other_number(mapping: Mapping[Any, Any], key: object) -> tuple[bool, Any]:
+    """A double as the int or uint it equals, an int as a uint and a uint as an int."""
+    tk = type(key)
+    if tk is float:
+        if not float(key).is_integer():  # type: ignore[arg-type]
+            return False, None
+        others: tuple[type, ...] = (int, UInt)
+    else:
+        others = (UInt,) if tk is int else (int,)
+    number = int(key)  # type: ignore[call-overload]
+    for other in others:
         for candidate, value in mapping.items():
-            if type(candidate) is tk and candidate == key:
-                return True, value
-        if tk is float:
-            if not float(key).is_integer():  # type: ignore[arg-type]
-                return False, None
-            others: tuple[type, ...] = (int, UInt)
-        else:
-            others = (UInt,) if tk is int else (int,)
-        number = int(key)  # type: ignore[call-overload]
-        for other in others:
-            for candidate, value in mapping.items():
-                if type(candidate) is other and int(cast("int", candidate)) == number:
-                    return True, value
-        return False, None
-    if tk in _VALUE_KEYS:
-        for candidate, value in mapping.items():
-            if type(candidate) is tk and candidate == key:
+            if type(candidate) is other and int(cast("int", candidate)) == number:
                 return True, value
     return False, None
 

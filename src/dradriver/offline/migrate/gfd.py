@@ -113,42 +113,15 @@ def translate(req: Requirement, device_type: DeviceType, driver: str) -> Transla
     if op == "Exists":
         return Translated(None, "every GPU has it")
     if op in ("Gt", "Lt"):
-        if len(values) != 1 or not values[0].lstrip("-").isdigit():
-            return f"{req.key} {op} needs one integer value"
-        relation = ">" if op == "Gt" else "<"
-        number = int(values[0])
-        if name == "gpu.memory":
-            if device_type == "mig":
-                return (
-                    "gpu.memory is the full GPU's memory; MIG devices publish their own (select on profile)"
-                )
-            quantity = f'quantity("{number}Mi")'
-            return Translated(f'device.capacity["{driver}"].memory.compareTo({quantity}) {relation} 0', "")
-        if name in _INT_LABELS:
-            attribute, accessor = _INT_LABELS[name]
-            return Translated(f"{attrs}.{attribute}{accessor} {relation} {number}", "")
-        return f"{req.key} {op}: no numeric device attribute corresponds to this label"
+        return _compare(req, name, device_type, attrs, driver)
     if op not in ("In", "NotIn") or not values:
         return f"{req.key}: unsupported operator {op!r}"
     if name == "gpu.product":
         return _product(req, device_type, attrs)
     if name == "gpu.memory":
-        if device_type == "mig":
-            return "gpu.memory is the full GPU's memory; MIG devices publish their own (select on profile)"
-        if not all(v.isdigit() for v in values):
-            return f"{req.key}: values must be MiB counts"
-        tests = [f'device.capacity["{driver}"].memory.compareTo(quantity("{v}Mi")) == 0' for v in values]
-        joined = " || ".join(tests) if len(tests) > 1 else tests[0]
-        return Translated(joined if op == "In" else f"!({joined})", "")
+        return _memory(req, device_type, driver)
     if name == "gpu.family":
-        unknown = [v for v in values if v not in FAMILIES]
-        if unknown:
-            return f"{req.key}: unknown GPU family {unknown[0]!r} (GFD families: {', '.join(FAMILIES)})"
-        tests = [
-            FAMILIES[v].format(major=f"{attrs}.computeMajor", minor=f"{attrs}.computeMinor") for v in values
-        ]
-        joined = " || ".join(f"({t})" for t in tests) if len(tests) > 1 else tests[0]
-        return Translated(joined if op == "In" else f"!({joined})", "GFD derives the family from these")
+        return _family(req, attrs)
     if name in _INT_LABELS:
         if not all(v.isdigit() for v in values):
             return f"{req.key}: values must be integers"
@@ -163,18 +136,66 @@ def translate(req: Requirement, device_type: DeviceType, driver: str) -> Transla
         semvers = [f'semver("{n}")' for n in normalized]
         return Translated(_values_test(f"{attrs}.{_VERSION_LABELS[name]}", semvers, op), "")
     if name == "mig.capable":
-        if values not in (("true",), ("false",)):
-            return f"{req.key}: values must be true or false"
-        wanted = (values[0] == "true") == (op == "In")
-        if device_type == "mig":
-            if wanted:
-                return Translated(None, "implied: MIG devices are on MIG-capable GPUs")
-            return "asks for GPUs that are not MIG-capable but the request is for a MIG device"
-        return Translated(f"{attrs}.migCapable == {'true' if wanted else 'false'}", "")
+        return _mig_capable(req, device_type, attrs)
     return (
         f"{req.key} describes the node or the device plugin's set-up, not a GPU: no device attribute "
         "corresponds to it"
     )
+
+
+_MIG_MEMORY = "gpu.memory is the full GPU's memory; MIG devices publish their own (select on profile)"
+
+
+def _compare(
+    req: Requirement, name: str, device_type: DeviceType, attrs: str, driver: str
+) -> Translated | str:
+    """`Gt` and `Lt`: on the GPU's memory (MiB) or an integer attribute."""
+    values = req.values
+    if len(values) != 1 or not values[0].lstrip("-").isdigit():
+        return f"{req.key} {req.operator} needs one integer value"
+    relation = ">" if req.operator == "Gt" else "<"
+    number = int(values[0])
+    if name == "gpu.memory":
+        if device_type == "mig":
+            return _MIG_MEMORY
+        quantity = f'quantity("{number}Mi")'
+        return Translated(f'device.capacity["{driver}"].memory.compareTo({quantity}) {relation} 0', "")
+    if name in _INT_LABELS:
+        attribute, accessor = _INT_LABELS[name]
+        return Translated(f"{attrs}.{attribute}{accessor} {relation} {number}", "")
+    return f"{req.key} {req.operator}: no numeric device attribute corresponds to this label"
+
+
+def _memory(req: Requirement, device_type: DeviceType, driver: str) -> Translated | str:
+    if device_type == "mig":
+        return _MIG_MEMORY
+    if not all(v.isdigit() for v in req.values):
+        return f"{req.key}: values must be MiB counts"
+    tests = [f'device.capacity["{driver}"].memory.compareTo(quantity("{v}Mi")) == 0' for v in req.values]
+    joined = " || ".join(tests) if len(tests) > 1 else tests[0]
+    return Translated(joined if req.operator == "In" else f"!({joined})", "")
+
+
+def _family(req: Requirement, attrs: str) -> Translated | str:
+    unknown = [v for v in req.values if v not in FAMILIES]
+    if unknown:
+        return f"{req.key}: unknown GPU family {unknown[0]!r} (GFD families: {', '.join(FAMILIES)})"
+    tests = [
+        FAMILIES[v].format(major=f"{attrs}.computeMajor", minor=f"{attrs}.computeMinor") for v in req.values
+    ]
+    joined = " || ".join(f"({t})" for t in tests) if len(tests) > 1 else tests[0]
+    return Translated(joined if req.operator == "In" else f"!({joined})", "GFD derives the family from these")
+
+
+def _mig_capable(req: Requirement, device_type: DeviceType, attrs: str) -> Translated | str:
+    if req.values not in (("true",), ("false",)):
+        return f"{req.key}: values must be true or false"
+    wanted = (req.values[0] == "true") == (req.operator == "In")
+    if device_type == "mig":
+        if wanted:
+            return Translated(None, "implied: MIG devices are on MIG-capable GPUs")
+        return "asks for GPUs that are not MIG-capable but the request is for a MIG device"
+    return Translated(f"{attrs}.migCapable == {'true' if wanted else 'false'}", "")
 
 
 def _product(req: Requirement, device_type: DeviceType, attrs: str) -> Translated | str:

@@ -149,6 +149,46 @@ def _map_capacity(domain: str, name: str, driver: str) -> tuple[str, str] | str:
     return f"capacity {name}: {reason}"
 
 
+def _rename(
+    ref: _Ref, name: str, driver: str, device_types: frozenset[DeviceType], out: Rewrite
+) -> tuple[str, str] | None:
+    """The (domain, name) a reference to entry `name` becomes, or None with the problem added
+    to `out`."""
+    if ref.kind != "attributes":
+        capacity = _map_capacity(ref.domain, name, driver)
+        if isinstance(capacity, str):
+            out.problems.append(capacity)
+            return None
+        return capacity
+    mapped = map_attribute(ref.domain, name, driver, device_types)
+    if isinstance(mapped, str):
+        out.problems.append(mapped)
+        return None
+    new_domain, new_name, note = mapped
+    if note:
+        out.note(note)
+    return new_domain, new_name
+
+
+def _driver_strings(
+    tokens: list[Any], driver: str, in_refs: set[int], edits: dict[int, tuple[int, str]], out: Rewrite
+) -> None:
+    """String literals outside references that name NVIDIA's drivers: its GPU driver becomes
+    `driver` (an edit); the others have no counterpart here (a problem)."""
+    for token in tokens:
+        value = _string_token(token)
+        start, end = _span(token)
+        if value is None or start in in_refs or start in edits:
+            continue
+        if value == nvidia.DRIVER:
+            edits[start] = (end, _quoted(token, driver))
+            out.note(f"driver {nvidia.DRIVER} -> {driver}")
+        elif value == nvidia.COMPUTE_DOMAIN_DRIVER:
+            out.problems.append(nvidia.COMPUTE_DOMAINS)
+        elif value == "vfio":
+            out.problems.append(nvidia.VFIO)
+
+
 def rewrite(expression: str, *, driver: str, device_types: frozenset[DeviceType] = _ALL_TYPES) -> Rewrite:
     """The expression for dradriver (`driver`), for requests of these device types."""
     out = Rewrite(expression)
@@ -168,20 +208,10 @@ def rewrite(expression: str, *, driver: str, device_types: frozenset[DeviceType]
                     "attribute so that it can be translated"
                 )
             continue
-        if ref.kind == "attributes":
-            mapped = map_attribute(ref.domain, ref.name, driver, device_types)
-            if isinstance(mapped, str):
-                out.problems.append(mapped)
-                continue
-            new_domain, new_name, note = mapped
-            if note:
-                out.note(note)
-        else:
-            capacity = _map_capacity(ref.domain, ref.name, driver)
-            if isinstance(capacity, str):
-                out.problems.append(capacity)
-                continue
-            new_domain, new_name = capacity
+        renamed = _rename(ref, ref.name, driver, device_types, out)
+        if renamed is None:
+            continue
+        new_domain, new_name = renamed
         if new_domain != ref.domain:
             edits[ref.domain_token.start_pos] = (
                 ref.domain_token.end_pos,
@@ -193,18 +223,7 @@ def rewrite(expression: str, *, driver: str, device_types: frozenset[DeviceType]
             text = _quoted(token, new_name) if _string_token(token) is not None else new_name
             start, end = _span(token)
             edits[start] = (end, text)
-    for token in tokens:
-        value = _string_token(token)
-        start, end = _span(token)
-        if value is None or start in in_refs or start in edits:
-            continue
-        if value == nvidia.DRIVER:
-            edits[start] = (end, _quoted(token, driver))
-            out.note(f"driver {nvidia.DRIVER} -> {driver}")
-        elif value == nvidia.COMPUTE_DOMAIN_DRIVER:
-            out.problems.append(nvidia.COMPUTE_DOMAINS)
-        elif value == "vfio":
-            out.problems.append(nvidia.VFIO)
+    _driver_strings(tokens, driver, in_refs, edits, out)
     text = expression
     for start in sorted(edits, reverse=True):
         end, replacement = edits[start]
