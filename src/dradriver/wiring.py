@@ -460,12 +460,16 @@ def _start_telemetry(
 def _follow_inventory(host: Host, driver: GpuDriver, inventory: InventoryWatcher) -> None:
     """Keep the published devices equal to the node's (see `inventory`)."""
     driver.on_released = inventory.released
+    # The profile file's state is taken before the first rescan reads it: a rewrite after that
+    # read is then seen by the trigger, one before it by the rescan (either way, none is missed).
+    profile = host.config.fake_gpus
+    trigger = (
+        ProfileFileTrigger(Path(profile), inventory.kick) if profile and Path(profile).is_file() else None
+    )
     # A first rescan at once: the node may have changed while the driver was being built.
     inventory.kick()
     inventory.start()
     host.started("inventory", inventory.stop)
-    profile = host.config.fake_gpus
-    if profile is not None and Path(profile).is_file():
-        trigger = ProfileFileTrigger(Path(profile), inventory.kick)
+    if trigger is not None:
         trigger.start()
         host.started("profile-trigger", trigger.stop)
