@@ -42,16 +42,20 @@ class ServeIdentity:
     publishes: bool
 
 
-def serve_identity(argv: Sequence[str], environ: Mapping[str, str]) -> ServeIdentity | None:
-    """Who a `dradriver serve` command line (`dradriver serve …` or `python -m dradriver serve
-    …`) is, or None for any other command line."""
+def _serve_arguments(argv: Sequence[str]) -> Sequence[str] | None:
+    """The words after `dradriver` in a `dradriver serve` command line, or None for another one."""
     for i, word in enumerate(argv):
         if os.path.basename(word) == "dradriver" or (word == "dradriver" and i > 0 and argv[i - 1] == "-m"):
             rest = argv[i + 1 :]
-            break
-    else:
-        return None
-    if not rest or rest[0] != "serve":
+            return rest if rest and rest[0] == "serve" else None
+    return None
+
+
+def serve_identity(argv: Sequence[str], environ: Mapping[str, str]) -> ServeIdentity | None:
+    """Who a `dradriver serve` command line (`dradriver serve …` or `python -m dradriver serve
+    …`) is, or None for any other command line."""
+    rest = _serve_arguments(argv)
+    if rest is None:
         return None
     return ServeIdentity(
         driver=_flag(rest, "--driver-name", environ, ()) or DEFAULT_DRIVER_NAME,
@@ -123,20 +127,19 @@ def other_instances(proc_root: Path, driver: str, node: str, state_lock: Path) -
         return []  # no readable process table: the lock files are all there is
     found = []
     ours = _ancestry(proc_root, own)
+    host = socket.gethostname().lower()
     for pid in _pids(proc_root):
         if pid in sharing or pid in ours:
             continue
         try:
-            argv = (proc_root / str(pid) / "cmdline").read_bytes().split(b"\0")
+            raw = (proc_root / str(pid) / "cmdline").read_bytes().split(b"\0")
+            argv = [w.decode(errors="replace") for w in raw if w]
+            if _serve_arguments(argv) is None:
+                continue  # the environment is read only for a serve's command line
             raw_environ = (proc_root / str(pid) / "environ").read_bytes()
         except OSError:
             continue  # gone, or not ours to read
-        other = serve_identity([w.decode(errors="replace") for w in argv if w], _environ(raw_environ))
-        if (
-            other is not None
-            and other.publishes
-            and other.driver == driver
-            and (other.node or socket.gethostname().lower()) == node
-        ):
+        other = serve_identity(argv, _environ(raw_environ))
+        if other is not None and other.publishes and other.driver == driver and (other.node or host) == node:
             found.append(pid)
     return sorted(found)
