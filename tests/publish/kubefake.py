@@ -19,11 +19,12 @@ import json
 import queue
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -54,6 +55,7 @@ class Request:
     method: str
     path: str
     query: dict[str, str]
+    user_agent: str = field(default="", compare=False)
 
     @property
     def watch(self) -> bool:
@@ -88,6 +90,7 @@ class FakeApiServer:
         token: str = "dradriver-test-token",
         allow_anonymous: bool = False,
         max_watch_seconds: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.gates_off = gates_off
         self.serve_resource_v1 = serve_resource_v1
@@ -106,6 +109,9 @@ class FakeApiServer:
         self._stalls: list[tuple[str, threading.Event]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
+        self._scheme = "https" if tls is not None else "http"
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -116,7 +122,7 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self._scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> FakeApiServer:
         self._thread = threading.Thread(
@@ -287,9 +293,9 @@ class FakeApiServer:
 
     def _prepare_slice(self, obj: Json, current: Json | None) -> None:
         spec = obj.get("spec") or {}
-        for field in ("driver", "pool"):
-            if not spec.get(field):
-                raise _FailError(422, "Invalid", f"spec.{field}: Required value")
+        for required in ("driver", "pool"):
+            if not spec.get(required):
+                raise _FailError(422, "Invalid", f"spec.{required}: Required value")
         if current is not None:
             for path in (("driver",), ("nodeName",), ("pool", "name")):
                 if _get(spec, path) != _get(current["spec"], path):
@@ -350,7 +356,7 @@ class FakeApiServer:
     def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
         url = urlsplit(h.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        request = Request(method, url.path, query)
+        request = Request(method, url.path, query, h.headers.get("User-Agent", ""))
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
         with self._lock:

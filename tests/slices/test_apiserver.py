@@ -16,6 +16,8 @@ import pytest
 
 from dradriver.backend.select import builtin_profile_names
 from dradriver.devicemodel.shares import SharePolicy
+from dradriver.kube import KubeClient, load_client
+from dradriver.kube.client import RESOURCE_API
 from dradriver.slices import Finding, build_node_slices, stored_differences
 from tests.e2e.realcluster import RealCluster
 from tests.helpers import write_gpu_profile
@@ -53,33 +55,32 @@ def test_stored_differences_names_dropped_fields_and_their_gate(tmp_path: Path) 
 
 
 @pytest.fixture(scope="module")
-def resource_api(real_cluster: RealCluster) -> Iterator[Any]:
-    from kubernetes import client, config
+def resource_api(real_cluster: RealCluster) -> Iterator[KubeClient]:
+    client = load_client(str(real_cluster.kubeconfig))
+    assert client is not None
+    yield client
+    client.close()
 
-    api_client = config.new_client_from_config(config_file=str(real_cluster.kubeconfig))  # type: ignore[no-untyped-call]
-    yield client.CustomObjectsApi(api_client)
-    api_client.close()
 
-
-def _round_trip(api: Any, slices: list[dict[str, Any]]) -> list[Finding]:
+def _round_trip(api: KubeClient, slices: list[dict[str, Any]]) -> list[Finding]:
     created: list[str] = []
     findings: list[Finding] = []
     try:
         for index, obj in enumerate(slices):
-            stored = api.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", obj)
+            stored = api.create_resource_slice(obj)
             created.append(stored["metadata"]["name"])
             assert stored["metadata"]["name"].startswith(obj["metadata"]["generateName"][:58])
-            read = api.get_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", created[-1])
+            read = api.request("GET", f"{RESOURCE_API}/resourceslices/{created[-1]}")
             findings += [Finding(f"[{index}]{f.path}", f.message) for f in stored_differences(obj, read)]
     finally:
         for name in created:
-            api.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", name)
+            api.delete_resource_slice(name)
     return findings
 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("profile", builtin_profile_names())
-def test_api_server_stores_every_profile_unchanged(resource_api: Any, profile: str) -> None:
+def test_api_server_stores_every_profile_unchanged(resource_api: KubeClient, profile: str) -> None:
     node = f"dradriver-test-{uuid.uuid4().hex[:8]}"
     slices = build_node_slices(profile, node_name=node, driver_name=DRIVER)
     assert _round_trip(resource_api, slices) == []
@@ -88,7 +89,7 @@ def test_api_server_stores_every_profile_unchanged(resource_api: Any, profile: s
 @pytest.mark.cluster
 @pytest.mark.parametrize("profile", ["dgx-a100-mig", "mixed"])
 def test_api_server_partitionable_slices_are_stored_or_the_drop_is_reported(
-    resource_api: Any, profile: str
+    resource_api: KubeClient, profile: str
 ) -> None:
     """Counters need DRAPartitionableDevices (beta, on by default from 1.36): a server without it
     drops them, and that must show up as findings naming the gate, never pass silently."""
@@ -103,7 +104,7 @@ def test_api_server_partitionable_slices_are_stored_or_the_drop_is_reported(
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100-mig"])
-def test_api_server_stores_shared_gpus_unchanged(resource_api: Any, profile: str) -> None:
+def test_api_server_stores_shared_gpus_unchanged(resource_api: KubeClient, profile: str) -> None:
     """Shareable GPUs and MIG devices (--gpu-shares): allowMultipleAllocations and the request
     policies are stored as sent (DRAConsumableCapacity, beta and on by default in 1.36)."""
     node = f"dradriver-test-{uuid.uuid4().hex[:8]}"
