@@ -28,14 +28,26 @@ its claim's unprepare is awaited, untimed. Each round runs the three once, the o
 round by round; the first round only warms up. The kubelet's own
 dra_grpc_operations_duration_seconds (the node's /metrics) gives each driver's mean
 NodePrepareResources over the counted rounds (_sum/_count after the warm-up and at the end).
+
+Where the time goes: containerd's own event stream (`ctr events`, nanosecond timestamps) runs
+beside the rounds, and each pod's sandbox and container are looked up by their CRI labels after
+it is Running. Per variant, the median of each phase: create -> sandbox created (scheduling,
+allocation, the kubelet's NodePrepareResources, sandbox set-up), sandbox created -> container
+created (the sandbox's start; the kubelet asks for the container, containerd applies the CDI
+edits to its spec), container created -> task created (runc creates the container: its mounts,
+device nodes, the read-only root), task created -> started, started -> Running seen by the client.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import itertools
 import json
 import os
+import re
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -73,6 +85,86 @@ class Variant:
     #: Waits until the node holds nothing of this variant's claim any more.
     unprepared: Callable[[], None] = lambda: None
     samples: list[float] = field(default_factory=list)
+    #: (pod name, created, Running) of the counted rounds, for the phases.
+    pods: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+#: Phases of a pod's start, each between two of these marks (containerd's topics, or the client's).
+MARKS = (
+    "create",
+    "sandbox /containers/create",
+    "/containers/create",
+    "/tasks/create",
+    "/tasks/start",
+    "Running",
+)
+EVENT = re.compile(r"^(\S+ \S+) (\S+) \S+ \S+ (/\S+) (\{.*\})$")
+
+
+class ContainerdEvents:
+    """`ctr events` beside the rounds: when each container was created and its task created and
+    started, by containerd's clock (the same host clock as the client's)."""
+
+    def __init__(self, local: LocalCluster, path: Path) -> None:
+        self._local = local
+        self._path = path
+        self._out = path.open("w")
+        self._process = subprocess.Popen(
+            [str(local.bin_dir / "ctr"), "--address", str(local.containerd_socket), "events"],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+        #: pod name -> (sandbox id, container id)
+        self.pods: dict[str, tuple[str, str]] = {}
+
+    def note(self, pod_name: str) -> None:
+        """Find the pod's sandbox and container by their CRI labels (while they exist)."""
+        ids = self._local.ctr("containers", "ls", "-q", f'labels."io.kubernetes.pod.name"=={pod_name}').stdout
+        kinds: dict[str, str] = {}
+        for cid in ids.split():
+            labels = json.loads(self._local.ctr("containers", "info", cid).stdout).get("Labels") or {}
+            kinds[labels.get("io.cri-containerd.kind", "")] = cid
+        self.pods[pod_name] = (kinds["sandbox"], kinds["container"])
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        """Container id -> topic -> epoch seconds (the first event of each topic)."""
+        self._process.terminate()
+        self._process.wait(10)
+        self._out.close()
+        seen: dict[str, dict[str, float]] = {}
+        for line in self._path.read_text().splitlines():
+            match = EVENT.match(line)
+            if not match:
+                continue
+            stamp, zone, topic, body = match.groups()
+            when = _epoch(stamp, zone)
+            data = json.loads(body)
+            cid = data.get("id") or data.get("container_id")
+            if cid:
+                seen.setdefault(cid, {}).setdefault(topic, when)
+        return seen
+
+
+def _epoch(stamp: str, zone: str) -> float:
+    """`2026-11-28 01:20:00.123456789` with `+0000` -> epoch seconds (nanoseconds cut to micro)."""
+    day, clock = stamp.split(" ")
+    whole, _, fraction = clock.partition(".")
+    parsed = datetime.datetime.strptime(f"{day} {whole} {zone}", "%Y-%m-%d %H:%M:%S %z")
+    return parsed.timestamp() + float(f"0.{fraction or '0'}")
+
+
+def phases(
+    created: float, running: float, sandbox: dict[str, float], container: dict[str, float]
+) -> list[float]:
+    marks = [
+        created,
+        sandbox["/containers/create"],
+        container["/containers/create"],
+        container["/tasks/create"],
+        container["/tasks/start"],
+        running,
+    ]
+    return [b - a for a, b in itertools.pairwise(marks)]
 
 
 def pod(name: str, claim: str | None) -> dict[str, Any]:
@@ -94,15 +186,18 @@ def pod(name: str, claim: str | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def create_to_running(client: KubeClient, name: str, claim: str | None, timeout: float = 120) -> float:
-    """Seconds from the create until the pod is Running; a pod that fails or never runs is an error."""
-    started = time.perf_counter()
+def create_to_running(
+    client: KubeClient, name: str, claim: str | None, timeout: float = 120
+) -> tuple[float, float]:
+    """When the pod was created and when it was seen Running (epoch seconds); a pod that fails
+    or never runs is an error."""
+    started = time.time()
     client.request("POST", PODS, body=pod(name, claim))
     while True:
         status = client.request("GET", f"{PODS}/{name}").get("status", {})
         if status.get("phase") == "Running":
-            return time.perf_counter() - started
-        if status.get("phase") == "Failed" or time.perf_counter() - started > timeout:
+            return started, time.time()
+        if status.get("phase") == "Failed" or time.time() - started > timeout:
             raise RuntimeError(f"pod {name} did not reach Running: {json.dumps(status)}")
         time.sleep(0.005)
 
@@ -166,13 +261,15 @@ def main() -> None:
                 ).stdout
 
             drivers = [DEFAULT_DRIVER_NAME, GO_DRIVER]
+            events = ContainerdEvents(local, work / "containerd-events.txt")
             print(f"load average at the start: {load()}", flush=True)
             for i in range(args.rounds + 1):  # the first round warms the image and the connections
                 if i == 1:
                     before = prepare_totals(node_metrics(), drivers)
                 for variant in variants[i % 3 :] + variants[: i % 3]:
                     name = f"bench-{variant.tag}-{i}"
-                    seconds = create_to_running(client, name, variant.template)
+                    created, running = create_to_running(client, name, variant.template)
+                    events.note(name)
                     if variant is dradriver and i == args.rounds and not args.earlier:  # CUDA worked
 
                         def probed(pod_name: str = name) -> str:
@@ -184,9 +281,11 @@ def main() -> None:
                     delete(client, name)
                     variant.unprepared()
                     if i:
-                        variant.samples.append(seconds)
+                        variant.samples.append(running - created)
+                        variant.pods.append((name, created, running))
                 print(f"round {i}{' (warm-up)' if not i else ''} done, load average {load()}", flush=True)
             after = prepare_totals(node_metrics(), drivers)
+            seen = events.stop()
             print(f"load average at the end: {load()}")
             for variant in variants:
                 print(summary(f"pod create -> Running, slim image, {variant.label}", variant.samples))
@@ -207,6 +306,15 @@ def main() -> None:
                 and (record := json.loads(line)).get("event") == "NodePrepareResources"
             ]
             print(summary("dradriver-side NodePrepareResources (its log)", served[1:]))
+            names = [f"{a} -> {b}" for a, b in itertools.pairwise(MARKS)]
+            print("phases, median ms (" + "; ".join(names) + "):")
+            for variant in variants:
+                rows = [
+                    phases(created, running, seen[events.pods[name][0]], seen[events.pods[name][1]])
+                    for name, created, running in variant.pods
+                ]
+                medians = [statistics.median(column) * 1e3 for column in zip(*rows, strict=True)]
+                print(f"  {variant.label}: " + " | ".join(f"{m:.1f}" for m in medians))
             deployment.uninstall()
     finally:
         local.stop()
