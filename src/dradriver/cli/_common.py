@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -393,26 +394,33 @@ def print_error(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
 
-def add_command(
-    subparsers: Any,
-    name: str,
-    *,
-    help: str,
-    run: Callable[[argparse.Namespace], int],
-    description: str | None = None,
-    log_format: str = "console",
-    defer_logging: bool = False,
-) -> argparse.ArgumentParser:
-    """Create a subcommand parser with the shared logging flags.
+@dataclass(frozen=True)
+class Command:
+    """How a subcommand presents itself. Every command module declares one as `COMMAND`, beside
+    `add_flags(parser)` and `run(args)`; `build_parser` adds them all through `add_command`.
 
     `defer_logging` leaves logging to the command itself (serve configures it only once its
     sockets are up, because importing structlog is slow).
     """
+
+    help: str
+    description: str | None = None
+    log_format: str = "console"
+    defer_logging: bool = False
+
+
+def add_command(
+    subparsers: Any, name: str, command: Command, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """Create a subcommand parser with the shared logging flags."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=description or help, formatter_class=argparse.RawDescriptionHelpFormatter
+        name,
+        help=command.help,
+        description=command.description or command.help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_logging_flags(parser, log_format)
-    parser.set_defaults(run=run, prog=parser.prog, defer_logging=defer_logging)
+    add_logging_flags(parser, command.log_format)
+    parser.set_defaults(run=run, prog=parser.prog, defer_logging=command.defer_logging)
     return parser
 
 

@@ -16,25 +16,20 @@ from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory
 JSON_SCHEMA_VERSION = 1
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "cel",
-        help="evaluate DRA CEL selectors locally, with the scheduler's semantics",
-        run=_run_without_subcommand,
-    )
+COMMAND = _common.Command(help="evaluate DRA CEL selectors locally, with the scheduler's semantics")
+EVAL = _common.Command(
+    help="evaluate an expression against every device: true, false or error",
+    description=(
+        "Evaluate a DRA CEL selector against every device, as the scheduler would.\n"
+        "Exit status: 0 evaluated (runtime errors are reported per device), "
+        "2 the expression does not compile or the input is invalid."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(title="cel commands", metavar="COMMAND", parser_class=_common.Parser)
-    evaluate = _common.add_command(
-        commands,
-        "eval",
-        help="evaluate an expression against every device: true, false or error",
-        run=run,
-        description=(
-            "Evaluate a DRA CEL selector against every device, as the scheduler would.\n"
-            "Exit status: 0 evaluated (runtime errors are reported per device), "
-            "2 the expression does not compile or the input is invalid."
-        ),
-    )
+    evaluate = _common.add_command(commands, "eval", EVAL, evaluate_expression)
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
     _common.add_feature_gates_flag(evaluate)
@@ -42,12 +37,13 @@ def register(subparsers: Any) -> None:
     _common.add_output_flag(evaluate)
 
 
-def _run_without_subcommand(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`dradriver cel` without a subcommand."""
     _common.print_error(args.prog, "missing command: use 'dradriver cel eval -e EXPR ...'")
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
+def evaluate_expression(args: argparse.Namespace) -> int:
     from dradriver.offline.allocation import InputError, parse_slice
     from dradriver.offline.cel import (
         CELCompileError,

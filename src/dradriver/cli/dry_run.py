@@ -32,20 +32,19 @@ DEFAULT_MAX_ROWS = 40
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "dry-run",
-        help="simulate the scheduler's device allocation for claims and explain the outcome",
-        run=run,
-        description=(
-            "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
-            "each selector's outcome per request and device, then the allocation or why there is none.\n"
-            "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
-            "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
-            "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
-        ),
-    )
+COMMAND = _common.Command(
+    help="simulate the scheduler's device allocation for claims and explain the outcome",
+    description=(
+        "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
+        "each selector's outcome per request and device, then the allocation or why there is none.\n"
+        "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
+        "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
+        "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     env_list_flag(
         parser,
         "--claim",
