@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from dradriver.cli import _common
-from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args
+from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args, parse_each
 
 JSON_SCHEMA_VERSION = 1
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def evaluate_expression(args: argparse.Namespace) -> int:
-    from dradriver.offline.allocation import InputError, parse_slice
+    from dradriver.offline.allocation import parse_slice
     from dradriver.offline.cel import (
         CELCompileError,
         CELRuntimeError,
@@ -61,12 +61,7 @@ def evaluate_expression(args: argparse.Namespace) -> int:
     except CELCompileError as err:
         return _compile_failure(args, err.message, hints)
     documents = inventory_from_args(args).resource_slices()
-    slices = []
-    for doc in documents:
-        try:
-            slices.append(parse_slice(doc.obj))
-        except InputError as err:
-            raise _common.CLIError(f"{doc.where}: {err}") from None
+    slices = parse_each(documents, parse_slice)
     check_node(slices, args.node)
     rows: list[dict[str, Any]] = []
     for slice_ in slices:
