@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not module_info.name.startswith("_"):
             module = importlib.import_module(f"{__name__}.{module_info.name}")
-            command = add_command(subparsers, module_info.name.replace("_", "-"), module.COMMAND, module.run)
-            module.add_flags(command)
+            name = module_info.name.replace("_", "-")
+            module.add_flags(add_command(subparsers, name, module.COMMAND, module.run))
     return parser
 
 
