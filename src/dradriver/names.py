@@ -80,22 +80,23 @@ def _json_type(value: object) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _length_and_format_error(value: str, limit: int, pattern: re.Pattern[str], message: str) -> str | None:
+    """The length first, then the format, as apimachinery checks a name."""
+    if len(value) > limit:
+        return f"must be no more than {limit} characters"
+    if not pattern.fullmatch(value):
+        return message
+    return None
+
+
 def dns_label_error(value: str) -> str | None:
     """RFC 1123 label: device names, request names, counter names."""
-    if len(value) > DNS_LABEL_MAX:
-        return f"must be no more than {DNS_LABEL_MAX} characters"
-    if not _DNS_LABEL.fullmatch(value):
-        return DNS1123_LABEL_MSG
-    return None
+    return _length_and_format_error(value, DNS_LABEL_MAX, _DNS_LABEL, DNS1123_LABEL_MSG)
 
 
 def dns_subdomain_error(value: str) -> str | None:
     """RFC 1123 subdomain: object names, namespaces' peers, pool name parts."""
-    if len(value) > DNS_SUBDOMAIN_MAX:
-        return f"must be no more than {DNS_SUBDOMAIN_MAX} characters"
-    if not _DNS_SUBDOMAIN.fullmatch(value):
-        return DNS1123_SUBDOMAIN_MSG
-    return None
+    return _length_and_format_error(value, DNS_SUBDOMAIN_MAX, _DNS_SUBDOMAIN, DNS1123_SUBDOMAIN_MSG)
 
 
 def driver_name_error(value: str) -> str | None:
@@ -117,14 +118,13 @@ def c_identifier_error(value: str) -> str | None:
     """The name part of an attribute or capacity name."""
     if not value:
         return "the name must not be empty"
-    if len(value) > C_IDENTIFIER_MAX:
-        return f"must be no more than {C_IDENTIFIER_MAX} characters"
-    if not _C_IDENTIFIER.fullmatch(value):
-        return (
-            "a valid C identifier must start with alphabetic character or '_', "
-            "followed by a string of alphanumeric characters or '_'"
-        )
-    return None
+    return _length_and_format_error(
+        value,
+        C_IDENTIFIER_MAX,
+        _C_IDENTIFIER,
+        "a valid C identifier must start with alphabetic character or '_', "
+        "followed by a string of alphanumeric characters or '_'",
+    )
 
 
 def qualified_name_error(value: str) -> str | None:
@@ -194,11 +194,7 @@ def label_name_error(value: str) -> str | None:
 
 def label_value_error(value: str) -> str | None:
     """A label value (taint values): empty, or a label name without prefix."""
-    if len(value) > LABEL_VALUE_MAX:
-        return f"must be no more than {LABEL_VALUE_MAX} characters"
-    if value and not _LABEL_NAME.fullmatch(value):
-        return LABEL_VALUE_MSG
-    return None
+    return _length_and_format_error(value, LABEL_VALUE_MAX, _LABEL_NAME, LABEL_VALUE_MSG) if value else None
 
 
 # -- apimachinery's validators, every message of them (the CEL named-format library's results) ------

@@ -1,10 +1,11 @@
 """The `dradriver` command line.
 
-Each public module in this package is one subcommand and provides `register(subparsers)`,
-which adds its parser and sets `run` (a callable taking the parsed args and returning the exit
-code). Subcommands import their heavy dependencies inside `run`, so that `dradriver serve` and
-`dradriver --help` stay fast: every command's module is loaded to build the parser (0.05-0.1 s),
-and what all the commands' `run`s import would add 1.25 s to each (measured on 2 cores).
+Each public module in this package is one subcommand, named after the module (`dry_run` is
+`dry-run`), and provides `COMMAND` (a `Command`: its help), `add_flags(parser)` and `run` (a
+callable taking the parsed args and returning the exit code). Subcommands import their heavy
+dependencies inside `run`, so that `dradriver serve` and `dradriver --help` stay fast: every
+command's module is loaded to build the parser (0.05-0.1 s), and what all the commands' `run`s
+import would add 1.25 s to each (measured on 2 cores).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from dradriver import __version__, logs
-from dradriver.cli._common import CLIError, Parser, print_error
+from dradriver.cli._common import CLIError, Parser, add_command, print_error
 from dradriver.signals import defer_stop_signals
 
 
@@ -29,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
     for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not module_info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module_info.name}").register(subparsers)
+            module = importlib.import_module(f"{__name__}.{module_info.name}")
+            name = module_info.name.replace("_", "-")
+            module.add_flags(add_command(subparsers, name, module.COMMAND, module.run))
     return parser
 
 

@@ -12,11 +12,12 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.names import dns_subdomain_error, driver_name_error
+from dradriver.names import dns_subdomain_error, driver_name_error, uid_error
 
 ENV_PREFIX = "DRADRIVER_"
 
@@ -224,11 +225,23 @@ def existing_directory(value: str) -> Path:
     return path
 
 
-def driver_name(value: str) -> str:
-    """argparse type for --driver-name."""
-    if (err := driver_name_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid driver name {_clip(value)!r}: {err}")
-    return value
+def checked_name(kind: str, error_of: Callable[[str], str | None]) -> Callable[[str], str]:
+    """argparse type for a name that `error_of` checks (the rules in `dradriver.names`)."""
+
+    def parse(value: str) -> str:
+        if (err := error_of(value)) is not None:
+            raise argparse.ArgumentTypeError(f"invalid {kind} {_clip(value)!r}: {err}")
+        return value
+
+    return parse
+
+
+#: argparse type for --driver-name.
+driver_name = checked_name("driver name", driver_name_error)
+#: argparse type for --node-name: the API server checks node names as DNS subdomains.
+node_name = checked_name("node name", dns_subdomain_error)
+#: argparse type for --pod-uid (empty: none): it becomes part of socket and lock file names.
+pod_uid = checked_name("pod UID", lambda value: uid_error(value) if value else None)
 
 
 def absolute_path(value: str) -> Path:
@@ -319,15 +332,6 @@ def add_plugins_dir_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def pod_uid(value: str) -> str:
-    """argparse type for --pod-uid: it becomes part of socket and lock file names."""
-    from dradriver.names import uid_error
-
-    if value and (err := uid_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid pod UID {value!r}: {err}")
-    return value
-
-
 def add_pod_uid_flag(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,
@@ -393,34 +397,34 @@ def print_error(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
 
-def add_command(
-    subparsers: Any,
-    name: str,
-    *,
-    help: str,
-    run: Callable[[argparse.Namespace], int],
-    description: str | None = None,
-    log_format: str = "console",
-    defer_logging: bool = False,
-) -> argparse.ArgumentParser:
-    """Create a subcommand parser with the shared logging flags.
+@dataclass(frozen=True)
+class Command:
+    """How a subcommand presents itself. Every command module declares one as `COMMAND`, beside
+    `add_flags(parser)` and `run(args)`; `build_parser` adds them all through `add_command`.
 
     `defer_logging` leaves logging to the command itself (serve configures it only once its
     sockets are up, because importing structlog is slow).
     """
+
+    help: str
+    description: str | None = None
+    log_format: str = "console"
+    defer_logging: bool = False
+
+
+def add_command(
+    subparsers: Any, name: str, command: Command, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """Create a subcommand parser with the shared logging flags."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=description or help, formatter_class=argparse.RawDescriptionHelpFormatter
+        name,
+        help=command.help,
+        description=command.description or command.help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_logging_flags(parser, log_format)
-    parser.set_defaults(run=run, prog=parser.prog, defer_logging=defer_logging)
+    add_logging_flags(parser, command.log_format)
+    parser.set_defaults(run=run, prog=parser.prog, defer_logging=command.defer_logging)
     return parser
-
-
-def node_name(value: str) -> str:
-    """argparse type for --node-name: the API server checks node names as DNS subdomains."""
-    if (err := dns_subdomain_error(value)) is not None:
-        raise argparse.ArgumentTypeError(f"invalid node name {_clip(value)!r}: {err}")
-    return value
 
 
 def add_node_name_flag(parser: argparse.ArgumentParser) -> None:

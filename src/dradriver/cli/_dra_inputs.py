@@ -8,13 +8,15 @@ objects came from.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dradriver.cli._common import CLIError
 from dradriver.offline.workloads import pod_spec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,20 @@ def read_objects(
     return found
 
 
+def parse_each(documents: Sequence[Document], parse: Callable[[Mapping[str, Any]], T]) -> list[T]:
+    """`parse` (one of dradriver.offline.allocation's parsers) of every document's object; its
+    InputError is a CLIError naming the document."""
+    from dradriver.offline.allocation import InputError
+
+    parsed = []
+    for doc in documents:
+        try:
+            parsed.append(parse(doc.obj))
+        except InputError as err:
+            raise CLIError(f"{doc.where}: {err}") from None
+    return parsed
+
+
 def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Document]) -> list[Document]:
     """The claims the scheduler creates for pods that ask for a device class's
     `extendedResourceName` in their resource limits (DRAExtendedResource, Kubernetes >= 1.34):
@@ -150,11 +166,18 @@ class ClassSource(Protocol):
 
 
 @dataclass(frozen=True)
-class SliceFiles:
+class Files:
+    """The files given to `flag` (--slices, --class): an inventory or a class source, as the
+    cluster is both."""
+
+    flag: str
     paths: Sequence[str]
 
     def resource_slices(self) -> list[Document]:
-        return read_objects(self.paths, ["ResourceSlice"], "--slices")
+        return read_objects(self.paths, ["ResourceSlice"], self.flag)
+
+    def device_classes(self) -> list[Document]:
+        return read_objects(self.paths, ["DeviceClass"], self.flag)
 
 
 @dataclass(frozen=True)
@@ -187,14 +210,6 @@ class FakeGPUs:
         except (OSError, ValueError) as err:
             raise CLIError(f"--fake-gpus {self.profile}: {err}") from None
         return [Document(f"fake-gpus:{self.profile}", i + 1, s) for i, s in enumerate(slices)]
-
-
-@dataclass(frozen=True)
-class ClassFiles:
-    paths: Sequence[str]
-
-    def device_classes(self) -> list[Document]:
-        return read_objects(self.paths, ["DeviceClass"], "--class")
 
 
 @dataclass(frozen=True)
@@ -319,7 +334,7 @@ def inventory_from_args(args: Any) -> InventorySource:
             args.fake_gpus, args.node or "fake-node", args.driver_name, args.partitionable, share_policy(args)
         )
     if args.slices:
-        return SliceFiles(args.slices)
+        return Files("--slices", args.slices)
     if args.cluster:
         return Cluster(args.kubeconfig, args.node)
     raise CLIError("no device inventory: pass --slices FILE..., --fake-gpus PROFILE or --cluster")

@@ -11,30 +11,25 @@ import sys
 from typing import Any
 
 from dradriver.cli import _common
-from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args
+from dradriver.cli._dra_inputs import add_inventory_flags, check_node, inventory_from_args, parse_each
 
 JSON_SCHEMA_VERSION = 1
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "cel",
-        help="evaluate DRA CEL selectors locally, with the scheduler's semantics",
-        run=_run_without_subcommand,
-    )
+COMMAND = _common.Command(help="evaluate DRA CEL selectors locally, with the scheduler's semantics")
+EVAL = _common.Command(
+    help="evaluate an expression against every device: true, false or error",
+    description=(
+        "Evaluate a DRA CEL selector against every device, as the scheduler would.\n"
+        "Exit status: 0 evaluated (runtime errors are reported per device), "
+        "2 the expression does not compile or the input is invalid."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(title="cel commands", metavar="COMMAND", parser_class=_common.Parser)
-    evaluate = _common.add_command(
-        commands,
-        "eval",
-        help="evaluate an expression against every device: true, false or error",
-        run=run,
-        description=(
-            "Evaluate a DRA CEL selector against every device, as the scheduler would.\n"
-            "Exit status: 0 evaluated (runtime errors are reported per device), "
-            "2 the expression does not compile or the input is invalid."
-        ),
-    )
+    evaluate = _common.add_command(commands, "eval", EVAL, evaluate_expression)
     _common.env_flag(evaluate, "-e", "--expression", required=True, metavar="EXPR", help="the CEL expression")
     _common.add_driver_name_flag(evaluate)
     _common.add_feature_gates_flag(evaluate)
@@ -42,13 +37,14 @@ def register(subparsers: Any) -> None:
     _common.add_output_flag(evaluate)
 
 
-def _run_without_subcommand(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`dradriver cel` without a subcommand."""
     _common.print_error(args.prog, "missing command: use 'dradriver cel eval -e EXPR ...'")
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
-    from dradriver.offline.allocation import InputError, parse_slice
+def evaluate_expression(args: argparse.Namespace) -> int:
+    from dradriver.offline.allocation import parse_slice
     from dradriver.offline.cel import (
         CELCompileError,
         CELRuntimeError,
@@ -65,12 +61,7 @@ def run(args: argparse.Namespace) -> int:
     except CELCompileError as err:
         return _compile_failure(args, err.message, hints)
     documents = inventory_from_args(args).resource_slices()
-    slices = []
-    for doc in documents:
-        try:
-            slices.append(parse_slice(doc.obj))
-        except InputError as err:
-            raise _common.CLIError(f"{doc.where}: {err}") from None
+    slices = parse_each(documents, parse_slice)
     check_node(slices, args.node)
     rows: list[dict[str, Any]] = []
     for slice_ in slices:

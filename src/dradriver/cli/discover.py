@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.cli._common import (
     CLIError,
-    add_command,
+    Command,
     add_driver_root_flags,
     add_fake_gpus_flag,
     add_output_flag,
@@ -21,16 +21,15 @@ if TYPE_CHECKING:
     from dradriver.discovery import NodeInventory
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = add_command(
-        subparsers,
-        "discover",
-        help="list the node's GPUs and MIG devices with the attributes they are published with",
-        description="Discover GPUs through NVML (or a fake profile) and show each device as it would be "
-        "published: name, attributes, capacities, plus the hardware it maps to (device nodes, MIG "
-        "instance ids). GPUs NVML could not read are listed as skipped.",
-        run=run,
-    )
+COMMAND = Command(
+    help="list the node's GPUs and MIG devices with the attributes they are published with",
+    description="Discover GPUs through NVML (or a fake profile) and show each device as it would be "
+    "published: name, attributes, capacities, plus the hardware it maps to (device nodes, MIG "
+    "instance ids). GPUs NVML could not read are listed as skipped.",
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_fake_gpus_flag(parser)
     add_driver_root_flags(parser)
     add_partitionable_flag(parser)

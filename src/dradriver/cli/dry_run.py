@@ -15,14 +15,15 @@ from dradriver.cli import _common
 from dradriver.cli._common import env_list_flag
 from dradriver.cli._dra_inputs import (
     ClassDirectory,
-    ClassFiles,
     ClassSource,
     Cluster,
     Document,
+    Files,
     add_inventory_flags,
     check_node,
     extended_resource_claims,
     inventory_from_args,
+    parse_each,
     read_objects,
 )
 
@@ -32,20 +33,19 @@ DEFAULT_MAX_ROWS = 40
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "dry-run",
-        help="simulate the scheduler's device allocation for claims and explain the outcome",
-        run=run,
-        description=(
-            "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
-            "each selector's outcome per request and device, then the allocation or why there is none.\n"
-            "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
-            "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
-            "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
-        ),
-    )
+COMMAND = _common.Command(
+    help="simulate the scheduler's device allocation for claims and explain the outcome",
+    description=(
+        "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
+        "each selector's outcome per request and device, then the allocation or why there is none.\n"
+        "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
+        "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
+        "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     env_list_flag(
         parser,
         "--claim",
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 def _class_source(args: argparse.Namespace) -> ClassSource:
     if args.classes:
-        return ClassFiles(args.classes)
+        return Files("--class", args.classes)
     if args.cluster:
         return Cluster(args.kubeconfig)
     from dradriver import data
@@ -83,7 +83,6 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
 
 def run(args: argparse.Namespace) -> int:
     from dradriver.offline.allocation import (
-        InputError,
         parse_claim,
         parse_device_class,
         parse_slice,
@@ -112,18 +111,9 @@ def run(args: argparse.Namespace) -> int:
         )
     slice_docs = inventory_from_args(args).resource_slices()
 
-    def parsed(docs: list[Document], parse: Any) -> list[Any]:
-        out = []
-        for doc in docs:
-            try:
-                out.append(parse(doc.obj))
-            except InputError as err:
-                raise _common.CLIError(f"{doc.where}: {err}") from None
-        return out
-
-    claims = parsed(claim_docs, parse_claim)
-    classes = {c.name: c for c in parsed(class_docs, parse_device_class)}
-    slices = parsed(slice_docs, parse_slice)
+    claims = parse_each(claim_docs, parse_claim)
+    classes = {c.name: c for c in parse_each(class_docs, parse_device_class)}
+    slices = parse_each(slice_docs, parse_slice)
     check_node(slices, args.node)
     lists = _common.gates_of(args)["DRAListTypeAttributes"]
     problems = _compile_problems(

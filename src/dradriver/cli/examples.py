@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dradriver.cli import _common
 
+COMMAND = _common.Command(
+    help="list or print the built-in DeviceClasses and example claims",
+    description=(
+        "List the DeviceClasses and example claims that ship with dradriver, or print the named ones.\n"
+        "  dradriver examples deviceclasses | kubectl apply -f -\n"
+        "  dradriver examples single-gpu > claim.yaml\n"
+        "  dradriver validate $(dradriver examples --path)/examples/claims/*.yaml"
+    ),
+)
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "examples",
-        help="list or print the built-in DeviceClasses and example claims",
-        run=run,
-        description=(
-            "List the DeviceClasses and example claims that ship with dradriver, or print the named ones.\n"
-            "  dradriver examples deviceclasses | kubectl apply -f -\n"
-            "  dradriver examples single-gpu > claim.yaml\n"
-            "  dradriver validate $(dradriver examples --path)/examples/claims/*.yaml"
-        ),
-    )
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "names",
         nargs="*",

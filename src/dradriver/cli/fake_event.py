@@ -21,11 +21,10 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from dradriver.cli._common import (
     CLIError,
-    add_command,
+    Command,
     add_driver_name_flag,
     add_plugins_dir_flag,
     add_state_dir_flag,
@@ -35,15 +34,13 @@ from dradriver.cli._common import (
 )
 from dradriver.health import HEALTH_FILE
 
+COMMAND = Command(
+    help="inject a GPU health event (XID, GPU lost / restored) into a running serve --fake-gpus",
+    description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+)
 
-def register(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "fake-event",
-        help="inject a GPU health event (XID, GPU lost / restored) into a running serve --fake-gpus",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        run=run,
-    )
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_driver_name_flag(parser)
     add_plugins_dir_flag(parser)
     add_state_dir_flag(parser)

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from dradriver.cli._common import (
-    add_command,
+    Command,
     add_driver_name_flag,
     add_plugins_dir_flag,
     add_pod_uid_flag,
@@ -20,14 +20,12 @@ from dradriver.cli._common import (
     positive_duration,
 )
 
+COMMAND = Command(
+    help="probe a running `dradriver serve`: gRPC health check on its DRA socket (exit 0 if healthy)",
+)
 
-def register(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "healthcheck",
-        help="probe a running `dradriver serve`: gRPC health check on its DRA socket (exit 0 if healthy)",
-        run=run,
-    )
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_driver_name_flag(parser)
     add_plugins_dir_flag(parser)
     add_pod_uid_flag(parser)  # the same env as serve's container: the same socket

@@ -24,21 +24,20 @@ JSON_SCHEMA_VERSION = 1
 SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "migrate",
-        help="rewrite manifests for NVIDIA's DRA driver or device plugin (and GFD labels) for dradriver",
-        run=run,
-        description=(
-            "Rewrite DeviceClasses, ResourceClaims, ResourceClaimTemplates and workloads written for\n"
-            "NVIDIA's GPU DRA driver, or for the NVIDIA device plugin (nvidia.com/gpu and\n"
-            "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors), for dradriver.\n"
-            "Every change is explained in a comment (-o json: a report). Whatever has no equivalent\n"
-            "is printed as FILE:DOC: OBJECT: FIELD: MESSAGE, and its file is not written.\n"
-            "Exit status: 0 migrated, 2 problems or unreadable input."
-        ),
-    )
+COMMAND = _common.Command(
+    help="rewrite manifests for NVIDIA's DRA driver or device plugin (and GFD labels) for dradriver",
+    description=(
+        "Rewrite DeviceClasses, ResourceClaims, ResourceClaimTemplates and workloads written for\n"
+        "NVIDIA's GPU DRA driver, or for the NVIDIA device plugin (nvidia.com/gpu and\n"
+        "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors), for dradriver.\n"
+        "Every change is explained in a comment (-o json: a report). Whatever has no equivalent\n"
+        "is printed as FILE:DOC: OBJECT: FIELD: MESSAGE, and its file is not written.\n"
+        "Exit status: 0 migrated, 2 problems or unreadable input."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths", nargs="+", metavar="FILE|DIR|-", help="manifests; a directory is read recursively"
     )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from dradriver.cli._common import (
     CLIError,
+    Command,
     absolute_path,
-    add_command,
     add_device_flags,
     add_driver_name_flag,
     add_kubeconfig_flag,
@@ -32,15 +31,14 @@ DEFAULT_RESCAN_SECONDS = 30.0
 DEFAULT_TELEMETRY_SECONDS = 5.0
 
 
-def register(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "serve",
-        help="run the kubelet plugin: register with the kubelet, serve DRA gRPC, publish ResourceSlices",
-        run=run,
-        log_format="json",
-        defer_logging=True,
-    )
+COMMAND = Command(
+    help="run the kubelet plugin: register with the kubelet, serve DRA gRPC, publish ResourceSlices",
+    log_format="json",
+    defer_logging=True,
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_driver_name_flag(parser)
     add_node_name_flag(parser)
     add_pod_uid_flag(parser)

@@ -8,7 +8,7 @@ from typing import Any
 
 from dradriver.cli._common import (
     CLIError,
-    add_command,
+    Command,
     add_device_flags,
     add_driver_name_flag,
     add_kubeconfig_flag,
@@ -19,17 +19,15 @@ from dradriver.cli._common import (
     share_policy,
 )
 
+COMMAND = Command(
+    help="print the ResourceSlices this node would publish (no cluster needed)",
+    description="Discover the node's GPUs (or a fake profile) and print the ResourceSlice objects "
+    "`dradriver serve` would publish, after checking them against the API server's rules. "
+    "Exits 1 with the findings if any slice would be rejected.",
+)
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = add_command(
-        subparsers,
-        "slices",
-        help="print the ResourceSlices this node would publish (no cluster needed)",
-        description="Discover the node's GPUs (or a fake profile) and print the ResourceSlice objects "
-        "`dradriver serve` would publish, after checking them against the API server's rules. "
-        "Exits 1 with the findings if any slice would be rejected.",
-        run=run,
-    )
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_device_flags(parser)
     add_node_name_flag(parser)
     add_driver_name_flag(parser)

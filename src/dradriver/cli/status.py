@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.cli._common import (
     CLIError,
-    add_command,
+    Command,
     add_driver_name_flag,
     add_output_flag,
     add_plugins_dir_flag,
@@ -31,13 +31,12 @@ if TYPE_CHECKING:
 MAX_HEALTH_REPORT_BYTES = 4 * 1024 * 1024
 
 
-def register(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "status",
-        help="show the claims prepared on this node (from the checkpoint) and its devices' health",
-        run=run,
-    )
+COMMAND = Command(
+    help="show the claims prepared on this node (from the checkpoint) and its devices' health",
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     add_driver_name_flag(parser)
     add_plugins_dir_flag(parser)
     add_state_dir_flag(parser)

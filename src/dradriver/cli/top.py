@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dradriver.cli._common import CLIError, add_command, add_output_flag, env_flag
+from dradriver.cli._common import CLIError, Command, add_output_flag, env_flag
 from dradriver.cli._output import write_document
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
@@ -34,14 +34,13 @@ class NoServeError(CLIError):
     exit_code = 1
 
 
-def register(subparsers: Any) -> None:
-    parser = add_command(
-        subparsers,
-        "top",
-        help="show this node's GPUs, who holds each (claim, pods), utilisation, memory and power",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        run=run,
-    )
+COMMAND = Command(
+    help="show this node's GPUs, who holds each (claim, pods), utilisation, memory and power",
+    description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     env_flag(
         parser,
         "--metrics-address",

@@ -19,18 +19,17 @@ from dradriver.cli._dra_inputs import read_documents
 CHECKED_KINDS = ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice")
 
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "validate",
-        help="validate DeviceClass, ResourceClaim(Template) and ResourceSlice files",
-        run=run,
-        description=(
-            "Validate DRA objects (structure, names, limits, CEL selectors, opaque config) before\n"
-            "applying them. Findings print as FILE:DOC:PATH: MESSAGE, DOC counting objects from 1.\n"
-            "Exit status: 0 no findings, 1 findings, 2 unreadable input."
-        ),
-    )
+COMMAND = _common.Command(
+    help="validate DeviceClass, ResourceClaim(Template) and ResourceSlice files",
+    description=(
+        "Validate DRA objects (structure, names, limits, CEL selectors, opaque config) before\n"
+        "applying them. Findings print as FILE:DOC:PATH: MESSAGE, DOC counting objects from 1.\n"
+        "Exit status: 0 no findings, 1 findings, 2 unreadable input."
+    ),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, lists)")
     _common.add_driver_name_flag(parser)
     _common.add_feature_gates_flag(parser)

@@ -8,14 +8,12 @@ from typing import Any
 
 from dradriver.cli import _common
 
+COMMAND = _common.Command(
+    help="show the version, the commit it was built from, and the Kubernetes and DRA APIs it speaks",
+)
 
-def register(subparsers: Any) -> None:
-    parser = _common.add_command(
-        subparsers,
-        "version",
-        help="show the version, the commit it was built from, and the Kubernetes and DRA APIs it speaks",
-        run=run,
-    )
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
     _common.add_output_flag(parser)
 
 

@@ -274,25 +274,48 @@ def counter_findings(counters: Any, path: str) -> Iterator[Finding]:
             yield from _quantity_field(counter, field_key(path, str(name)))
 
 
-def _taints(taints: Any, path: str) -> Iterator[Finding]:
-    if not isinstance(taints, list):
+def _object_list(
+    items: Any,
+    path: str,
+    *,
+    limit: int,
+    too_many: str,
+    keys: set[str],
+    each: Callable[[Mapping[str, Any], str], Iterator[Finding]],
+) -> Iterator[Finding]:
+    """A list of at most `limit` objects with the given keys, each checked by `each` after its own
+    shape; `too_many` is the finding of a longer list, `{count}` in it standing for its length."""
+    if not isinstance(items, list):
         yield Finding(path, "must be a list")
         return
-    if len(taints) > MAX_TAINTS:
-        yield Finding(path, f"must have at most {MAX_TAINTS} items")
+    if len(items) > limit:
+        yield Finding(path, too_many.format(count=len(items)))
         return
-    for index, taint in enumerate(taints):
+    for index, item in enumerate(items):
         where = f"{path}[{index}]"
-        if not isinstance(taint, Mapping):
+        if not isinstance(item, Mapping):
             yield Finding(where, "must be an object")
             continue
-        yield from unknown_keys(taint, {"key", "value", "effect", "timeAdded"}, where)
-        yield from checked(label_name_error(str(taint.get("key", ""))), f"{where}.key")
-        yield from checked(label_value_error(str(taint.get("value", ""))), f"{where}.value")
-        if taint.get("effect") not in _TAINT_EFFECTS:
-            yield Finding(
-                f"{where}.effect", f"Unsupported value: supported values: {', '.join(_TAINT_EFFECTS)}"
-            )
+        yield from unknown_keys(item, keys, where)
+        yield from each(item, where)
+
+
+def _taints(taints: Any, path: str) -> Iterator[Finding]:
+    yield from _object_list(
+        taints,
+        path,
+        limit=MAX_TAINTS,
+        too_many=f"must have at most {MAX_TAINTS} items",
+        keys={"key", "value", "effect", "timeAdded"},
+        each=_taint,
+    )
+
+
+def _taint(taint: Mapping[str, Any], where: str) -> Iterator[Finding]:
+    yield from checked(label_name_error(str(taint.get("key", ""))), f"{where}.key")
+    yield from checked(label_value_error(str(taint.get("value", ""))), f"{where}.value")
+    if taint.get("effect") not in _TAINT_EFFECTS:
+        yield Finding(f"{where}.effect", f"Unsupported value: supported values: {', '.join(_TAINT_EFFECTS)}")
 
 
 def _binding_conditions(device: Mapping[str, Any], path: str) -> Iterator[Finding]:
@@ -392,19 +415,9 @@ def counter_lists(items: Any, path: str, *, name_key: str, limit: int) -> Iterat
     `consumesCounters` (named by `counterSet`); names are DNS labels and unique in the list."""
     if items is None:
         return
-    if not isinstance(items, list):
-        yield Finding(path, "must be a list")
-        return
-    if len(items) > limit:
-        yield Finding(path, f"Too many: {len(items)}: must have at most {limit} items")
-        return
     names: set[str] = set()
-    for index, item in enumerate(items):
-        where = f"{path}[{index}]"
-        if not isinstance(item, Mapping):
-            yield Finding(where, "must be an object")
-            continue
-        yield from unknown_keys(item, {name_key, "counters"}, where)
+
+    def counter_set(item: Mapping[str, Any], where: str) -> Iterator[Finding]:
         name = item.get(name_key)
         if not isinstance(name, str) or not name:
             yield Finding(f"{where}.{name_key}", "Required value")
@@ -414,6 +427,15 @@ def counter_lists(items: Any, path: str, *, name_key: str, limit: int) -> Iterat
                 yield Finding(where, f"Duplicate value: counter set {name!r}")
             names.add(name)
         yield from counter_findings(item.get("counters"), f"{where}.counters")
+
+    yield from _object_list(
+        items,
+        path,
+        limit=limit,
+        too_many=f"Too many: {{count}}: must have at most {limit} items",
+        keys={name_key, "counters"},
+        each=counter_set,
+    )
 
 
 def node_selection(

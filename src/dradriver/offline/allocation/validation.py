@@ -11,7 +11,7 @@ the same message, including selectors whose estimated cost exceeds the limit.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,15 @@ class _Checker:
             return []
         return value
 
+    def objects(self, value: Any, path: str, limit: int) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """The path and object of each item of a list field of at most `limit` items (none when
+        there are more); yielded one by one, so that each item's findings follow its own."""
+        items = self.list(value, path)
+        if self.too_many(path, items, limit):
+            return
+        for i, raw in enumerate(items):
+            yield f"{path}[{i}]", self.object(raw, f"{path}[{i}]")
+
     # -- pieces ---------------------------------------------------------------------------------
 
     def name(self, value: Any, path: str, check: Any) -> None:
@@ -122,18 +131,14 @@ class _Checker:
             self.name(meta.get("namespace"), "metadata.namespace", dns_label_error)
 
     def selectors(self, value: Any, path: str) -> None:
-        items = self.list(value, path)
-        if self.too_many(path, items, DEVICE_SELECTORS_MAX):
-            return
-        for i, raw in enumerate(items):
-            selector = self.object(raw, f"{path}[{i}]")
+        for item_path, selector in self.objects(value, path, DEVICE_SELECTORS_MAX):
             cel = selector.get("cel")
             if cel is None:
-                self.required(f"{path}[{i}].cel")
+                self.required(f"{item_path}.cel")
                 continue
-            expr_path = f"{path}[{i}].cel.expression"
+            expr_path = f"{item_path}.cel.expression"
             # A missing expression decodes as "" in the API server, which then fails to compile.
-            expression = self.object(cel, f"{path}[{i}].cel").get("expression") or ""
+            expression = self.object(cel, f"{item_path}.cel").get("expression") or ""
             if not isinstance(expression, str):
                 self.invalid(expr_path, expression, "must be a string")
                 continue
@@ -183,30 +188,26 @@ class _Checker:
             self.findings.extend(opaque_config_findings(self.driver, parameters, params_path))
 
     def tolerations(self, value: Any, path: str) -> None:
-        items = self.list(value, path)
-        if self.too_many(path, items, DEVICE_TOLERATIONS_MAX):
-            return
-        for i, raw in enumerate(items):
-            toleration = self.object(raw, f"{path}[{i}]")
+        for item_path, toleration in self.objects(value, path, DEVICE_TOLERATIONS_MAX):
             operator = toleration.get("operator") or "Equal"
             if operator not in ("Equal", "Exists"):
                 self.add(
-                    f"{path}[{i}].operator",
+                    f"{item_path}.operator",
                     f'Unsupported value: {_json(operator)}: supported values: "Equal", "Exists"',
                 )
             if operator == "Exists" and toleration.get("value"):
                 self.invalid(
-                    f"{path}[{i}].operator",
+                    f"{item_path}.operator",
                     toleration.get("value"),
                     "value must be empty when `operator` is 'Exists'",
                 )
             seconds = toleration.get("tolerationSeconds")
             if seconds is not None and (err := int64_error(seconds)) is not None:
-                self.invalid(f"{path}[{i}].tolerationSeconds", seconds, err)
+                self.invalid(f"{item_path}.tolerationSeconds", seconds, err)
             effect = toleration.get("effect")
             if effect and effect not in TOLERATION_EFFECTS:
                 self.add(
-                    f"{path}[{i}].effect",
+                    f"{item_path}.effect",
                     "Unsupported value: "
                     + _json(effect)
                     + ": supported values: "
@@ -240,41 +241,31 @@ class _Checker:
     def claim_spec(self, spec: Mapping[str, Any], path: str, version: str) -> None:
         devices = self.object(spec.get("devices"), f"{path}.devices")
         path = f"{path}.devices"
-        requests = self.list(devices.get("requests"), f"{path}.requests")
         names: dict[str, set[str]] = {}
-        if not self.too_many(f"{path}.requests", requests, DEVICE_REQUESTS_MAX):
-            for i, raw in enumerate(requests):
-                self.request(
-                    self.object(raw, f"{path}.requests[{i}]"), f"{path}.requests[{i}]", version, names
+        requests = self.objects(devices.get("requests"), f"{path}.requests", DEVICE_REQUESTS_MAX)
+        for item_path, request in requests:
+            self.request(request, item_path, version, names)
+        constraints = self.objects(devices.get("constraints"), f"{path}.constraints", DEVICE_CONSTRAINTS_MAX)
+        for item_path, constraint in constraints:
+            self.request_refs(constraint.get("requests"), f"{item_path}.requests", names)
+            attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
+            field_name = (
+                "matchAttribute" if constraint.get("matchAttribute") or not attribute else "distinctAttribute"
+            )
+            attr_path = f"{item_path}.{field_name}"
+            if not attribute:
+                self.required(attr_path)
+            elif not isinstance(attribute, str) or "/" not in attribute:
+                self.invalid(
+                    attr_path,
+                    attribute,
+                    "a fully qualified name must be a domain and a name separated by a slash",
                 )
-        constraints = self.list(devices.get("constraints"), f"{path}.constraints")
-        if not self.too_many(f"{path}.constraints", constraints, DEVICE_CONSTRAINTS_MAX):
-            for i, raw in enumerate(constraints):
-                constraint = self.object(raw, f"{path}.constraints[{i}]")
-                self.request_refs(constraint.get("requests"), f"{path}.constraints[{i}].requests", names)
-                attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
-                field_name = (
-                    "matchAttribute"
-                    if constraint.get("matchAttribute") or not attribute
-                    else "distinctAttribute"
-                )
-                attr_path = f"{path}.constraints[{i}].{field_name}"
-                if not attribute:
-                    self.required(attr_path)
-                elif not isinstance(attribute, str) or "/" not in attribute:
-                    self.invalid(
-                        attr_path,
-                        attribute,
-                        "a fully qualified name must be a domain and a name separated by a slash",
-                    )
-                elif (err := qualified_name_error(attribute)) is not None:
-                    self.invalid(attr_path, attribute, err)
-        configs = self.list(devices.get("config"), f"{path}.config")
-        if not self.too_many(f"{path}.config", configs, DEVICE_CONFIG_MAX):
-            for i, raw in enumerate(configs):
-                config = self.object(raw, f"{path}.config[{i}]")
-                self.request_refs(config.get("requests"), f"{path}.config[{i}].requests", names)
-                self.opaque(config, f"{path}.config[{i}]")
+            elif (err := qualified_name_error(attribute)) is not None:
+                self.invalid(attr_path, attribute, err)
+        for item_path, config in self.objects(devices.get("config"), f"{path}.config", DEVICE_CONFIG_MAX):
+            self.request_refs(config.get("requests"), f"{item_path}.requests", names)
+            self.opaque(config, item_path)
 
     def request(self, raw: Mapping[str, Any], path: str, version: str, names: dict[str, set[str]]) -> None:
         name = raw.get("name")

@@ -432,17 +432,19 @@ class _Parser:
             frame.pending.pop()
             self.call("expr", NOTHING, True)
 
+    def separated(self, rule: str, separator: int, state: int, *args: object) -> None:
+        """`rule (separator rule)*`, the separator matched at ATN state `state`."""
+        follow = frozenset({separator})
+        self.call(rule, follow, True, *args)
+        while self.la() == separator:
+            self.match(separator, state, FIRST_EXPR)
+            self.call(rule, follow, True, *args)
+
     def conditional_or(self) -> None:
-        self.call("conditional_and", frozenset({OR}), True)
-        while self.la() == OR:
-            self.match(OR, 46, FIRST_EXPR)
-            self.call("conditional_and", frozenset({OR}), True)
+        self.separated("conditional_and", OR, 46)
 
     def conditional_and(self) -> None:
-        self.call("relation", frozenset({AND}), True, 0)
-        while self.la() == AND:
-            self.match(AND, 54, FIRST_EXPR)
-            self.call("relation", frozenset({AND}), True, 0)
+        self.separated("relation", AND, 54, 0)
 
     def relation(self, precedence: int) -> None:
         self.call("calc", RELATIONS, True, 0)
@@ -606,10 +608,7 @@ class _Parser:
         self.match(RBRACE, 182, NOTHING, True)
 
     def expr_list(self) -> None:
-        self.call("expr", frozenset({COMMA}), True)
-        while self.la() == COMMA:
-            self.match(COMMA, 187, FIRST_EXPR)
-            self.call("expr", frozenset({COMMA}), True)
+        self.separated("expr", COMMA, 187)
 
     def list_init(self) -> None:
         self.call("opt_expr", frozenset({COMMA}), True)

@@ -10,6 +10,7 @@ attribute name; we publish `computeMajor`), and a version attribute compared wit
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dradriver.devicemodel import attributes as published
@@ -77,70 +78,10 @@ def _relation(attr: str, op: str, other: str) -> str:
 
 def hints_for(expression: str, driver: str) -> list[Hint]:
     """Hints for the mistakes found in `expression`, for devices of `driver`."""
-    found: list[Hint] = []
-
-    for match in _BARE_DOMAIN.finditer(expression):
-        name, kind = match["name"], match["map"]
-        if name in PUBLISHED_CAPACITIES and kind == "attributes":
-            kind = "capacity"
-        domain = STANDARD_DOMAIN if name in STANDARD_ATTRIBUTES else driver
-        replacement = f'device.{kind}["{domain}"].{name}'
-        found.append(
-            Hint(
-                f'"{name}" is an attribute name, not a domain: device.{match["map"]}["{name}"] is an '
-                "empty map for every device; names are looked up under their domain",
-                expression[: match.start()] + replacement + expression[match.end() :],
-            )
-        )
-    for match in _MEMORY_ATTRIBUTE.finditer(expression):
-        replacement = f'device.capacity["{match["domain"]}"].memory'
-        corrected = expression[: match.start()] + replacement + expression[match.end() :]
-        found.append(
-            Hint(
-                "memory is published as a capacity, not an attribute; compare it as a quantity, e.g. "
-                f'{replacement}.compareTo(quantity("40Gi")) >= 0',
-                corrected,
-            )
-        )
-    for pattern in (_COMPUTE_DOTTED, _COMPUTE_QUOTED):
-        for match in pattern.finditer(expression):
-            part = match["part"]
-            bare = "computeMajor" if part == "major" else "computeMinor"
-            replacement = f".{bare}" if pattern is _COMPUTE_DOTTED else f'["{bare}"]'
-            found.append(
-                Hint(
-                    f"`compute.{part}` is not an attribute name (a name is a C identifier, dots belong to "
-                    f"the domain); use the int attribute {bare} or cudaComputeCapability.{part}()",
-                    expression[: match.start()] + replacement + expression[match.end() :],
-                )
-            )
-    for match in _VERSION_LEFT.finditer(expression):
-        replacement = _relation(match["attr"], match["op"], _version_literal(match["text"]))
-        found.append(
-            Hint(
-                f"{match['name']} is a version (a semver value): comparing it with a string is a runtime "
-                "error; compare with semver(...)",
-                expression[: match.start()] + replacement + expression[match.end() :],
-            )
-        )
-    for match in _VERSION_RIGHT.finditer(expression):
-        replacement = _relation(match["attr"], match["op"], _version_literal(match["text"]))
-        found.append(
-            Hint(
-                f"a string never equals the version attribute {match['name']}: this comparison is always "
-                f"{'false' if match['op'] == '==' else 'true'}; compare with semver(...)",
-                expression[: match.start()] + replacement + expression[match.end() :],
-            )
-        )
-    for match in _QUANTITY_COMPARE.finditer(expression):
-        value = match["value"].strip("\"'")
-        replacement = _relation(match["attr"], match["op"], f'quantity("{value}")')
-        found.append(
-            Hint(
-                "capacities are quantities: compare them with quantity(...), not with strings or numbers",
-                expression[: match.start()] + replacement + expression[match.end() :],
-            )
-        )
+    found = [
+        Hint(message, expression[: match.start()] + replacement + expression[match.end() :])
+        for match, replacement, message in _rewrites(expression, driver)
+    ]
     for match in _DOMAIN_LITERAL.finditer(expression):
         domain = match["domain"]
         if domain not in (driver, STANDARD_DOMAIN):
@@ -152,6 +93,52 @@ def hints_for(expression: str, driver: str) -> list[Hint]:
                 )
             )
     return _unique(found)
+
+
+def _rewrites(expression: str, driver: str) -> Iterator[tuple[re.Match[str], str, str]]:
+    """The mistakes that rewriting one match corrects: the match, what replaces it, and why."""
+    for match in _BARE_DOMAIN.finditer(expression):
+        name, kind = match["name"], match["map"]
+        if name in PUBLISHED_CAPACITIES and kind == "attributes":
+            kind = "capacity"
+        domain = STANDARD_DOMAIN if name in STANDARD_ATTRIBUTES else driver
+        message = (
+            f'"{name}" is an attribute name, not a domain: device.{match["map"]}["{name}"] is an '
+            "empty map for every device; names are looked up under their domain"
+        )
+        yield match, f'device.{kind}["{domain}"].{name}', message
+    for match in _MEMORY_ATTRIBUTE.finditer(expression):
+        replacement = f'device.capacity["{match["domain"]}"].memory'
+        message = (
+            "memory is published as a capacity, not an attribute; compare it as a quantity, e.g. "
+            f'{replacement}.compareTo(quantity("40Gi")) >= 0'
+        )
+        yield match, replacement, message
+    for pattern in (_COMPUTE_DOTTED, _COMPUTE_QUOTED):
+        for match in pattern.finditer(expression):
+            part = match["part"]
+            bare = "computeMajor" if part == "major" else "computeMinor"
+            message = (
+                f"`compute.{part}` is not an attribute name (a name is a C identifier, dots belong to "
+                f"the domain); use the int attribute {bare} or cudaComputeCapability.{part}()"
+            )
+            yield match, f".{bare}" if pattern is _COMPUTE_DOTTED else f'["{bare}"]', message
+    for match in _VERSION_LEFT.finditer(expression):
+        message = (
+            f"{match['name']} is a version (a semver value): comparing it with a string is a runtime "
+            "error; compare with semver(...)"
+        )
+        yield match, _relation(match["attr"], match["op"], _version_literal(match["text"])), message
+    for match in _VERSION_RIGHT.finditer(expression):
+        message = (
+            f"a string never equals the version attribute {match['name']}: this comparison is always "
+            f"{'false' if match['op'] == '==' else 'true'}; compare with semver(...)"
+        )
+        yield match, _relation(match["attr"], match["op"], _version_literal(match["text"])), message
+    for match in _QUANTITY_COMPARE.finditer(expression):
+        value = match["value"].strip("\"'")
+        message = "capacities are quantities: compare them with quantity(...), not with strings or numbers"
+        yield match, _relation(match["attr"], match["op"], f'quantity("{value}")'), message
 
 
 def _unique(hints: list[Hint]) -> list[Hint]:

@@ -14,13 +14,15 @@ import base64
 import math
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from dradriver.offline.cel import namedformat, network, times, urls
 from dradriver.offline.cel.errors import EvalError
 from dradriver.offline.cel.semver import Semver
 from dradriver.offline.cel.values import EmptyMessage, Optional, TypeValue, UInt, is_list, type_name
 from dradriver.quantity import Quantity
+
+T = TypeVar("T")
 
 _INT32 = (-(2**31), 2**31 - 1)
 _UINT32_MAX = 2**32 - 1
@@ -77,10 +79,19 @@ def _mismatch(value: Any, native: str) -> _ConversionError:
     raise TypeError(f"unexpected CEL value {value!r}")  # pragma: no cover - no other value kinds
 
 
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise _mismatch(value, "bool")
+def _only(native_type: type[T], native: str) -> Callable[[Any], T]:
+    """The conversion to the Go type `native` that takes values of `native_type` alone."""
+
+    def convert(value: Any) -> T:
+        if isinstance(value, native_type):
+            return value
+        raise _mismatch(value, native)
+
+    return convert
+
+
+_to_bool = _only(bool, "bool")
+_to_double = _only(float, "float64")
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -90,12 +101,6 @@ def _to_bytes(value: Any) -> bytes:
         # A list converts element by element to []uint8.
         return bytes(_to_unsigned(element, _UINT8_MAX, "uint8") for element in value)
     raise _mismatch(value, "[]uint8")
-
-
-def _to_double(value: Any) -> float:
-    if isinstance(value, float):
-        return value
-    raise _mismatch(value, "float64")
 
 
 def _to_float(value: Any) -> float:

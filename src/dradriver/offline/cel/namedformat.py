@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver import names
@@ -24,23 +25,16 @@ MAX_NAME_FORMAT_REGEX_SIZE = 128
 MAX_FORMAT_SIZE = 64
 
 
+@dataclass(frozen=True, slots=True)
 class Format(OpaqueValue):
     """apiserver cel.Format: equal to another Format of the same name."""
 
-    __slots__ = ("max_regex_size", "name", "validator")
     cel_type_name = "kubernetes.NamedFormat"
 
-    def __init__(self, name: str, validator: Callable[[str], list[str]], max_regex_size: int) -> None:
-        self.name = name
-        self.validator = validator
-        # The length of the regex (or an equivalent one) the runtime cost is charged for.
-        self.max_regex_size = max_regex_size
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Format) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(("format", self.name))
+    name: str
+    validator: Callable[[str], list[str]] = field(compare=False)
+    # The length of the regex (or an equivalent one) the runtime cost is charged for.
+    max_regex_size: int = field(compare=False)
 
     def __repr__(self) -> str:
         return f"Format({self.name})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
 from zoneinfo import ZoneInfo
@@ -24,11 +25,11 @@ TIMESTAMP_TYPE = "google.protobuf.Timestamp"
 DURATION_TYPE = "google.protobuf.Duration"
 
 
+@dataclass(frozen=True, slots=True)
 class Timestamp:
-    __slots__ = ("nanos", "offset", "seconds")
-
-    def __init__(self, seconds: int, nanos: int = 0, offset: int = 0) -> None:
-        self.seconds, self.nanos, self.offset = seconds, nanos, offset
+    seconds: int
+    nanos: int = 0
+    offset: int = 0
 
     def key(self) -> tuple[int, int]:
         """What Go's time.Time compares: its seconds since year 1, an int64 that wraps for Unix
@@ -46,17 +47,9 @@ class Timestamp:
         return f"timestamp({format_timestamp(Timestamp(self.seconds, self.nanos))!r})"
 
 
+@dataclass(frozen=True, slots=True)
 class Duration:
-    __slots__ = ("nanos",)
-
-    def __init__(self, nanos: int) -> None:
-        self.nanos = nanos
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Duration) and self.nanos == other.nanos
-
-    def __hash__(self) -> int:
-        return hash(("duration", self.nanos))
+    nanos: int
 
     def __repr__(self) -> str:
         return f"duration({format_duration(self)!r})"

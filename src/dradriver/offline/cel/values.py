@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, TypeVar, cast
@@ -33,19 +34,11 @@ class UInt(int):
         return f"{int(self)}u"
 
 
+@dataclass(frozen=True, slots=True)
 class TypeValue:
     """A CEL type used as a value: `type(1) == int`."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TypeValue) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(("type", self.name))
+    name: str
 
     def __repr__(self) -> str:
         return self.name
