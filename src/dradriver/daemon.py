@@ -116,7 +116,7 @@ class Daemon:
         #: What start-up builds once the sockets are up (`wiring`); done once it is all running.
         self._parts: Future[Parts] = Future()
         # What start-up has started, stopped in reverse order; guarded so that a signal at any
-        # moment of start-up stops exactly what runs (see `_started`).
+        # moment of start-up stops exactly what runs (see `started`).
         self._lifecycle = threading.Lock()
         self._stopping = False
         self._stops: list[tuple[str, Callable[[], None]]] = []
@@ -202,7 +202,7 @@ class Daemon:
         self._fatal = self._fatal or message
         self._stop.set()
 
-    def _started(self, name: str, stop: Callable[[], None]) -> None:
+    def started(self, name: str, stop: Callable[[], None]) -> None:
         """Record a started component; if shutdown has begun meanwhile, stop it at once and end
         start-up (the shutdown did not see it)."""
         with self._lifecycle:
@@ -249,19 +249,9 @@ class Daemon:
         try:
             # Lazy: with -X importtime the parts' modules (pydantic models, the Kubernetes client,
             # discovery) take 0.35-0.45 s to import, which the sockets-first start-up does not wait for.
-            from dradriver.wiring import Host, build_parts
+            from dradriver.wiring import build_parts
 
-            host = Host(
-                config=self.config,
-                board=self.board,
-                registration=self.registration,
-                service=self.service,
-                server=self.server,
-                paths=self.paths,
-                started_ns=self.started_ns,
-                started=self._started,
-            )
-            parts = build_parts(host)
+            parts = build_parts(self)
             self._parts.set_result(parts)
             self.driver.set(parts.driver)
             if register:

@@ -8,6 +8,7 @@ which `serve` must not pay before its sockets are up).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -133,41 +134,33 @@ class MigCounters:
         MIG_FAILURES.labels(operation, reason).inc()
 
 
+@dataclass(kw_only=True, eq=False)
 class StateCollector(Collector):
     """Gauges read at scrape time from the daemon's own state, so they can never drift from it."""
 
-    def __init__(
-        self,
-        *,
-        devices: Callable[[], Sequence[tuple[str, str]]],
-        prepared_claims: Callable[[], int],
-        registered: Callable[[], bool],
-        slice_writes: Callable[[], Mapping[str, int]] = dict,
-        shares: Callable[[], Sequence[tuple[str, str]]] = list,
-    ) -> None:
-        self._shares = shares
-        self._devices = devices
-        self._prepared = prepared_claims
-        self._registered = registered
-        self._slice_writes = slice_writes
+    devices: Callable[[], Sequence[tuple[str, str]]]
+    prepared_claims: Callable[[], int]
+    registered: Callable[[], bool]
+    slice_writes: Callable[[], Mapping[str, int]] = dict
+    shares: Callable[[], Sequence[tuple[str, str]]] = list
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         by_type_health = GaugeMetricFamily(
             "dradriver_devices", "Published devices by type and health", labels=["type", "health"]
         )
         counts: dict[tuple[str, str], int] = {}
-        for device_type, health in self._devices():
+        for device_type, health in self.devices():
             counts[(device_type, health)] = counts.get((device_type, health), 0) + 1
         for (device_type, health), count in sorted(counts.items()):
             by_type_health.add_metric([device_type, health], count)
         yield by_type_health
         yield GaugeMetricFamily(
-            "dradriver_prepared_claims", "Claims prepared on this node", value=self._prepared()
+            "dradriver_prepared_claims", "Claims prepared on this node", value=self.prepared_claims()
         )
         yield GaugeMetricFamily(
             "dradriver_kubelet_registered",
             "1 when the kubelet accepted our registration",
-            value=1 if self._registered() else 0,
+            value=1 if self.registered() else 0,
         )
         shares = GaugeMetricFamily(
             "dradriver_gpu_shares",
@@ -175,7 +168,7 @@ class StateCollector(Collector):
             labels=["device", "enforcement"],
         )
         share_counts: dict[tuple[str, str], int] = {}
-        for key in self._shares():
+        for key in self.shares():
             share_counts[key] = share_counts.get(key, 0) + 1
         for (device, enforcement), count in sorted(share_counts.items()):
             shares.add_metric([device, enforcement], count)
@@ -183,6 +176,6 @@ class StateCollector(Collector):
         writes = CounterMetricFamily(
             "dradriver_resourceslice_writes", "ResourceSlice writes by operation", labels=["operation"]
         )
-        for operation, count in sorted(self._slice_writes().items()):
+        for operation, count in sorted(self.slice_writes().items()):
             writes.add_metric([operation], count)
         yield writes

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dradriver import logs, metrics
 from dradriver.backend.interface import GpuBackend
@@ -64,13 +64,10 @@ from dradriver.telemetry.idle import IdlePolicy
 
 log = logs.get_logger(component="daemon")
 
-#: Records a started part with the daemon, which stops the parts in reverse order.
-Started = Callable[[str, Callable[[], None]], None]
 
-
-@dataclass(frozen=True)
-class Host:
-    """What the daemon made before its parts: the sockets' side, and where started parts go."""
+class Host(Protocol):
+    """What the daemon made before its parts (the daemon itself): the sockets' side, and where
+    started parts go."""
 
     config: ServeConfig
     board: HealthBoard
@@ -80,7 +77,9 @@ class Host:
     paths: PluginPaths
     #: Orders this instance among the node's instances (slice handover): they share a clock.
     started_ns: int
-    started: Started
+
+    def started(self, name: str, stop: Callable[[], None]) -> None:
+        """Record a started part with the daemon, which stops the parts in reverse order."""
 
 
 class CurrentDevices:

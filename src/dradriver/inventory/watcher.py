@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Set
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import logs
@@ -24,24 +25,17 @@ FILE_POLL_SECONDS = 0.25
 log = logs.get_logger(component="inventory")
 
 
+@dataclass(kw_only=True, eq=False)
 class InventoryWatcher:
-    def __init__(
-        self,
-        *,
-        scan: Callable[[], DeviceSet],
-        held: Callable[[], Set[str]],
-        apply: Callable[[LiveDevices], None],
-        published: LiveDevices,
-        interval: float,
-    ) -> None:
-        self._scan = scan
-        self._held = held
-        self._apply = apply
-        self._published = published
-        self._interval = interval
-        self._kicked = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    scan: Callable[[], DeviceSet]
+    held: Callable[[], Set[str]]
+    apply: Callable[[LiveDevices], None]
+    #: What is published now: replaced by each scan that changes it.
+    published: LiveDevices
+    interval: float
+    _kicked: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def kick(self) -> None:
         """Scan now (from any thread)."""
@@ -49,7 +43,7 @@ class InventoryWatcher:
 
     def released(self) -> None:
         """A claim was unprepared: scan now if a vanished device was kept for one (it may go)."""
-        if self._published.gone:
+        if self.published.gone:
             self._kicked.set()
 
     def start(self) -> None:
@@ -64,11 +58,11 @@ class InventoryWatcher:
 
     def check(self) -> bool:
         """Scan once and apply a change; True if the published set changed."""
-        scanned = self._scan()
-        result = effective_devices(scanned, self._published, self._held())
-        if result == self._published:
+        scanned = self.scan()
+        result = effective_devices(scanned, self.published, self.held())
+        if result == self.published:
             return False
-        before = {d.name: d for d in self._published.devices.devices}
+        before = {d.name: d for d in self.published.devices.devices}
         after = {d.name: d for d in result.devices.devices}
         log.info(
             "inventory changed",
@@ -77,13 +71,13 @@ class InventoryWatcher:
             changed=sorted(n for n in after.keys() & before.keys() if after[n] != before[n]),
             gone_but_prepared=sorted(result.gone),
         )
-        self._published = result
-        self._apply(result)
+        self.published = result
+        self.apply(result)
         return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._kicked.wait(self._interval if self._interval > 0 else None)
+            self._kicked.wait(self.interval if self.interval > 0 else None)
             self._kicked.clear()
             if self._stop.is_set():
                 return

@@ -31,11 +31,8 @@ def node_event(
     *, node_name: str, node_uid: str | None, component: str, reason: str, message: str, event_type: EventType
 ) -> Json:
     """A core/v1 Event about Node `node_name`, reported by `component` from that node."""
-    involved: Json = {"apiVersion": "v1", "kind": "Node", "name": node_name}
-    if node_uid:
-        involved["uid"] = node_uid
     return object_event(
-        involved,
+        _node_reference(node_name, node_uid),
         namespace=EVENT_NAMESPACE,
         node_name=node_name,
         component=component,
@@ -43,6 +40,14 @@ def node_event(
         message=message,
         event_type=event_type,
     )
+
+
+def _node_reference(node_name: str, node_uid: str | None) -> Json:
+    """An Event's involvedObject for the Node (`kubectl describe node` matches its UID)."""
+    involved: Json = {"apiVersion": "v1", "kind": "Node", "name": node_name}
+    if node_uid:
+        involved["uid"] = node_uid
+    return involved
 
 
 def object_event(
@@ -123,29 +128,22 @@ class NodeEventSender:
         while (item := self._queue.get()) is not None:
             reason, message, event_type, about = item
             try:
-                if about is not None:
-                    involved, namespace = about
-                    event = object_event(
-                        involved,
-                        namespace=namespace,
-                        node_name=self._node,
-                        component=self._component,
-                        reason=reason,
-                        message=message,
-                        event_type=event_type,
-                    )
-                else:
-                    if self._uid is None:
-                        self._uid = self._client.node_uid(self._node)
-                    namespace = EVENT_NAMESPACE
-                    event = node_event(
-                        node_name=self._node,
-                        node_uid=self._uid,
-                        component=self._component,
-                        reason=reason,
-                        message=message,
-                        event_type=event_type,
-                    )
+                involved, namespace = about if about is not None else self._about_node()
+                event = object_event(
+                    involved,
+                    namespace=namespace,
+                    node_name=self._node,
+                    component=self._component,
+                    reason=reason,
+                    message=message,
+                    event_type=event_type,
+                )
                 self._client.create_event(namespace, event)
             except KubeError as err:
                 self._log.warning("could not create an Event", event_reason=reason, error=str(err))
+
+    def _about_node(self) -> tuple[Json, str]:
+        """The Node as an Event's involvedObject (its UID looked up once) and where its Events go."""
+        if self._uid is None:
+            self._uid = self._client.node_uid(self._node)
+        return _node_reference(self._node, self._uid), EVENT_NAMESPACE

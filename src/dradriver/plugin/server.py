@@ -22,7 +22,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import IO
 
@@ -339,35 +339,28 @@ def _remove_stale_socket(path: Path) -> None:
     path.unlink()
 
 
+@dataclass(eq=False)
 class PluginServer:
     """Runs the DRA and registration sockets until `stop`."""
 
-    def __init__(
-        self,
-        paths: PluginPaths,
-        driver_name: str,
-        service: DRAService,
-        board: HealthBoard,
-        registration: RegistrationState,
-        *,
-        watch_interval: float = WATCH_INTERVAL_SECONDS,
-        node: NodeScope | None = None,
-    ) -> None:
-        self.paths = paths
-        self._driver_name = driver_name
-        self._node = node
-        self._service = service
-        self._board = board
-        self._registration = registration
-        self._watch_interval = watch_interval
+    paths: PluginPaths
+    driver_name: str
+    service: DRAService
+    board: HealthBoard
+    registration: RegistrationState
+    _: KW_ONLY
+    watch_interval: float = WATCH_INTERVAL_SECONDS
+    node: NodeScope | None = None
+
+    def __post_init__(self) -> None:
         guards, flag = "share its state directory", "--state-dir"
-        rolling = paths.instance_state_lock is not None
+        rolling = self.paths.instance_state_lock is not None
         self._locks = [
-            InstanceLock(paths.lock_file),
-            InstanceLock(paths.state_lock, guards, shared=rolling, flag=flag),
+            InstanceLock(self.paths.lock_file),
+            InstanceLock(self.paths.state_lock, guards, shared=rolling, flag=flag),
             *(
-                [InstanceLock(paths.instance_state_lock, guards, flag=flag)]
-                if paths.instance_state_lock
+                [InstanceLock(self.paths.instance_state_lock, guards, flag=flag)]
+                if self.paths.instance_state_lock
                 else []
             ),
         ]
@@ -391,7 +384,7 @@ class PluginServer:
 
     def _peer_sockets(self) -> set[Path]:
         registry = self.paths.registration_socket.parent
-        return peer_registration_sockets(registry, self._driver_name, self.paths.registration_socket)
+        return peer_registration_sockets(registry, self.driver_name, self.paths.registration_socket)
 
     def start(self, *, register: bool = True) -> None:
         """Take the lock, serve the DRA socket, then (unless `register` is False: see `register`)
@@ -403,10 +396,10 @@ class PluginServer:
             except StartupError:
                 self._release_locks(self._locks[:i])
                 raise
-        if self._node is not None and (others := self._node.others(self._driver_name, self.paths.state_lock)):
+        if self.node is not None and (others := self.node.others(self.driver_name, self.paths.state_lock)):
             self._release_locks(self._locks)
             raise StartupError(
-                f"another dradriver serve of {self._driver_name} runs on node {self._node.name} "
+                f"another dradriver serve of {self.driver_name} runs on node {self.node.name} "
                 f"(pid {', '.join(map(str, others))}) with a state directory other than "
                 f"{self.paths.state_lock.parent}; refusing to run a second instance on one node"
             )
@@ -439,7 +432,7 @@ class PluginServer:
         self._stopping.set()
         if self._watchdog is not None:
             self._watchdog.join()
-        self._board.close()  # ends health streams so they do not hold up the drain
+        self.board.close()  # ends health streams so they do not hold up the drain
         self._stop_sockets(grace)
         self._release_locks(self._locks)
 
@@ -475,20 +468,20 @@ class PluginServer:
 
     def _serve_dra(self) -> _SocketServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="dra"))
-        add_dra_services(server, self._service, self._board)
+        add_dra_services(server, self.service, self.board)
         health_pb2_grpc.add_HealthServicer_to_server(_Liveness(self.liveness_problem), server)
         return _SocketServer(self.paths.dra_socket, server)
 
     def _serve_registration(self) -> _SocketServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
         servicer = RegistrationServicer(
-            self._driver_name, str(self.paths.dra_socket), SUPPORTED_SERVICES, self._registration
+            self.driver_name, str(self.paths.dra_socket), SUPPORTED_SERVICES, self.registration
         )
         add_registration_service(server, servicer)
         return _SocketServer(self.paths.registration_socket, server)
 
     def _watch(self) -> None:
-        while not self._stopping.wait(self._watch_interval):
+        while not self._stopping.wait(self.watch_interval):
             try:
                 self._restore_locks()
                 self._restore_sockets()
@@ -532,5 +525,5 @@ class PluginServer:
                     else "a socket was removed",
                 )
                 self._reg.stop(grace=0)
-                self._registration.reset()
+                self.registration.reset()
                 self._reg = self._serve_registration()

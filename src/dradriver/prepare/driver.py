@@ -43,6 +43,7 @@ from dradriver.plugin.driver import ClaimRef, PrepareResult
 from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore, ClaimRecord
 from dradriver.prepare.claims import ClaimSource
+from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.fetch import ClaimFetcher, route_for
 from dradriver.prepare.holders import StaleHolders
@@ -101,20 +102,14 @@ class GpuDriver:
         self._shares = shares = shares or ShareDaemons()
         release = Release(sharing, mig, cdi_dir, shares)
         self._fetcher = ClaimFetcher(claims, route_for(claims))
-        self._recovery = StartupRecovery(
-            ledger, cdi_dir, release, shares, driver_name=driver_name, pool_name=pool_name
-        )
+        context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares)
+        self._recovery = StartupRecovery(context)
         self._preparer = Preparer(
-            driver_name=driver_name,
-            pool_name=pool_name,
-            ledger=ledger,
-            cdi_dir=cdi_dir,
-            release=release,
+            context,
             sharing=sharing,
             mig=mig,
             stale_holders=StaleHolders(claims, ledger, release, driver_name),
             host_nodes=host_nodes,
-            shares=shares,
         )
         self._unpreparer = Unpreparer(ledger, cdi_dir, release)
         #: Called after an unprepare released devices (the live inventory drops vanished ones).

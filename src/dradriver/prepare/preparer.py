@@ -24,7 +24,7 @@ claim's spec against the one recorded and rewrites it if it differs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,15 +36,13 @@ from dradriver.mig import MigError
 from dradriver.plugin.driver import ClaimRef, PreparedDevice, PrepareResult
 from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, DeviceRecord, MigRecord
+from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.holders import StaleHolders
-from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager, intent
-from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
 from dradriver.prepare.recovery import restore_specs
-from dradriver.prepare.release import Release
 from dradriver.prepare.resourceclaim import ResourceClaim
 from dradriver.prepare.sharing import SharingControl, SharingError
 
@@ -101,32 +99,17 @@ class ClaimWork:
 Step = Callable[[ClaimWork], None]
 
 
+@dataclass(eq=False)
 class Preparer:
-    def __init__(
-        self,
-        *,
-        driver_name: str,
-        pool_name: str,
-        ledger: Ledger,
-        cdi_dir: cdi.CdiDirectory,
-        release: Release,
-        sharing: SharingControl,
-        mig: MigManager,
-        stale_holders: StaleHolders,
-        host_nodes: HostDeviceNodes | None,
-        shares: ShareDaemons,
-    ) -> None:
-        self._driver_name = driver_name
-        self._pool_name = pool_name
-        self._ledger = ledger
-        self._cdi = cdi_dir
-        self._release = release
-        self._sharing = sharing
-        self._mig = mig
-        self._stale_holders = stale_holders
-        #: None with fake GPUs: their nodes are no host's.
-        self._host_nodes = host_nodes
-        self._shares = shares
+    context: ClaimContext
+    _: KW_ONLY
+    sharing: SharingControl
+    mig: MigManager
+    stale_holders: StaleHolders
+    #: None with fake GPUs: their nodes are no host's.
+    host_nodes: HostDeviceNodes | None
+
+    def __post_init__(self) -> None:
         #: What each claim with devices goes through, in order, once its devices are reserved.
         self._steps: tuple[Step, ...] = (
             self._make_mig_devices,
@@ -141,14 +124,14 @@ class Preparer:
         """Prepare the claims on `node` and write the checkpoint before answering if that changed
         anything; when a checkpoint write fails, undo what the call set up. The result of each
         claim, by UID."""
-        before = self._ledger.snapshot()
+        before = self.context.ledger.snapshot()
         batch = _Batch()
         try:
             self._prepare(claims, node, batch)
             if batch.write:
                 # The spec files of the claims it prepared exist already: a crash before this
                 # write leaves only orphans to remove.
-                self._ledger.persist()
+                self.context.ledger.persist()
         except StorageError as err:
             self._undo(before, claims, batch, err)
         else:
@@ -161,14 +144,14 @@ class Preparer:
         """The pipeline, filling `batch`; the records change in memory only."""
         results = batch.results
         planned, replaced = self._plan_all(claims, node, results)
-        self._stale_holders.free([w.plan for w in planned], node.devices)
+        self.stale_holders.free([w.plan for w in planned], node.devices)
         started = self._reserve(planned, replaced, node, results)
         rolled_back: list[str] = []
         for work in started:
             if work.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
                 self._run_steps(work, rolled_back, results)
         specs = self._write_specs(started, rolled_back, results)
-        completed = self._ledger.complete(specs, rolled_back)
+        completed = self.context.ledger.complete(specs, rolled_back)
         for record in completed:
             results[record.uid] = _result(record)
         batch.prepared = completed
@@ -188,8 +171,8 @@ class Preparer:
         planned: list[ClaimWork] = []
         again: dict[ClaimRef, ClaimRecord] = {}
         for ref, claim in claims:
-            existing = self._ledger.get(ref.uid)
-            if existing is not None and _same_devices(existing, claim, self._driver_name):
+            existing = self.context.ledger.get(ref.uid)
+            if existing is not None and _same_devices(existing, claim, self.context.driver_name):
                 results[ref.uid] = _result(existing)  # idempotent: the kubelet may ask again
                 again[ref] = existing
                 continue
@@ -203,7 +186,7 @@ class Preparer:
             except (PlanError, EditsError) as err:
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 results[ref.uid] = PrepareResult(error=str(err))
-        _, failed_rewrites = restore_specs(self._cdi, list(again.values()))
+        _, failed_rewrites = restore_specs(self.context.cdi_dir, list(again.values()))
         for ref in again:
             if (rewrite_error := failed_rewrites.get(ref.uid)) is not None:
                 results[ref.uid] = PrepareResult(error=f"claim {ref}: {rewrite_error}")
@@ -215,7 +198,7 @@ class Preparer:
         if existing.state is ClaimState.PREPARE_COMPLETED and not existing.recovered:
             log.warning("claim was prepared for another allocation: preparing it again", claim=str(ref))
         try:
-            self._release(existing, keep_cdi=existing.recovered)
+            self.context.release(existing, keep_cdi=existing.recovered)
         except (SharingError, MigError) as err:
             return f"claim {ref}: cannot undo an earlier attempt: {err}"
         return None
@@ -224,7 +207,11 @@ class Preparer:
         """The claim's plan on `node` with every device's CDI entry that can be built before
         anything is touched; for a MIG placement, whether the MIG device will be usable."""
         plan = plan_claim(
-            claim, ref, driver_name=self._driver_name, pool_name=self._pool_name, devices=node.devices
+            claim,
+            ref,
+            driver_name=self.context.driver_name,
+            pool_name=self.context.pool_name,
+            devices=node.devices,
         )
         entries: list[cdi.CdiDevice | None] = []
         for device in plan.devices:
@@ -245,7 +232,7 @@ class Preparer:
         results: dict[str, PrepareResult],
     ) -> list[ClaimWork]:
         """Record the claims PrepareStarted: those whose devices no other claim holds."""
-        conflicts = self._ledger.reserve(
+        conflicts = self.context.ledger.reserve(
             [(w.plan, self._record(w.plan)) for w in planned], replaced, node.devices
         )
         for uid, conflict in conflicts.items():
@@ -266,17 +253,19 @@ class Preparer:
                     pool=d.pool,
                     device=d.name,
                     request_names=d.requests,
-                    cdi_device_ids=(cdi.qualified_device_id(self._driver_name, ref.uid, _cdi_suffix(d)),),
+                    cdi_device_ids=(
+                        cdi.qualified_device_id(self.context.driver_name, ref.uid, _cdi_suffix(d)),
+                    ),
                     admin_access=d.admin_access,
                     share_id=d.share_id,
                     uuid=d.uuid,
                     sharing=d.sharing.describe() if d.sharing else "",
                     mig=intent(d.hardware) if isinstance(d.hardware, PossibleMig) else None,
-                    share=self._shares.record(d),
+                    share=self.context.shares.record(d),
                 )
                 for d in plan.devices
             ),
-            cdi_file=str(self._cdi.file_for(ref.uid)) if plan.devices else "",
+            cdi_file=str(self.context.cdi_dir.file_for(ref.uid)) if plan.devices else "",
             prepared_at=datetime.now(UTC),
             recovered=False,
         )
@@ -300,13 +289,13 @@ class Preparer:
                 continue
 
             def record(step: MigRecord, name: str = device.name) -> None:
-                self._ledger.record_mig(work.uid, name, step)
+                self.context.ledger.record_mig(work.uid, name, step)
 
-            made[i] = self._mig.create(placement, record)
+            made[i] = self.mig.create(placement, record)
             work.devices[i] = replace(device, hardware=made[i])
         if not made:
             return
-        self._ledger.update(work.uid, lambda r: _with_created_migs(r, work.devices))
+        self.context.ledger.update(work.uid, lambda r: _with_created_migs(r, work.devices))
         for i, mig_device in made.items():
             work.entries[i] = _cdi_device(work.uid, work.devices[i], mig_device, work.node.caps_major)
 
@@ -314,7 +303,7 @@ class Preparer:
         """Each GPU share's limits added to its entry, its GPU's daemon started first if need be."""
         entries = [e for e in work.entries if e is not None]
         assert len(entries) == len(work.devices), "a device without its CDI entry"
-        work.entries = list(self._shares.prepare(work.uid, work.devices, entries))
+        work.entries = list(self.context.shares.prepare(work.uid, work.devices, entries))
 
     def _apply_sharing(self, work: ClaimWork) -> None:
         """Apply each sharing configuration to the devices it is for; its edits join the claim's."""
@@ -326,7 +315,7 @@ class Preparer:
         for group in groups.values():
             sharing = group[0].sharing
             assert sharing is not None
-            edits = edits + self._sharing.apply(work.uid, sharing, group)
+            edits = edits + self.sharing.apply(work.uid, sharing, group)
         work.edits = work.edits + edits
 
     def _render_spec(self, work: ClaimWork) -> None:
@@ -334,9 +323,9 @@ class Preparer:
         entries = tuple(e for e in work.entries if e is not None)
         assert len(entries) == len(work.devices), "a device without its CDI entry"
         edits = work.edits
-        if self._host_nodes is not None:
-            edits = self._host_nodes.complete(edits, (e.edits for e in entries))
-        work.spec = cdi.render(cdi.ClaimSpec(cdi.kind(self._driver_name), entries, edits))
+        if self.host_nodes is not None:
+            edits = self.host_nodes.complete(edits, (e.edits for e in entries))
+        work.spec = cdi.render(cdi.ClaimSpec(cdi.kind(self.context.driver_name), entries, edits))
 
     # --- 5. write the specs -----------------------------------------------------------------
 
@@ -345,14 +334,14 @@ class Preparer:
     ) -> dict[str, Mapping[str, object] | None]:
         """Write the specs of the claims whose steps went through, in one batch: the spec of each
         claim to complete (None: a claim with no devices of ours), by UID."""
-        written = self._cdi.write_many({w.uid: w.spec for w in started if w.spec is not None})
+        written = self.context.cdi_dir.write_many({w.uid: w.spec for w in started if w.spec is not None})
         specs: dict[str, Mapping[str, object] | None] = {}
         for work in started:
             if work.uid in results:  # failed in a step
                 continue
             if (error := written.get(work.uid)) is not None:
                 problem = (
-                    storage_error("write the CDI spec", self._cdi.path, error)
+                    storage_error("write the CDI spec", self.context.cdi_dir.path, error)
                     if isinstance(error, OSError)
                     else error
                 )
@@ -368,11 +357,11 @@ class Preparer:
     ) -> None:
         """Roll a started claim back (its record is forgotten with the call's checkpoint write); what
         cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery."""
-        record = self._ledger.get(uid)
+        record = self.context.ledger.get(uid)
         assert record is not None, "a started claim without its record"
         ref = ClaimRef(record.namespace, record.name, record.uid)
         try:
-            self._release(record)
+            self.context.release(record)
             rolled_back.append(uid)
         except (SharingError, MigError) as undo_error:
             log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
@@ -399,11 +388,11 @@ class Preparer:
         """The checkpoint write of a prepare failed: undo what the call set up (sharing, MIG
         devices, specs), so that memory and disk are as the checkpoint says, and fail each claim
         it would have prepared; the kubelet's retry does the work again."""
-        touched = self._ledger.restore(before)
+        touched = self.context.ledger.restore(before)
         for uid, record in touched.items():
             if record is not None:
                 try:
-                    self._release(record)
+                    self.context.release(record)
                 except (SharingError, MigError, OSError) as undo_error:
                     log.error("could not undo an unrecorded prepare", uid=uid, error=str(undo_error))
         for ref, _ in claims:

@@ -21,10 +21,9 @@ from dradriver.mig import MigError
 from dradriver.names import uid_error
 from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord
-from dradriver.prepare.ledger import Ledger, OnDisk
-from dradriver.prepare.mps_shares import ShareDaemons
+from dradriver.prepare.context import ClaimContext
+from dradriver.prepare.ledger import OnDisk
 from dradriver.prepare.plan import Published
-from dradriver.prepare.release import Release
 
 log = logs.get_logger(component="prepare")
 
@@ -70,45 +69,31 @@ def restore_specs(
 
 
 class StartupRecovery:
-    def __init__(
-        self,
-        ledger: Ledger,
-        cdi_dir: cdi.CdiDirectory,
-        release: Release,
-        shares: ShareDaemons,
-        *,
-        driver_name: str,
-        pool_name: str,
-    ) -> None:
-        self._ledger = ledger
-        self._shares = shares
-        self._cdi = cdi_dir
-        self._release = release
-        self._driver_name = driver_name
-        self._pool_name = pool_name
+    def __init__(self, context: ClaimContext) -> None:
+        self._context = context
 
     def run(self, devices: Mapping[str, Published]) -> Recovery:
         """Recover, with the node's `devices` (to name the hardware of rebuilt records)."""
         # A full or read-only disk fails start-up here, before a spec or a record is touched.
-        self._ledger.check_writable()
-        self._cdi.check_writable()
-        report = Recovery(temp_files_removed=len(self._cdi.remove_temp_files()))
-        disk = self._ledger.read_disk()
+        self._context.ledger.check_writable()
+        self._context.cdi_dir.check_writable()
+        report = Recovery(temp_files_removed=len(self._context.cdi_dir.remove_temp_files()))
+        disk = self._context.ledger.read_disk()
         report.quarantined = disk.quarantined
         if disk.error is not None:
             self._log_unusable(disk)
         state = self._starting_state(disk, report, devices)
         claims = self._roll_back(state, report)
-        for uid in self._cdi.claim_uids():
+        for uid in self._context.cdi_dir.claim_uids():
             if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
-                self._cdi.remove(uid)
+                self._context.cdi_dir.remove(uid)
                 report.orphans_removed.append(uid)
-        report.specs_rewritten, failed = restore_specs(self._cdi, list(claims.values()))
+        report.specs_rewritten, failed = restore_specs(self._context.cdi_dir, list(claims.values()))
         for uid, error in failed.items():
             log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
-        self._ledger.install(state, claims, disk.last_boot)
+        self._context.ledger.install(state, claims, disk.last_boot)
         # The GPUs' share daemons as the kept shares need them: adopted, started again or stopped.
-        self._shares.recover()
+        self._context.shares.recover()
         return report
 
     def _log_unusable(self, disk: OnDisk) -> None:
@@ -134,24 +119,26 @@ class StartupRecovery:
         # The boot of what is on disk: the checkpoint's, or with none readable the marker's (saves
         # are not fsynced, so a power failure may cost the checkpoint; the specs are that boot's).
         if self._before_this_boot(loaded.boot_id if loaded is not None else disk.last_boot):
-            report.cleared_after_reboot = sorted(self._cdi.claim_uids() if loaded is None else loaded.claims)
+            report.cleared_after_reboot = sorted(
+                self._context.cdi_dir.claim_uids() if loaded is None else loaded.claims
+            )
             for uid in report.cleared_after_reboot:
-                self._cdi.remove(uid)
-            return CheckpointData(boot_id=self._ledger.boot_id)
+                self._context.cdi_dir.remove(uid)
+            return CheckpointData(boot_id=self._context.ledger.boot_id)
         if loaded is None:
             state = self._rebuild_from_cdi(devices)
             report.rebuilt_from_cdi = sorted(state.claims)
             return state
-        return loaded.model_copy(update={"boot_id": self._ledger.boot_id})
+        return loaded.model_copy(update={"boot_id": self._context.ledger.boot_id})
 
     def _roll_back(self, state: CheckpointData, report: Recovery) -> dict[str, ClaimRecord]:
         """Release the half-prepared claims: the claims kept (the prepared ones, and those whose
         MIG device could not be removed yet)."""
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
-        self._shares.reset(state.claims.values())  # before a rollback releases a share
+        self._context.shares.reset(state.claims.values())  # before a rollback releases a share
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
             try:
-                self._release(record)
+                self._context.release(record)
             except MigError as err:
                 log.error(
                     "could not roll back a half-prepared claim: its MIG device stays recorded",
@@ -165,13 +152,13 @@ class StartupRecovery:
         return claims
 
     def _before_this_boot(self, boot_id: str | None) -> bool:
-        return bool(boot_id and self._ledger.boot_id and boot_id != self._ledger.boot_id)
+        return bool(boot_id and self._context.ledger.boot_id and boot_id != self._context.ledger.boot_id)
 
     def _rebuild_from_cdi(self, devices: Mapping[str, Published]) -> CheckpointData:
         """Our spec files say which claims are prepared and with which devices; names are lost."""
         claims: dict[str, ClaimRecord] = {}
-        for uid in self._cdi.claim_uids():
-            spec = self._cdi.read(uid)
+        for uid in self._context.cdi_dir.claim_uids():
+            spec = self._context.cdi_dir.read(uid)
             if spec is None or uid_error(uid) is not None:
                 continue  # unparseable or not ours after all: removed as an orphan
             claims[uid] = ClaimRecord(
@@ -180,20 +167,20 @@ class StartupRecovery:
                 name="",
                 state=ClaimState.PREPARE_COMPLETED,
                 devices=tuple(self._rebuilt_device(uid, entry, devices) for entry in spec.get("devices", [])),
-                cdi_file=str(self._cdi.file_for(uid)),
+                cdi_file=str(self._context.cdi_dir.file_for(uid)),
                 cdi_spec=spec,
                 recovered=True,
             )
-        return CheckpointData(boot_id=self._ledger.boot_id, claims=claims)
+        return CheckpointData(boot_id=self._context.ledger.boot_id, claims=claims)
 
     def _rebuilt_device(
         self, uid: str, entry: Mapping[str, object], devices: Mapping[str, Published]
     ) -> DeviceRecord:
-        qualified = f"{cdi.kind(self._driver_name)}={entry.get('name', '')}"
+        qualified = f"{cdi.kind(self._context.driver_name)}={entry.get('name', '')}"
         device = str(entry.get("name", "")).removeprefix(f"{uid}-")
         hardware = devices.get(device)
         return DeviceRecord(
-            pool=self._pool_name,
+            pool=self._context.pool_name,
             device=device,
             cdi_device_ids=(qualified,),
             uuid=hardware.uuid if isinstance(hardware, Gpu | MigDevice) else "",

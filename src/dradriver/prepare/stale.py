@@ -10,12 +10,12 @@ an API server that cannot be reached is never taken as an answer.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from dradriver import logs
+from dradriver.periodic import Periodic
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError
@@ -76,11 +76,15 @@ class StaleClaimCollector:
         self._driver = driver
         self._source = source
         self.grace = grace
-        self.interval = min(MAX_INTERVAL_SECONDS, max(grace / 2, 0.1))
         self._clock = clock
         self._gone_since: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(
+            step=self.check_once,
+            interval=min(MAX_INTERVAL_SECONDS, max(grace / 2, 0.1)),
+            name="stale-claims",
+            failed="stale claim check failed; trying again later",
+            log=log,
+        )
 
     def check_once(self) -> list[str]:
         """One pass; returns the UIDs of the claims it unprepared."""
@@ -125,17 +129,7 @@ class StaleClaimCollector:
         return gone_reason(record, claim) is not None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="stale-claims", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.check_once()
-            except Exception:
-                log.exception("stale claim check failed; trying again later")
+        self._loop.stop()

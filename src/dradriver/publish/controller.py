@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -102,6 +102,7 @@ def delete_node_slices(client: KubeClient, *, driver_name: str, node_name: str) 
     return deleted
 
 
+@dataclass(eq=False)
 class SliceController:
     """Publishes `desired()` as this node's pool and keeps it that way (see module docstring).
 
@@ -109,30 +110,20 @@ class SliceController:
     them); the controller owns their names, owner reference and pool generation.
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        driver_name: str,
-        node_name: str,
-        desired: Callable[[], list[Json]],
-        debounce: float = DEFAULT_DEBOUNCE_S,
-        backoff: Backoff | None = None,
-        events: bool = True,
-        marker: Marker | None = None,
-        instance_alive: Callable[[str], bool] | None = None,
-    ) -> None:
-        self._client = client
-        self.driver_name = driver_name
-        self.node_name = node_name
-        self._desired = desired
-        self._debounce = debounce
-        self._backoff = backoff or Backoff(initial=0.2, cap=5.0)
-        self._events = events
-        self._log = get_logger(component="publish", driver=driver_name, node=node_name)
-        self._selector = field_selector(driver_name, node_name)
-        self._marker = marker
-        self._instance_alive = instance_alive or (lambda _instance: False)
+    client: KubeClient
+    _: KW_ONLY
+    driver_name: str
+    node_name: str
+    desired: Callable[[], list[Json]]
+    debounce: float = DEFAULT_DEBOUNCE_S
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.2, cap=5.0))
+    events: bool = True
+    marker: Marker | None = None
+    instance_alive: Callable[[str], bool] = lambda _instance: False
+
+    def __post_init__(self) -> None:
+        self._log = get_logger(component="publish", driver=self.driver_name, node=self.node_name)
+        self._selector = field_selector(self.driver_name, self.node_name)
         self._owner: Marker | None = None  # reconciler thread only: the newer instance we yield to
 
         self._cache = SliceCache()
@@ -142,11 +133,11 @@ class SliceController:
         self._reflector = Reflector(
             what="ResourceSlices",
             list_objects=self._listed_slices,
-            watch=lambda rv: client.watch_resource_slices(self._selector, rv),
+            watch=lambda rv: self.client.watch_resource_slices(self._selector, rv),
             on_list=self._on_list,
             on_event=self._on_event,
             on_watching=lambda watching: self._set_status(watching=watching),
-            backoff=self._backoff,
+            backoff=self.backoff,
             log=self._log,
         )
         self._threads: list[threading.Thread] = []
@@ -210,7 +201,7 @@ class SliceController:
         self._reflector.run(self._stop)
 
     def _listed_slices(self) -> tuple[list[Json], str]:
-        listed = self._client.list_resource_slices(self._selector)
+        listed = self.client.list_resource_slices(self._selector)
         return listed.get("items", []), str(listed.get("metadata", {}).get("resourceVersion", ""))
 
     def _on_list(self, items: list[Json]) -> None:
@@ -225,7 +216,7 @@ class SliceController:
 
     def _kick(self, *, debounce: bool) -> None:
         with self._cond:
-            when = time.monotonic() + (self._debounce if debounce else 0.0)
+            when = time.monotonic() + (self.debounce if debounce else 0.0)
             if self._due is None or when < self._due:
                 self._due = when
             self._cond.notify_all()
@@ -253,7 +244,7 @@ class SliceController:
                 continue
             except Exception as err:
                 failures += 1
-                delay = self._backoff.delay(failures - 1)
+                delay = self.backoff.delay(failures - 1)
                 if not isinstance(err, KubeError):
                     self._log.exception("unexpected error while publishing ResourceSlices")
                 else:
@@ -298,7 +289,7 @@ class SliceController:
         attempt = 0
         while not self._stop.is_set():
             try:
-                self._node_uid = self._client.node_uid(self.node_name)
+                self._node_uid = self.client.node_uid(self.node_name)
                 return True
             except KubeError as err:
                 delay = Backoff(initial=1.0, cap=30.0).delay(attempt)
@@ -320,7 +311,7 @@ class SliceController:
         assert self._node_uid is not None
         if self._yielding():
             return Plan(generation=self.status.generation or 0)
-        desired = self._desired()
+        desired = self.desired()
         effective = [self._effective(i, s) for i, s in enumerate(desired)]
         plan = plan_pool(
             self._cache.snapshot(),
@@ -340,7 +331,7 @@ class SliceController:
         )
         for delete in plan.deletes:
             try:
-                self._client.delete_resource_slice(
+                self.client.delete_resource_slice(
                     delete.name, uid=delete.uid, resource_version=delete.resource_version
                 )
                 self._count(deletes=1)
@@ -348,29 +339,29 @@ class SliceController:
                 pass
             self._cache.record_delete(delete.name, delete.uid)
         for update in plan.updates:
-            stored = self._client.update_resource_slice(self._stamped(update.body))
+            stored = self.client.update_resource_slice(self._stamped(update.body))
             self._count(updates=1)
             self._stored(update.index, desired[update.index], effective[update.index], stored)
         for create in plan.creates:
-            stored = self._client.create_resource_slice(self._stamped(create.body))
+            stored = self.client.create_resource_slice(self._stamped(create.body))
             self._count(creates=1)
             self._stored(create.index, desired[create.index], effective[create.index], stored)
         return plan
 
     def _stamped(self, body: Json) -> Json:
-        return body if self._marker is None else stamp(body, self.driver_name, self._marker)
+        return body if self.marker is None else stamp(body, self.driver_name, self.marker)
 
     def _yielding(self) -> bool:
         """Whether a newer, still serving instance owns the pool (see `handover`)."""
-        if self._marker is None:
+        if self.marker is None:
             return False
-        seen = newest_other(self._cache.snapshot(), self.driver_name, self._marker)
+        seen = newest_other(self._cache.snapshot(), self.driver_name, self.marker)
         newest = max((m for m in (seen, self._owner) if m is not None), default=None)
         # Our own pod's marker from a newer start is an earlier life of ours (clock stepped back).
         alive = (
             newest is not None
-            and newest.instance != self._marker.instance
-            and self._instance_alive(newest.instance)
+            and newest.instance != self.marker.instance
+            and self.instance_alive(newest.instance)
         )
         if alive and newest != self._owner:
             assert newest is not None
@@ -422,7 +413,7 @@ class SliceController:
             self._status = replace(
                 self._status, dropped_features=merged, warnings=(*self._status.warnings, message)[-10:]
             )
-        if self._events:
+        if self.events:
             self._emit_event("DroppedFields", message)
 
     def _emit_event(self, reason: str, message: str) -> None:
@@ -435,7 +426,7 @@ class SliceController:
             event_type="Warning",
         )
         try:
-            self._client.create_event(EVENT_NAMESPACE, event)
+            self.client.create_event(EVENT_NAMESPACE, event)
         except KubeError as err:  # an Event is a courtesy; the log line above is the record
             self._log.debug("could not create Event", error=str(err))
 

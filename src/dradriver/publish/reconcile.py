@@ -40,13 +40,9 @@ TAINT_TIME_TOLERANCE_S = 1.0
 
 
 @dataclass(frozen=True)
-class Create:
-    index: int
-    body: Json
+class Write:
+    """A slice to create or update: its place in the desired list, and what to send."""
 
-
-@dataclass(frozen=True)
-class Update:
     index: int
     body: Json
 
@@ -62,8 +58,8 @@ class Delete:
 class Plan:
     generation: int
     deletes: tuple[Delete, ...] = ()
-    updates: tuple[Update, ...] = ()
-    creates: tuple[Create, ...] = ()
+    updates: tuple[Write, ...] = ()
+    creates: tuple[Write, ...] = ()
 
     @property
     def writes(self) -> int:
@@ -267,7 +263,7 @@ def plan_pool(
         body["metadata"]["ownerReferences"] = _with_owner(
             body["metadata"].get("ownerReferences") or [], owner
         )
-        updates.append(Update(i, body))
+        updates.append(Write(i, body))
 
     creates = []
     for i in range(count):
@@ -288,7 +284,7 @@ def plan_pool(
             },
             "spec": spec,
         }
-        creates.append(Create(i, body))
+        creates.append(Write(i, body))
 
     deletes = tuple(
         Delete(_name(s), str(s["metadata"].get("uid", "")), str(s["metadata"].get("resourceVersion", "")))

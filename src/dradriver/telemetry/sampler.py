@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dradriver import logs
+from dradriver.periodic import Periodic
 from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.telemetry.exposition import families
 from dradriver.telemetry.model import (
@@ -69,48 +70,47 @@ def pod_of_pid(proc_root: Path) -> Callable[[int], str | None]:
     return lookup
 
 
+@dataclass(eq=False)
 class TelemetrySampler:
-    """Keeps the latest readings of the published devices, refreshed every `interval` seconds."""
+    """Keeps the latest readings of the published devices, refreshed every `interval` seconds.
 
-    def __init__(
-        self,
-        reader: TelemetryReader,
-        *,
-        targets: Callable[[], Sequence[Target]],
-        records: Callable[[], list[ClaimRecord]],
-        pods_of: Callable[[str], Sequence[PodRef]],
-        pod_of_pid: Callable[[int], str | None],
-        interval: float,
-        on_reading: Callable[[Snapshot], None] = lambda _snapshot: None,
-        idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict,
-    ) -> None:
-        """`on_reading` sees each reading before it is rendered; `idle` gives the claims below
-        the idle threshold then, with their seconds so far."""
-        self._reader = reader
-        self._targets = targets
-        self._records = records
-        self._pods_of = pods_of
-        self._pod_of_pid = pod_of_pid
-        self.interval = interval
-        self._on_reading = on_reading
-        self._idle = idle
+    `on_reading` sees each reading before it is rendered; `idle` gives the claims below the idle
+    threshold then, with their seconds so far."""
+
+    reader: TelemetryReader
+    _: KW_ONLY
+    targets: Callable[[], Sequence[Target]]
+    records: Callable[[], list[ClaimRecord]]
+    pods_of: Callable[[str], Sequence[PodRef]]
+    pod_of_pid: Callable[[int], str | None]
+    interval: float
+    on_reading: Callable[[Snapshot], None] = lambda _snapshot: None
+    idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict
+
+    def __post_init__(self) -> None:
         self._snapshot = Snapshot(exposition=render(Snapshot(), {}))
         self._lock = threading.Lock()  # guards _snapshot only; held for an assignment or a read
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic(
+            step=self.read_once,
+            interval=self.interval,
+            name="telemetry",
+            failed="reading the devices' telemetry failed; trying again later",
+            log=log,
+            at_start=True,
+        )
 
     def read_once(self) -> Snapshot:
         started = time.perf_counter()
-        targets = list(self._targets())
-        samples = self._reader.read(targets)
-        held: dict[str, list[Holder]] = holders_by_device(self._records(), self._pods_of)
+        targets = list(self.targets())
+        samples = self.reader.read(targets)
+        held: dict[str, list[Holder]] = holders_by_device(self.records(), self.pods_of)
         snapshot = Snapshot(
             taken_at=time.time(),
             read_seconds=time.perf_counter() - started,
-            readings=readings(targets, samples, held, self._pod_of_pid),
+            readings=readings(targets, samples, held, self.pod_of_pid),
         )
-        self._on_reading(snapshot)
-        snapshot = replace(snapshot, exposition=render(snapshot, self._idle()))
+        self.on_reading(snapshot)
+        snapshot = replace(snapshot, exposition=render(snapshot, self.idle()))
         with self._lock:
             self._snapshot = snapshot
         return snapshot
@@ -124,23 +124,11 @@ class TelemetrySampler:
             return self._snapshot
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        self._reader.close()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.read_once()
-            except Exception:
-                log.exception("reading the devices' telemetry failed; trying again later")
-            if self._stop.wait(self.interval):
-                return
+        self._loop.stop()
+        self.reader.close()
 
 
 class _Fixed(Collector):

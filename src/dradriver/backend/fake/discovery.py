@@ -9,6 +9,7 @@ every node using the profile see the same devices.
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 
 from dradriver.backend.fake.profile import FakeProfile, GpuGroup, MigProfileSpec
 from dradriver.discovery.model import (
@@ -38,15 +39,8 @@ def mig_profile(spec: MigProfileSpec) -> MigProfile:
         profile_id=spec.id,
         slice_count=spec.slice_count,
         instance_count=spec.instance_count,
-        resources=MigResources(
-            memory_mib=spec.memory_mib,
-            multiprocessors=spec.multiprocessors,
-            copy_engines=spec.copy_engines,
-            decoders=spec.decoders,
-            encoders=spec.encoders,
-            jpeg_engines=spec.jpeg_engines,
-            ofa_engines=spec.ofa_engines,
-        ),
+        # The spec names the resources as MigResources does.
+        resources=MigResources(**{f.name: getattr(spec, f.name) for f in fields(MigResources)}),
         placements=tuple(MigPlacement(start, spec.placement_size) for start in spec.placement_starts),
     )
 

@@ -70,6 +70,17 @@ ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 
 _MIG_ENABLED = 1
 _MIG_NAME_PREFIX = "MIG "
+#: MigResources's fields and how NVML names them: in a GPU instance profile's info, and in a MIG
+#: device's attributes (whose engines are shared within its GPU instance).
+_RESOURCE_NAMES = (
+    ("memory_mib", "memorySizeMB", "memorySizeMB"),
+    ("multiprocessors", "multiprocessorCount", "multiprocessorCount"),
+    ("copy_engines", "copyEngineCount", "sharedCopyEngineCount"),
+    ("decoders", "decoderCount", "sharedDecoderCount"),
+    ("encoders", "encoderCount", "sharedEncoderCount"),
+    ("jpeg_engines", "jpegCount", "sharedJpegCount"),
+    ("ofa_engines", "ofaCount", "sharedOfaCount"),
+)
 _T = TypeVar("_T")
 
 
@@ -113,6 +124,16 @@ class _Scan:
 
     nodes: DriverNodes
     skipped: list[SkippedDevice]
+
+
+def _resources(struct: Any, *, of_device: bool) -> MigResources:
+    """A GPU instance profile's resources from its info, or a MIG device's from its attributes."""
+    return MigResources(
+        **{
+            field: getattr(struct, device if of_device else profile)
+            for field, profile, device in _RESOURCE_NAMES
+        }
+    )
 
 
 def _text(value: str | bytes) -> str:
@@ -285,15 +306,7 @@ class NvmlLibrary:
                 profile_id=info.id,
                 slice_count=info.sliceCount,
                 instance_count=info.instanceCount,
-                resources=MigResources(
-                    memory_mib=info.memorySizeMB,
-                    multiprocessors=info.multiprocessorCount,
-                    copy_engines=info.copyEngineCount,
-                    decoders=info.decoderCount,
-                    encoders=info.encoderCount,
-                    jpeg_engines=info.jpegCount,
-                    ofa_engines=info.ofaCount,
-                ),
+                resources=_resources(info, of_device=False),
                 placements=self._placements(handle, info.id),
             )
         return tuple(profiles.values())
@@ -360,15 +373,7 @@ class NvmlLibrary:
             placement=MigPlacement(gi_info.placement.start, gi_info.placement.size),
             compute_placement=MigPlacement(ci_info.placement.start, ci_info.placement.size),
             full_gpu_instance=full,
-            resources=MigResources(
-                memory_mib=attributes.memorySizeMB,
-                multiprocessors=attributes.multiprocessorCount,
-                copy_engines=attributes.sharedCopyEngineCount,
-                decoders=attributes.sharedDecoderCount,
-                encoders=attributes.sharedEncoderCount,
-                jpeg_engines=attributes.sharedJpegCount,
-                ofa_engines=attributes.sharedOfaCount,
-            ),
+            resources=_resources(attributes, of_device=True),
             gi_caps_minor=nodes.gi_minor(parent.minor, gi_id),
             ci_caps_minor=nodes.ci_minor(parent.minor, gi_id, ci_id),
         )

@@ -292,12 +292,14 @@ class NvmlHealthSource:
         where = HardwareRef(uuid, _instance(data.gpuInstanceId), _instance(data.computeInstanceId))
         return [XidEvent(where, int(data.eventData), time.time())]
 
+    def _watched(self) -> list[str]:
+        """The GPUs watched now: neither lost nor unmonitored."""
+        return [uuid for uuid in self._uuids if uuid not in self._lost and uuid not in self._unmonitored]
+
     def _find_lost(self) -> list[HealthEvent]:
         """After "GPU is lost": the watched GPUs that no longer answer, each reported once."""
         events: list[HealthEvent] = []
-        for uuid in self._uuids:
-            if uuid in self._lost or uuid in self._unmonitored:
-                continue
+        for uuid in self._watched():
             try:
                 self._answering(uuid)
             except _CallError as err:
@@ -307,9 +309,7 @@ class NvmlHealthSource:
 
     def _poll_thresholds(self) -> list[HealthEvent]:
         events: list[HealthEvent] = []
-        for uuid in self._uuids:
-            if uuid in self._lost or uuid in self._unmonitored:
-                continue
+        for uuid in self._watched():
             try:
                 handle = self._call("nvmlDeviceGetHandleByUUID", self._nvml.nvmlDeviceGetHandleByUUID, uuid)
                 over = self._over_thresholds(handle)
