@@ -26,7 +26,14 @@ import urllib3
 from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
 from dradriver import __version__
-from dradriver.kube.access import Access, AccessError, Credentials, from_kubeconfig, in_cluster
+from dradriver.kube.access import (
+    SERVICE_ACCOUNT_DIR,
+    Access,
+    AccessError,
+    Credentials,
+    from_kubeconfig,
+    in_cluster,
+)
 from dradriver.kube.errors import (
     ApiError,
     KubeError,
@@ -43,7 +50,7 @@ log = get_logger(component="kube")
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 #: The first Kubernetes release that serves resource.k8s.io/v1 by default.
 MIN_KUBERNETES = "1.34"
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+SERVICE_ACCOUNT_TOKEN = SERVICE_ACCOUNT_DIR / "token"
 USER_AGENT = f"dradriver/{__version__}"
 JSON = "application/json"
 
