@@ -233,12 +233,23 @@ class RecordStream(io.StringIO):
             return [json.loads(line) for line in self.getvalue().splitlines()]
 
 
+@pytest.fixture(autouse=True)
+def quiet_log() -> Iterator[io.StringIO]:
+    """A call's log record is written by the server's thread after it has answered, so it can
+    land after the test's call phase, while pytest shows its progress: keep records off the
+    terminal until the server is gone (autouse fixtures are torn down last)."""
+    buffer = io.StringIO()
+    logs.configure("console", 0, buffer)
+    yield buffer
+    logs.configure("console")
+
+
 @pytest.fixture
-def json_log() -> Iterator[RecordStream]:
+def json_log(quiet_log: io.StringIO) -> Iterator[RecordStream]:
     stream = RecordStream()
     logs.configure("json", 0, stream)
     yield stream
-    logs.configure("console")
+    logs.configure("console", 0, quiet_log)
 
 
 def test_a_calls_records_are_written_once_it_has_answered(
