@@ -163,6 +163,15 @@ def heap_mb(samples: Samples) -> float:
     return metric_sum(samples, "go_memstats_heap_inuse_bytes").get((), 0.0) / 2**20
 
 
+def stack_mb(samples: Samples) -> float:
+    """Its goroutines' stacks (outside the heap): each connection and watch has goroutines."""
+    return metric_sum(samples, "go_memstats_stack_inuse_bytes").get((), 0.0) / 2**20
+
+
+def goroutines(samples: Samples) -> float:
+    return metric_sum(samples, "go_goroutines").get((), 0.0)
+
+
 def requests(samples: Samples) -> dict[str, float]:
     """Requests so far by "VERB resource[/subresource]" (a non-resource URL by its path), less the
     API server's own loopback clients (system_client="kube-apiserver": leases, endpoints, openapi)."""
@@ -439,6 +448,8 @@ class Step:
     watches: dict[str, float] = field(default_factory=dict)
     rss_mb: float = 0.0
     heap_mb: float = 0.0
+    stack_mb: float = 0.0
+    goroutines: float = 0.0
     connections: int = 0
     instance_rss_mb: list[float] = field(default_factory=list)
     #: CPU seconds of each instance from its spawn to the end of the start window, and in the idle window.
@@ -458,6 +469,8 @@ class Result:
     baseline_cpu: float
     baseline_rss: float
     baseline_heap: float
+    baseline_stack: float
+    baseline_goroutines: float
     baseline_connections: int
     baseline_watches: dict[str, float]
     baseline_events_per_change: float
@@ -508,6 +521,8 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             quiet.cpu / quiet.seconds,
             server.rss(),
             heap_mb(quiet_samples),
+            stack_mb(quiet_samples),
+            goroutines(quiet_samples),
             server.connections(),
             watches(quiet_samples),
             (events - before_events[0]) / changes,
@@ -548,6 +563,8 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             step.watches = difference(watches(idle_samples), result.baseline_watches)
             step.rss_mb = server.rss()
             step.heap_mb = heap_mb(idle_samples)
+            step.stack_mb = stack_mb(idle_samples)
+            step.goroutines = goroutines(idle_samples)
             step.connections = server.connections()
             step.instance_rss_mb = fleet.rss_mb()
             meter.mark()
@@ -619,6 +636,8 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
     ("API server CPU during start (s)", "{:.1f}", lambda s: s.start_cpu),
     ("API server RSS after idle (MB)", "{:.0f}", lambda s: s.rss_mb),
     ("API server Go heap in use after idle (MB)", "{:.1f}", lambda s: s.heap_mb),
+    ("API server goroutine stacks after idle (MB)", "{:.2f}", lambda s: s.stack_mb),
+    ("API server goroutines after idle", "{:.0f}", lambda s: s.goroutines),
     ("TCP connections to the API server", "{:.0f}", lambda s: s.connections),
     (
         "instance CPU from spawn to complete + settle, median (s)",
@@ -651,6 +670,8 @@ def report(results: list[Result], sizes: list[int]) -> str:
                 "API server idle CPU (% of a core)": f"{result.baseline_cpu * 100:.2f}",
                 "API server RSS after idle (MB)": f"{result.baseline_rss:.0f}",
                 "API server Go heap in use after idle (MB)": f"{result.baseline_heap:.1f}",
+                "API server goroutine stacks after idle (MB)": f"{result.baseline_stack:.2f}",
+                "API server goroutines after idle": f"{result.baseline_goroutines:.0f}",
                 "TCP connections to the API server": f"{result.baseline_connections}",
             }.get(label, "")
             slope = f"{least_squares_slope(sizes, values):.3g}" if len(sizes) > 1 else "-"
