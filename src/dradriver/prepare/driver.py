@@ -21,7 +21,7 @@ MIG devices or sharing):
  9. `Ledger.reserve` (prepare/ledger.py) records the claim PrepareStarted unless its devices are
     held;
 10. the claim's steps in `Preparer`: make its MIG devices (`MigManager`, prepare/mig.py), apply
-    sharing (`SharingControl`, prepare/sharing.py), render the spec;
+    sharing (`SharingControl`, prepare/sharing.py, which each backend implements), render the spec;
 11. `CdiDirectory.write_many` (prepare/cdi.py) writes the CDI file;
 12. `Ledger.complete` and `Ledger.persist` record it PrepareCompleted before the call answers.
 
