@@ -13,7 +13,7 @@ import os
 import pytest
 
 from dradriver.cli import build_parser
-from dradriver.cli._common import ENV_PREFIX, env_name
+from dradriver.flagenv import ENV_PREFIX, env_name
 from tests.deploy.manifests import KUSTOMIZATIONS, container_env, plugin_container, render
 
 

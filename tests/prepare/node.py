@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from dradriver.backend.fake.sharing import FakeSharing
 from dradriver.backend.select import open_backend as open_library
 from dradriver.devicemodel import build_devices
 from dradriver.plugin.driver import ClaimRef
@@ -19,7 +20,6 @@ from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.mps_shares import ShareDaemons
-from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER
 
 

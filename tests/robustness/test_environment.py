@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from dradriver.cli import build_parser
-from dradriver.cli._common import env_name
+from dradriver.flagenv import env_name
 from tests.helpers import short_tmpdir
 from tests.robustness.common import assert_one_line_failure, dradriver
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dradriver import logs
+from dradriver.backend.fake.sharing import FakeSharing
 from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
 from dradriver.devicemodel.shares import SharePolicy
@@ -26,7 +27,6 @@ from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.mps_shares import ShareDaemons
-from dradriver.prepare.sharing import FakeSharing
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
 from tests.prepare.node import CountingStore
 

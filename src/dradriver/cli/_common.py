@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.flagenv import env_name
 from dradriver.names import dns_subdomain_error, driver_name_error, uid_error
-
-ENV_PREFIX = "DRADRIVER_"
 
 
 class CLIError(Exception):
@@ -103,11 +102,6 @@ class Parser(argparse.ArgumentParser):
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-def env_name(flag: str) -> str:
-    """`--kubelet-plugins-dir` -> `DRADRIVER_KUBELET_PLUGINS_DIR`."""
-    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
 
 
 def env_flag(

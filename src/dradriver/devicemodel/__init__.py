@@ -60,6 +60,7 @@ class PossibleMig:
 GpuInstance = tuple[str, int]
 
 
+#: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
 Hardware = Gpu | MigDevice | PossibleMig
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.cli._common import env_name
+from dradriver.flagenv import env_name
 
 
 def _flag(words: Sequence[str], flag: str, environ: Mapping[str, str], envs: Sequence[str]) -> str | None:

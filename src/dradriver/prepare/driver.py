@@ -21,7 +21,7 @@ MIG devices or sharing):
  9. `Ledger.reserve` (prepare/ledger.py) records the claim PrepareStarted unless its devices are
     held;
 10. the claim's steps in `Preparer`: make its MIG devices (`MigManager`, prepare/mig.py), apply
-    sharing (`SharingControl`, prepare/sharing.py), render the spec;
+    sharing (`SharingControl`, prepare/sharing.py, which each backend implements), render the spec;
 11. `CdiDirectory.write_many` (prepare/cdi.py) writes the CDI file;
 12. `Ledger.complete` and `Ledger.persist` record it PrepareCompleted before the call answers.
 
@@ -38,6 +38,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from dradriver import logs
+from dradriver.devicemodel import Hardware
 from dradriver.names import dns_label_error, dns_subdomain_error, uid_error
 from dradriver.plugin.driver import ClaimRef, PrepareResult
 from dradriver.prepare import cdi
@@ -50,7 +51,6 @@ from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.mps_shares import ShareDaemons
-from dradriver.prepare.plan import Published
 from dradriver.prepare.preparer import NodeDevices, Preparer
 from dradriver.prepare.recovery import Recovery, StartupRecovery
 from dradriver.prepare.release import Release
@@ -79,7 +79,7 @@ class GpuDriver:
         *,
         driver_name: str,
         pool_name: str,
-        devices: Mapping[str, Published],
+        devices: Mapping[str, Hardware],
         claims: ClaimSource,
         cdi_dir: cdi.CdiDirectory,
         store: CheckpointStore,
@@ -116,7 +116,7 @@ class GpuDriver:
         self.on_released: Callable[[], None] = lambda: None
 
     def set_devices(
-        self, devices: Mapping[str, Published], *, common_edits: cdi.ContainerEdits, caps_major: int | None
+        self, devices: Mapping[str, Hardware], *, common_edits: cdi.ContainerEdits, caps_major: int | None
     ) -> None:
         """The node's devices changed (live inventory, a host driver upgrade): later claims are
         planned and their specs written on these."""

@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dradriver import logs
+from dradriver.devicemodel import Hardware
 from dradriver.mig import MigError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError
 from dradriver.prepare.ledger import Ledger
-from dradriver.prepare.plan import ClaimPlan, Published
+from dradriver.prepare.plan import ClaimPlan
 from dradriver.prepare.release import Release
 from dradriver.prepare.sharing import SharingError
 from dradriver.prepare.stale import released_reason
@@ -35,7 +36,7 @@ class StaleHolders:
         self._release = release
         self._driver_name = driver_name
 
-    def free(self, planned: Sequence[ClaimPlan], devices: Mapping[str, Published]) -> None:
+    def free(self, planned: Sequence[ClaimPlan], devices: Mapping[str, Hardware]) -> None:
         """Unprepare the claims that hold a device of the plans but whose ResourceClaim says they
         cannot be using it any more (deleted, deallocated, reserved for no pod)."""
         if not self._source.authoritative or not planned:

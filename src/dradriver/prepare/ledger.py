@@ -25,6 +25,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dradriver.devicemodel import Hardware
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.files.write import StorageError
 from dradriver.plugin.driver import ClaimRef
@@ -37,13 +38,13 @@ from dradriver.prepare.checkpoint import (
     DeviceRecord,
     MigRecord,
 )
-from dradriver.prepare.plan import ClaimPlan, PlannedDevice, Published
+from dradriver.prepare.plan import ClaimPlan, PlannedDevice
 
 #: Prepared devices by the GPU they are on (see `Ledger._holders`).
 _Holders = dict[str, list[tuple[ClaimRecord, DeviceRecord]]]
 
 
-def _silicon(device: Published) -> tuple[int, range | None]:
+def _silicon(device: Hardware) -> tuple[int, range | None]:
     """The GPU minor a device lives on and the memory slices it takes (None: all of them)."""
     if isinstance(device, Gpu):
         return device.minor, None
@@ -52,7 +53,7 @@ def _silicon(device: Published) -> tuple[int, range | None]:
     return minor, range(spot.start, spot.start + spot.size)
 
 
-def overlaps(a: Published | None, b: Published) -> bool:
+def overlaps(a: Hardware | None, b: Hardware) -> bool:
     """Whether two devices share silicon: the same device, a GPU and one of its MIG devices or
     placements, or MIG placements whose memory slices overlap. Two MIG devices of one GPU
     instance (compute instances that split it) do not."""
@@ -173,7 +174,7 @@ class Ledger:
         self,
         reservations: Sequence[tuple[ClaimPlan, ClaimRecord]],
         replaced: Sequence[str],
-        devices: Mapping[str, Published],
+        devices: Mapping[str, Hardware],
     ) -> dict[str, str]:
         """Drop the `replaced` records and record each plan's PrepareStarted record unless one of
         its devices is held by another claim (on the node's `devices`): the error of each plan
@@ -202,7 +203,7 @@ class Ledger:
         return conflicts
 
     def stale_candidates(
-        self, planned: Sequence[ClaimPlan], devices: Mapping[str, Published]
+        self, planned: Sequence[ClaimPlan], devices: Mapping[str, Hardware]
     ) -> dict[tuple[str, ClaimRef], ClaimRecord]:
         """The prepared claims (with a name to look up) holding a device of these plans, each by
         (its UID, the claim it blocks)."""
@@ -327,7 +328,7 @@ class Ledger:
 
     # --- holders (the state lock held) ------------------------------------------------------
 
-    def _holders(self, devices: Mapping[str, Published]) -> _Holders:
+    def _holders(self, devices: Mapping[str, Hardware]) -> _Holders:
         """Every prepared device by the silicon it is on: conflict checks look at a handful of
         devices instead of every prepared one (O(claims) per call, not O(claims²))."""
         holders: _Holders = {}
@@ -336,7 +337,7 @@ class Ledger:
         return holders
 
 
-def _first_conflict(plan: ClaimPlan, holders: _Holders, devices: Mapping[str, Published]) -> str | None:
+def _first_conflict(plan: ClaimPlan, holders: _Holders, devices: Mapping[str, Hardware]) -> str | None:
     ref = plan.claim
     for device in plan.devices:
         holder = _conflict(ref.uid, device, holders, devices)
@@ -348,20 +349,20 @@ def _first_conflict(plan: ClaimPlan, holders: _Holders, devices: Mapping[str, Pu
     return None
 
 
-def _gpu_key(device_name: str, devices: Mapping[str, Published]) -> str:
+def _gpu_key(device_name: str, devices: Mapping[str, Hardware]) -> str:
     """What two devices must share to overlap: the GPU (by minor) a device or placement is on."""
     hardware = devices.get(device_name)
     return f"device {device_name}" if hardware is None else f"gpu {_silicon(hardware)[0]}"
 
 
-def _hold(holders: _Holders, record: ClaimRecord, devices: Mapping[str, Published]) -> None:
+def _hold(holders: _Holders, record: ClaimRecord, devices: Mapping[str, Hardware]) -> None:
     for held in record.devices:
         if not held.admin_access:
             holders.setdefault(_gpu_key(held.device, devices), []).append((record, held))
 
 
 def _conflict(
-    uid: str, device: PlannedDevice, holders: _Holders, devices: Mapping[str, Published]
+    uid: str, device: PlannedDevice, holders: _Holders, devices: Mapping[str, Hardware]
 ) -> ClaimRecord | None:
     if device.admin_access:
         return None

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dradriver.devicemodel import PossibleMig
-from dradriver.discovery import Gpu, MigDevice
+from dradriver.devicemodel import Hardware, PossibleMig
+from dradriver.discovery import Gpu
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.config import (
     ConfigError,
@@ -30,9 +30,6 @@ from dradriver.prepare.config import (
 from dradriver.prepare.resourceclaim import AllocationResult, DeviceAllocation, ResourceClaim
 from dradriver.prepare.shares import PlannedShare, ShareError, ShareLimits, check_shares, share_limits
 
-#: What the device model publishes under a name: hardware, or a MIG placement (--partitionable).
-Published = Gpu | MigDevice | PossibleMig
-
 
 class PlanError(Exception):
     """This claim cannot be prepared here; the message is the per-claim error the kubelet shows."""
@@ -43,7 +40,7 @@ class PlannedDevice:
     name: str
     pool: str
     #: A MIG placement until prepare has created its MIG device.
-    hardware: Published
+    hardware: Hardware
     #: Request references as allocated (may contain `/subrequest`; the gRPC layer strips them).
     requests: tuple[str, ...]
     admin_access: bool
@@ -70,7 +67,7 @@ def plan_claim(
     *,
     driver_name: str,
     pool_name: str,
-    devices: Mapping[str, Published],
+    devices: Mapping[str, Hardware],
 ) -> ClaimPlan:
     allocation = claim.status.allocation
     allocated = allocation.devices if allocation is not None else DeviceAllocation()
@@ -116,7 +113,7 @@ def plan_claim(
     return ClaimPlan(claim=ref, devices=tuple(planned))
 
 
-def _config_kind(hardware: Published) -> type[DeviceConfig]:
+def _config_kind(hardware: Hardware) -> type[DeviceConfig]:
     return GpuConfig if isinstance(hardware, Gpu) else MigDeviceConfig
 
 
@@ -144,7 +141,7 @@ def _plan_device(
     results: Sequence[AllocationResult],
     *,
     pool: str,
-    hardware: Published,
+    hardware: Hardware,
     configs: Sequence[ScopedConfig],
 ) -> PlannedDevice:
     requests = tuple(dict.fromkeys(r.request for r in results))

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dradriver import logs
-from dradriver.devicemodel import PossibleMig
+from dradriver.devicemodel import Hardware, PossibleMig
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.files.write import StorageError, storage_error
 from dradriver.mig import MigError
@@ -41,7 +41,7 @@ from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.mig import MigManager, intent
-from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, Published, plan_claim
+from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, plan_claim
 from dradriver.prepare.recovery import restore_specs
 from dradriver.prepare.resourceclaim import ResourceClaim
 from dradriver.prepare.sharing import SharingControl, SharingError
@@ -58,7 +58,7 @@ class NodeDevices:
     """What claims are prepared on: the node's devices, the edits every spec carries and the
     nvidia-caps major (MIG access); replaced whole when the node changes."""
 
-    devices: Mapping[str, Published]
+    devices: Mapping[str, Hardware]
     common_edits: cdi.ContainerEdits
     caps_major: int | None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import logs
+from dradriver.devicemodel import Hardware
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.files.write import storage_error
 from dradriver.mig import MigError
@@ -23,7 +24,6 @@ from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.ledger import OnDisk
-from dradriver.prepare.plan import Published
 
 log = logs.get_logger(component="prepare")
 
@@ -72,7 +72,7 @@ class StartupRecovery:
     def __init__(self, context: ClaimContext) -> None:
         self._context = context
 
-    def run(self, devices: Mapping[str, Published]) -> Recovery:
+    def run(self, devices: Mapping[str, Hardware]) -> Recovery:
         """Recover, with the node's `devices` (to name the hardware of rebuilt records)."""
         # A full or read-only disk fails start-up here, before a spec or a record is touched.
         self._context.ledger.check_writable()
@@ -111,7 +111,7 @@ class StartupRecovery:
             )
 
     def _starting_state(
-        self, disk: OnDisk, report: Recovery, devices: Mapping[str, Published]
+        self, disk: OnDisk, report: Recovery, devices: Mapping[str, Hardware]
     ) -> CheckpointData:
         """The state to recover from: empty after a reboot (the previous boot's specs removed),
         rebuilt from the specs when the checkpoint is unusable, else the checkpoint."""
@@ -154,7 +154,7 @@ class StartupRecovery:
     def _before_this_boot(self, boot_id: str | None) -> bool:
         return bool(boot_id and self._context.ledger.boot_id and boot_id != self._context.ledger.boot_id)
 
-    def _rebuild_from_cdi(self, devices: Mapping[str, Published]) -> CheckpointData:
+    def _rebuild_from_cdi(self, devices: Mapping[str, Hardware]) -> CheckpointData:
         """Our spec files say which claims are prepared and with which devices; names are lost."""
         claims: dict[str, ClaimRecord] = {}
         for uid in self._context.cdi_dir.claim_uids():
@@ -174,7 +174,7 @@ class StartupRecovery:
         return CheckpointData(boot_id=self._context.ledger.boot_id, claims=claims)
 
     def _rebuilt_device(
-        self, uid: str, entry: Mapping[str, object], devices: Mapping[str, Published]
+        self, uid: str, entry: Mapping[str, object], devices: Mapping[str, Hardware]
     ) -> DeviceRecord:
         qualified = f"{cdi.kind(self._context.driver_name)}={entry.get('name', '')}"
         device = str(entry.get("name", "")).removeprefix(f"{uid}-")

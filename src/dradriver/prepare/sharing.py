@@ -1,10 +1,9 @@
-"""Applying a claim's sharing settings to its GPUs, behind one small interface.
+"""Applying a claim's sharing settings to its GPUs: the interface and what both backends use.
 
-`NvidiaSharing` drives the real tools of the host driver (`nvidia-smi compute-policy` for time
-slices, one `nvidia-cuda-mps-control` daemon per claim for MPS). `FakeSharing` serves the fake
-GPU backend: it records time slices in memory and runs one stand-in MPS control daemon per claim
-(`dradriver.prepare.mps_standin`), so MPS claims prepare, get their pipe directory and clean up
-exactly as on a GPU node. Both keep the per-claim MPS work in `MpsDaemons`.
+`SharingControl` is what each GPU backend implements (`backend.nvml.sharing` with the host
+driver's tools, `backend.fake.sharing` with the stand-in MPS control daemon of
+`dradriver.prepare.mps_standin`); both keep the per-claim MPS work in `MpsDaemons`, which the
+daemons of shared GPUs (`prepare.mps_shares`) use too.
 """
 
 from __future__ import annotations
@@ -21,14 +20,11 @@ from pathlib import Path
 from typing import Protocol
 
 from dradriver import logs
-from dradriver.discovery.driverroot import BINARY_DIRS, find_binary
 from dradriver.files.write import MAX_SOCKET_PATH_BYTES
 from dradriver.prepare.cdi import ContainerEdits, Mount
-from dradriver.prepare.config import Interval, Sharing, TimeSlicing
+from dradriver.prepare.config import Interval, Sharing
 from dradriver.quantity import Quantity
 
-#: nvidia-smi compute-policy --set-timeslice values.
-TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 PIPE_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind", "rprivate")
 #: The socket the MPS control daemon listens on, and the longest name it binds, in its pipe dir.
@@ -252,73 +248,6 @@ class MpsDaemons:
                 child.wait()
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
-
-
-class FakeSharing:
-    """Time slices land in memory (inspectable by tests); MPS runs the stand-in control daemon."""
-
-    def __init__(self, state_dir: Path, host_state_dir: Path | None = None) -> None:
-        self.timeslices: dict[str, Interval] = {}
-        self._lock = threading.Lock()
-        self._mps = MpsDaemons(MPS_STANDIN, state_dir, host_state_dir)
-
-    def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
-        if sharing.strategy == "MPS":
-            return self._mps.start(claim_uid, sharing, devices)
-        interval = (sharing.time_slicing or TimeSlicing()).interval
-        with self._lock:
-            for device in devices:
-                self.timeslices[device.uuid] = interval
-        return ContainerEdits(env=(timeslice_env(interval),))
-
-    def release(self, claim_uid: str, sharing: str, uuids: Sequence[str]) -> None:
-        if sharing == "MPS":
-            self._mps.stop(claim_uid)
-            return
-        with self._lock:
-            for uuid in uuids:
-                self.timeslices.pop(uuid, None)
-
-
-class NvidiaSharing:
-    """Uses the host driver's nvidia-smi and nvidia-cuda-mps-control, found under its root."""
-
-    def __init__(self, driver_root: Path, state_dir: Path, host_state_dir: Path | None = None) -> None:
-        self._nvidia_smi = _host_tool(driver_root, "nvidia-smi")
-        control = _host_tool(driver_root, "nvidia-cuda-mps-control")
-        self._mps = MpsDaemons([control], state_dir, host_state_dir)
-
-    def apply(self, claim_uid: str, sharing: Sharing, devices: Sequence[SharedDevice]) -> ContainerEdits:
-        if sharing.strategy == "TimeSlicing":
-            interval = (sharing.time_slicing or TimeSlicing()).interval
-            for device in devices:
-                self._set_timeslice(device.uuid, interval)
-            return ContainerEdits(env=(timeslice_env(interval),))
-        return self._mps.start(claim_uid, sharing, devices)
-
-    def release(self, claim_uid: str, sharing: str, uuids: Sequence[str]) -> None:
-        if sharing.startswith("TimeSlicing"):
-            for uuid in uuids:
-                self._set_timeslice(uuid, "Default")
-        elif sharing == "MPS":
-            self._mps.stop(claim_uid)
-
-    def _set_timeslice(self, uuid: str, interval: Interval) -> None:
-        run_tool(
-            [
-                self._nvidia_smi,
-                "compute-policy",
-                "-i",
-                uuid,
-                f"--set-timeslice={TIMESLICE_VALUES[interval]}",
-            ]
-        )
-
-
-def _host_tool(driver_root: Path, name: str) -> str:
-    """The tool's path in the host driver; a missing one is named when it is first run."""
-    found = find_binary(driver_root, name)
-    return str(found) if found is not None else str(driver_root / BINARY_DIRS[0] / name)
 
 
 def _pinned_limit(sharing: Sharing, device: SharedDevice) -> str | None:

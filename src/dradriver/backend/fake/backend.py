@@ -10,11 +10,11 @@ from dradriver.backend.fake.discovery import inventory_from_profile
 from dradriver.backend.fake.health import FakeHealthSource
 from dradriver.backend.fake.mig import STATE_FILE, FakeMigControl
 from dradriver.backend.fake.profile import FakeProfile
+from dradriver.backend.fake.sharing import FakeSharing
 from dradriver.backend.fake.telemetry import FakeTelemetry
 from dradriver.discovery.model import NodeInventory
 from dradriver.health.events import SourceOptions
 from dradriver.health.targets import HealthTargets
-from dradriver.prepare.sharing import FakeSharing
 
 
 class FakeBackend:

@@ -7,10 +7,10 @@ from pathlib import Path
 from dradriver.backend.nvml.discovery import NvmlLibrary
 from dradriver.backend.nvml.health import NvmlHealthSource
 from dradriver.backend.nvml.mig import NvmlMigControl
+from dradriver.backend.nvml.sharing import NvidiaSharing
 from dradriver.backend.nvml.telemetry import NvmlTelemetry
 from dradriver.health.events import SourceOptions
 from dradriver.health.targets import HealthTargets
-from dradriver.prepare.sharing import NvidiaSharing
 
 
 class NvmlBackend(NvmlLibrary):
