@@ -521,12 +521,8 @@ class Compiler(ast.Visitor[Eval]):
         failure = cost - 1
 
         def select(a: Activation) -> Any:
-            try:
-                obj = operand(a)
-            except EvalError:
-                # cel-go still observes the relative attribute whose operand failed.
-                a.cost += failure
-                raise
+            # cel-go still observes the relative attribute whose operand failed.
+            obj = _evaluate_charging_failure(operand, a, failure)
             a.cost += cost
             return select_field(obj, field_name)
 
@@ -890,16 +886,8 @@ class Compiler(ast.Visitor[Eval]):
         key_failure = container_failure + (0 if self._discounted(args[1]) else 1)
 
         def index(a: Activation) -> Any:
-            try:
-                obj = container(a)
-            except EvalError:
-                a.cost += container_failure
-                raise
-            try:
-                k = key(a)
-            except EvalError:
-                a.cost += key_failure
-                raise
+            obj = _evaluate_charging_failure(container, a, container_failure)
+            k = _evaluate_charging_failure(key, a, key_failure)
             a.cost += cost
             return index_value(obj, k)
 
@@ -1202,17 +1190,23 @@ def _optional_entry(name: str, value: Any) -> Optional:
     return value
 
 
+def _evaluate_charging_failure(operand: Eval, a: Activation, failure_cost: int) -> Any:
+    """The operand's value; when it fails, `failure_cost` is charged before the error goes on
+    (cel-go's cost observer still counts what it saw of the failed expression)."""
+    try:
+        return operand(a)
+    except EvalError:
+        a.cost += failure_cost
+        raise
+
+
 def _charging_constructor(build: Eval, cost: int) -> Eval:
     """A list, map or message literal (evalList, evalMap, evalObj): the elements are evaluated in
     order and the first error ends the evaluation, but the observer charges the literal's base
     cost whatever value (an error included) it produced."""
 
     def construct(a: Activation) -> Any:
-        try:
-            value = build(a)
-        except EvalError:
-            a.cost += cost
-            raise
+        value = _evaluate_charging_failure(build, a, cost)
         a.cost += cost
         return value
 
