@@ -1273,6 +1273,16 @@ def _pairs(collection: Any, two_vars: bool) -> Any:
     raise EvalError(f"unsupported comprehension range type: {_runtime_type(collection)}")
 
 
+def _outcome(predicate: Eval, a: Activation) -> bool | str:
+    """A comprehension's predicate on the current element: its bool, or the message of the
+    error it raised (a value of another type is "no such overload")."""
+    try:
+        value = predicate(a)
+    except EvalError as err:
+        return err.message
+    return value if type(value) is bool else "no such overload"
+
+
 def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bool) -> Eval:
     """`all` (stop_on=False) and `exists` (stop_on=True), with cel-go's error absorption.
 
@@ -1293,17 +1303,11 @@ def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bo
                 break
             slots[var_slot] = item
             a.cost += per_iteration
-            try:
-                value = predicate(a)
-            except EvalError as err:
-                if accu is keep:
-                    accu = _Err(err.message)
-                check_budget(a)
-                continue
+            value = _outcome(predicate, a)
             if value is stop_on:
                 accu = stop_on
-            elif value is not keep and accu is keep:
-                accu = _Err("no such overload")
+            elif type(value) is str and accu is keep:
+                accu = _Err(value)
             check_budget(a)
         a.cost += 1
         if type(accu) is _Err:
@@ -1321,17 +1325,12 @@ def _exists_one(iter_range: Eval, var_slot: int, predicate: Eval) -> Eval:
         error: str | None = None
         for item in iterate(collection):
             slots[var_slot] = item
-            try:
-                value = predicate(a)
-            except EvalError as err:
-                error = error or err.message
-                check_budget(a)
-                continue
+            value = _outcome(predicate, a)
             if value is True:
                 a.cost += 2  # `accu + 1`; the other branch, `accu`, is resolved without cost
                 count += 1
             elif value is not False:
-                error = error or "no such overload"
+                error = error or value
             check_budget(a)
         a.cost += 2
         if error is not None:
@@ -1353,15 +1352,10 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
             slots[var_slot] = item
             if predicate is not None:
                 # `keep ? accu + [x] : accu`: the `accu` branch is resolved without cost.
-                try:
-                    keep = predicate(a)
-                except EvalError as err:
-                    error = error or err.message
-                    check_budget(a)
-                    continue
+                keep = _outcome(predicate, a)
                 if keep is not True:
                     if keep is not False:
-                        error = error or "no such overload"
+                        error = error or keep
                     check_budget(a)
                     continue
             a.cost += 1 + LIST_CREATE_COST + 1  # accu, [..], +
