@@ -33,6 +33,7 @@ from dradriver.slices.rules import (
     field_key,
     is_int,
     require_mapping,
+    required_string,
     unknown_keys,
 )
 
@@ -349,11 +350,7 @@ def device_findings(device: Any, path: str, per_device_node_selection: bool) -> 
         yield Finding(path, "must be an object")
         return
     yield from unknown_keys(device, _DEVICE_KEYS, path)
-    name = device.get("name")
-    if not isinstance(name, str) or not name:
-        yield Finding(f"{path}.name", "Required value")
-    else:
-        yield from checked(dns_label_error(name), f"{path}.name")
+    yield from required_string(device, "name", path, dns_label_error)
     attributes, capacity = device.get("attributes") or {}, device.get("capacity") or {}
     yield from require_mapping(attributes, f"{path}.attributes")
     yield from require_mapping(capacity, f"{path}.capacity")

@@ -7,7 +7,7 @@ validators and the renderer agree on them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +65,14 @@ def is_int(value: Any) -> bool:
 def checked(err: str | None, path: str) -> Iterator[Finding]:
     if err is not None:
         yield Finding(path, err)
+
+
+def required_string(
+    obj: Mapping[str, Any], key: str, path: str, error: Callable[[str], str | None]
+) -> Iterator[Finding]:
+    """`obj[key]` must be a non-empty string that `error` finds nothing wrong with."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        yield Finding(f"{path}.{key}", "Required value")
+    else:
+        yield from checked(error(value), f"{path}.{key}")

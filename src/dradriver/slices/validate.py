@@ -31,6 +31,7 @@ from dradriver.slices.rules import (
     checked,
     field_key,
     is_int,
+    required_string,
     unknown_keys,
 )
 
@@ -122,11 +123,7 @@ def _slice(obj: Any, path: str) -> Iterator[Finding]:
         return
     path = f"{path}.spec"
     yield from unknown_keys(spec, _SPEC_KEYS, path)
-    driver = spec.get("driver")
-    if not isinstance(driver, str) or not driver:
-        yield Finding(f"{path}.driver", "Required value")
-    else:
-        yield from checked(driver_name_error(driver), f"{path}.driver")
+    yield from required_string(spec, "driver", path, driver_name_error)
     yield from _pool(spec.get("pool"), f"{path}.pool")
     yield from node_selection(spec, path, per_device=False)
     if spec.get("devices") is not None and spec.get("sharedCounters") is not None:

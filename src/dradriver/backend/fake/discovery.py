@@ -12,14 +12,7 @@ import uuid
 from dataclasses import fields
 
 from dradriver.backend.fake.profile import FakeProfile, GpuGroup, MigProfileSpec
-from dradriver.discovery.model import (
-    Gpu,
-    MigDevice,
-    MigPlacement,
-    MigProfile,
-    MigResources,
-    NodeInventory,
-)
+from dradriver.discovery import Gpu, MigDevice, MigPlacement, MigProfile, MigResources, NodeInventory
 from dradriver.discovery.nvidia_caps import driver_layout_minor
 
 _UUID_NAMESPACE = uuid.UUID("6f1d3c1e-8f7a-4c53-9a55-2b1f0f0de7a1")

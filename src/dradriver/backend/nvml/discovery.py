@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from dradriver.discovery.driverroot import LIBRARY_DIRS, NVML_LIBRARY
-from dradriver.discovery.errors import DiscoveryError
-from dradriver.discovery.model import (
+from dradriver.discovery import (
+    DiscoveryError,
     Gpu,
     MigDevice,
     MigPlacement,
@@ -28,6 +27,7 @@ from dradriver.discovery.model import (
     NodeInventory,
     SkippedDevice,
 )
+from dradriver.discovery.driverroot import LIBRARY_DIRS, NVML_LIBRARY
 from dradriver.discovery.nvidia_caps import DriverNodes, read_driver_nodes
 
 #: NVML_BRAND_* -> the name we publish: NVIDIA's DRA driver's names (go-nvlib GetBrandAsString).

@@ -41,6 +41,15 @@ _NAMED = (
     (urls.URL, "URL"),
     (namedformat.Format, "Format"),
 )
+#: The name a conversion error gives each other kind of value (the named types quoted).
+_KINDS: tuple[tuple[type[Any], str], ...] = (
+    (bool, "bool"),
+    (float, "Double"),
+    (bytes, "Bytes"),
+    (type(None), "'null_type'"),
+    (Mapping, "map"),
+    *((cls, f"'{name}'") for cls, name in _NAMED),
+)
 
 
 class _ConversionError(Exception):
@@ -53,29 +62,18 @@ class _FieldTypeError(Exception):
 
 def _mismatch(value: Any, native: str) -> _ConversionError:
     """The error of converting `value` to the Go type `native` when its type does not fit."""
-    if isinstance(value, bool):
-        return _ConversionError(f"type conversion error from bool to '{native}'")
-    if isinstance(value, UInt):
-        return _ConversionError(f"unsupported type conversion from 'uint' to {native}")
-    if isinstance(value, int):
-        return _ConversionError(f"unsupported type conversion from 'int' to {native}")
-    if isinstance(value, float):
-        return _ConversionError(f"type conversion error from Double to '{native}'")
-    if isinstance(value, bytes):
-        return _ConversionError(f"type conversion error from Bytes to '{native}'")
-    if isinstance(value, str):
-        return _ConversionError(f"unsupported native conversion from string to '{native}'")
-    if value is None:
-        return _ConversionError(f"type conversion error from 'null_type' to '{native}'")
     if isinstance(value, TypeValue):
         return _ConversionError("type conversion not supported for 'type'")
-    if isinstance(value, Mapping):
-        return _ConversionError(f"type conversion error from map to '{native}'")
+    if isinstance(value, str):
+        return _ConversionError(f"unsupported native conversion from string to '{native}'")
+    if isinstance(value, int) and not isinstance(value, bool):
+        kind = "uint" if isinstance(value, UInt) else "int"
+        return _ConversionError(f"unsupported type conversion from '{kind}' to {native}")
     if is_list(value):
         return _ConversionError(f"type conversion error from list to '{native}'")
-    for cls, name in _NAMED:
+    for cls, name in _KINDS:
         if isinstance(value, cls):
-            return _ConversionError(f"type conversion error from '{name}' to '{native}'")
+            return _ConversionError(f"type conversion error from {name} to '{native}'")
     raise TypeError(f"unexpected CEL value {value!r}")  # pragma: no cover - no other value kinds
 
 

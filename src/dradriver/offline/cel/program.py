@@ -521,12 +521,8 @@ class Compiler(ast.Visitor[Eval]):
         failure = cost - 1
 
         def select(a: Activation) -> Any:
-            try:
-                obj = operand(a)
-            except EvalError:
-                # cel-go still observes the relative attribute whose operand failed.
-                a.cost += failure
-                raise
+            # cel-go still observes the relative attribute whose operand failed.
+            obj = _evaluate_charging_failure(operand, a, failure)
             a.cost += cost
             return select_field(obj, field_name)
 
@@ -890,16 +886,8 @@ class Compiler(ast.Visitor[Eval]):
         key_failure = container_failure + (0 if self._discounted(args[1]) else 1)
 
         def index(a: Activation) -> Any:
-            try:
-                obj = container(a)
-            except EvalError:
-                a.cost += container_failure
-                raise
-            try:
-                k = key(a)
-            except EvalError:
-                a.cost += key_failure
-                raise
+            obj = _evaluate_charging_failure(container, a, container_failure)
+            k = _evaluate_charging_failure(key, a, key_failure)
             a.cost += cost
             return index_value(obj, k)
 
@@ -1202,17 +1190,23 @@ def _optional_entry(name: str, value: Any) -> Optional:
     return value
 
 
+def _evaluate_charging_failure(operand: Eval, a: Activation, failure_cost: int) -> Any:
+    """The operand's value; when it fails, `failure_cost` is charged before the error goes on
+    (cel-go's cost observer still counts what it saw of the failed expression)."""
+    try:
+        return operand(a)
+    except EvalError:
+        a.cost += failure_cost
+        raise
+
+
 def _charging_constructor(build: Eval, cost: int) -> Eval:
     """A list, map or message literal (evalList, evalMap, evalObj): the elements are evaluated in
     order and the first error ends the evaluation, but the observer charges the literal's base
     cost whatever value (an error included) it produced."""
 
     def construct(a: Activation) -> Any:
-        try:
-            value = build(a)
-        except EvalError:
-            a.cost += cost
-            raise
+        value = _evaluate_charging_failure(build, a, cost)
         a.cost += cost
         return value
 
@@ -1279,6 +1273,16 @@ def _pairs(collection: Any, two_vars: bool) -> Any:
     raise EvalError(f"unsupported comprehension range type: {_runtime_type(collection)}")
 
 
+def _outcome(predicate: Eval, a: Activation) -> bool | str:
+    """A comprehension's predicate on the current element: its bool, or the message of the
+    error it raised (a value of another type is "no such overload")."""
+    try:
+        value = predicate(a)
+    except EvalError as err:
+        return err.message
+    return value if type(value) is bool else "no such overload"
+
+
 def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bool) -> Eval:
     """`all` (stop_on=False) and `exists` (stop_on=True), with cel-go's error absorption.
 
@@ -1299,17 +1303,11 @@ def _quantifier(iter_range: Eval, var_slot: int, predicate: Eval, *, stop_on: bo
                 break
             slots[var_slot] = item
             a.cost += per_iteration
-            try:
-                value = predicate(a)
-            except EvalError as err:
-                if accu is keep:
-                    accu = _Err(err.message)
-                check_budget(a)
-                continue
+            value = _outcome(predicate, a)
             if value is stop_on:
                 accu = stop_on
-            elif value is not keep and accu is keep:
-                accu = _Err("no such overload")
+            elif type(value) is str and accu is keep:
+                accu = _Err(value)
             check_budget(a)
         a.cost += 1
         if type(accu) is _Err:
@@ -1327,17 +1325,12 @@ def _exists_one(iter_range: Eval, var_slot: int, predicate: Eval) -> Eval:
         error: str | None = None
         for item in iterate(collection):
             slots[var_slot] = item
-            try:
-                value = predicate(a)
-            except EvalError as err:
-                error = error or err.message
-                check_budget(a)
-                continue
+            value = _outcome(predicate, a)
             if value is True:
                 a.cost += 2  # `accu + 1`; the other branch, `accu`, is resolved without cost
                 count += 1
             elif value is not False:
-                error = error or "no such overload"
+                error = error or value
             check_budget(a)
         a.cost += 2
         if error is not None:
@@ -1359,15 +1352,10 @@ def _collect(iter_range: Eval, var_slot: int, predicate: Eval | None, transform:
             slots[var_slot] = item
             if predicate is not None:
                 # `keep ? accu + [x] : accu`: the `accu` branch is resolved without cost.
-                try:
-                    keep = predicate(a)
-                except EvalError as err:
-                    error = error or err.message
-                    check_budget(a)
-                    continue
+                keep = _outcome(predicate, a)
                 if keep is not True:
                     if keep is not False:
-                        error = error or "no such overload"
+                        error = error or keep
                     check_budget(a)
                     continue
             a.cost += 1 + LIST_CREATE_COST + 1  # accu, [..], +
