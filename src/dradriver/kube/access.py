@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from dradriver.files import FileInputError, load_document
 
@@ -123,6 +123,7 @@ def resolve(documents: Sequence[tuple[Path, Mapping[str, Any]]], origin: str) ->
     cluster, cluster_dir = merged.entry("clusters", "cluster", str(cluster_name), origin)
     user, user_dir = merged.entry("users", "user", str(user_name), origin) if user_name else ({}, Path())
     where = f"{origin}: cluster {cluster_name!r}"
+    user_origin = f"{origin}: user {user_name!r}" if user_name else origin
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise AccessError(f"{where}: server is not set")
@@ -136,8 +137,8 @@ def resolve(documents: Sequence[tuple[Path, Mapping[str, Any]]], origin: str) ->
         ca_pem=ca_pem,
         insecure=insecure,
         tls_server_name=tls_server_name,
-        origin=f"{origin}: user {user_name!r}" if user_name else origin,
-        **_user_credentials(user, user_dir, f"{origin}: user {user_name!r}", cluster if user else None),
+        origin=user_origin,
+        **_user_credentials(user, user_dir, user_origin, cluster),
     )
 
 
@@ -170,9 +171,18 @@ class _Merged:
             raise AccessError(f"{origin}: no {key} named {name!r} in {kind}") from None
 
 
+class _UserCredentials(TypedDict, total=False):
+    """The user's part of an Access, as its fields are named."""
+
+    client_cert: tuple[str, str]
+    token: str
+    token_file: Path
+    exec_plugin: ExecPlugin
+
+
 def _user_credentials(
-    user: Mapping[str, Any], directory: Path, where: str, cluster: Mapping[str, Any] | None
-) -> dict[str, Any]:
+    user: Mapping[str, Any], directory: Path, where: str, cluster: Mapping[str, Any]
+) -> _UserCredentials:
     if user.get("auth-provider"):
         raise AccessError(
             f"{where}: auth-provider plugins were removed from Kubernetes (1.26); use an exec "
@@ -180,7 +190,7 @@ def _user_credentials(
         )
     if user.get("username") or user.get("password"):
         raise AccessError(f"{where}: basic authentication was removed from Kubernetes (1.19)")
-    found: dict[str, Any] = {}
+    found: _UserCredentials = {}
     cert = _pem(user, "client-certificate", directory, where)
     key = _pem(user, "client-key", directory, where)
     if (cert is None) != (key is None):
@@ -196,7 +206,7 @@ def _user_credentials(
     return found
 
 
-def _exec_plugin(spec: Any, directory: Path, where: str, cluster: Mapping[str, Any] | None) -> ExecPlugin:
+def _exec_plugin(spec: Any, directory: Path, where: str, cluster: Mapping[str, Any]) -> ExecPlugin:
     if not isinstance(spec, dict) or not isinstance(spec.get("command"), str) or not spec["command"]:
         raise AccessError(f"{where}: exec.command is not set")
     api_version = str(spec.get("apiVersion") or "")
@@ -211,7 +221,7 @@ def _exec_plugin(spec: Any, directory: Path, where: str, cluster: Mapping[str, A
         command = str(directory / command)
     env = tuple((str(e.get("name")), str(e.get("value", ""))) for e in spec.get("env") or [])
     info = None
-    if spec.get("provideClusterInfo") and cluster is not None:
+    if spec.get("provideClusterInfo"):
         info = {
             k: cluster[k]
             for k in ("server", "tls-server-name", "insecure-skip-tls-verify", "certificate-authority-data")
@@ -263,9 +273,8 @@ class Credentials:
     Lock rule: `_lock` guards `_token`, `_expires` and `_stamp`; requests come from several threads.
     """
 
-    def __init__(self, access: Access, run: Any = subprocess.run) -> None:
+    def __init__(self, access: Access) -> None:
         self._access = access
-        self._run = run
         self._lock = threading.Lock()
         self._token: str | None = access.token
         self._expires: float | None = None
@@ -311,7 +320,7 @@ class Credentials:
             hint = f" ({plugin.install_hint.strip()})" if plugin.install_hint else ""
             raise AccessError(f"{where}: not found{hint}")
         try:
-            done = self._run(
+            done = subprocess.run(
                 [plugin.command, *plugin.args],
                 env=env,
                 capture_output=True,
