@@ -5,7 +5,7 @@ Run: .venv/bin/python -m bench.bench_start --k8s-bin DIR --build new=/venv-a/bin
          --build old=/venv-b/bin/dradriver [--rounds 20]
 
 Each build is a production install (its own venv, `pip install` of the wheel, as the image has
-it). One etcd + kube-apiserver from `../shared/k8s` (tests/e2e/cluster.py `ControlPlane`), one Node
+it). One etcd + kube-apiserver from `../shared/k8s` (bench.common.real_api_server), one Node
 object; per round each build in turn: `serve` on 8 fake GPUs with its own directories and the
 admin kubeconfig, spawned, the client polling the slices every 20 ms until its 8 devices are
 published; then the process's CPU (user + system, /proc) and resident memory are read, it is
@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.bench_vs_go import dradriver_argv
-from bench.common import percentile
+from bench.common import cpu_seconds, percentile, real_api_server, rss_mb
 from dradriver.kube import load_client
-from tests.e2e.cluster import ControlPlane, node_ip
 
 NODE = "bench-start"
 DRIVER = "gpu.dradriver.dev"
@@ -52,13 +51,6 @@ def build_arg(value: str) -> Build:
     return Build(label, Path(executable))
 
 
-def proc_stat(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) and resident MB of a live process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return cpu, int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def one_start(build: Build, root: Path, kubeconfig: Path, published: Callable[[], bool]) -> None:
     for directory in ("reg", "plugins", "cdi"):
         (root / directory).mkdir(parents=True, exist_ok=True)
@@ -72,9 +64,8 @@ def one_start(build: Build, root: Path, kubeconfig: Path, published: Callable[[]
                 raise RuntimeError(f"{build.label}: serve exited: {(root / 'serve.log').read_text()[-2000:]}")
             time.sleep(0.02)
         build.wall.append(time.monotonic() - started)
-        cpu, rss = proc_stat(process.pid)
-        build.cpu.append(cpu)
-        build.rss_mb.append(rss)
+        build.cpu.append(cpu_seconds(process.pid))
+        build.rss_mb.append(rss_mb(process.pid))
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
@@ -97,10 +88,8 @@ def main() -> None:
     if args.k8s_bin is None:
         parser.error("--k8s-bin (or DRADRIVER_E2E_BIN) is required")
     work = Path(tempfile.mkdtemp(prefix="bench-start-", dir="/var/tmp"))
-    plane = ControlPlane(args.k8s_bin, work / "plane", advertise_address=node_ip())
-    plane.start()
-    try:
-        admin = load_client(str(plane.admin_kubeconfig))
+    with real_api_server(args.k8s_bin) as kubeconfig:
+        admin = load_client(str(kubeconfig))
         assert admin is not None
         admin.request(
             "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
@@ -113,18 +102,16 @@ def main() -> None:
         print(f"load average at the start: {os.getloadavg()}", flush=True)
         for i in range(args.rounds):
             for build in args.build if i % 2 == 0 else reversed(args.build):
-                one_start(build, work / f"{build.label}-{i}", plane.admin_kubeconfig, published)
+                one_start(build, work / f"{build.label}-{i}", kubeconfig, published)
                 admin.request("DELETE", SLICES)
                 while admin.request("GET", SLICES)["items"]:
                     time.sleep(0.02)
-        print(f"load average at the end: {os.getloadavg()}")
-        for build in args.build:
-            print(f"{build.label} ({build.executable}):")
-            print(line("CPU, spawn -> slice published", build.cpu, "s"))
-            print(line("wall, spawn -> slice published", build.wall, "s"))
-            print(line("resident memory when published", build.rss_mb, "MB"))
-    finally:
-        plane.stop()
+    print(f"load average at the end: {os.getloadavg()}")
+    for build in args.build:
+        print(f"{build.label} ({build.executable}):")
+        print(line("CPU, spawn -> slice published", build.cpu, "s"))
+        print(line("wall, spawn -> slice published", build.wall, "s"))
+        print(line("resident memory when published", build.rss_mb, "MB"))
 
 
 if __name__ == "__main__":
