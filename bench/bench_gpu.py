@@ -5,15 +5,22 @@ Run on a GPU node: .venv/bin/python -m bench.bench_gpu --driver-root / [--rounds
 The claims come from a claim directory (no API server): what is timed is the plugin's own work,
 the CDI spec and checkpoint writes with fsync included, and for MPS the host driver's
 nvidia-cuda-mps-control starting and stopping a control daemon per claim.
+
+With `--baseline-src DIR` (an earlier build's tree: `git archive REV src | tar -x -C DIR/..`)
+that build's `serve` prepares the same whole GPU beside this one's, the two taking turns call
+by call, so both see the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -56,19 +63,52 @@ def ref(number: int) -> ClaimRef:
     return ClaimRef("bench", f"c{number}", f"00000000-0000-4000-8000-{number:012d}")
 
 
-def cycles(client: kubeletclient.DRAClient, number: int, rounds: int, what: str) -> None:
-    prepares, unprepares = [], []
+def cycles(plugins: dict[str, kubeletclient.DRAClient], number: int, rounds: int, what: str) -> None:
+    """`rounds` prepare/unprepare cycles of claim `number` on each plugin, taking turns."""
+    prepares: dict[str, list[float]] = {name: [] for name in plugins}
+    unprepares: dict[str, list[float]] = {name: [] for name in plugins}
     for _ in range(rounds):
-        started = time.perf_counter()
-        response = client.prepare([ref(number)]).claims[ref(number).uid]
-        prepares.append(time.perf_counter() - started)
-        if response.error:
-            raise SystemExit(f"prepare of the {what} claim failed: {response.error}")
-        started = time.perf_counter()
-        assert client.unprepare([ref(number)]).claims[ref(number).uid].error == ""
-        unprepares.append(time.perf_counter() - started)
-    print(summary(f"prepare, {what}", prepares))
-    print(summary(f"unprepare, {what}", unprepares))
+        for name, client in plugins.items():
+            started = time.perf_counter()
+            response = client.prepare([ref(number)]).claims[ref(number).uid]
+            prepares[name].append(time.perf_counter() - started)
+            if response.error:
+                raise SystemExit(f"prepare of the {what} claim failed on {name}: {response.error}")
+            started = time.perf_counter()
+            assert client.unprepare([ref(number)]).claims[ref(number).uid].error == ""
+            unprepares[name].append(time.perf_counter() - started)
+    for name in plugins:
+        print(summary(f"prepare, {what} ({name})", prepares[name]))
+        print(summary(f"unprepare, {what} ({name})", unprepares[name]))
+
+
+@contextlib.contextmanager
+def serving(
+    root: Path, driver_root: Path, claims: list[dict[str, object]], src: Path | None
+) -> Iterator[kubeletclient.DRAClient]:
+    """`serve` (of the tree `src`, else this one) on the real GPU, its claims from a directory."""
+    (root / "claims").mkdir(parents=True)
+    (root / "claims" / "claims.yaml").write_text(yaml.safe_dump_all(claims))
+    env = os.environ.copy()
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    serve = subprocess.Popen(
+        [
+            sys.executable, "-m", "dradriver", "serve", "--driver-root", str(driver_root),
+            "--node-name", "bench", "--claims-dir", str(root / "claims"), "--cdi-dir", str(root / "cdi"),
+            "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(root / "serve.log").open("w"),
+        env=env,
+    )  # fmt: skip
+    try:
+        with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
+            client.wait_ready(60)
+            yield client
+    finally:
+        serve.terminate()
+        serve.wait(30)
 
 
 def main() -> None:
@@ -77,6 +117,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--mps-rounds", type=int, default=20)
     parser.add_argument("--discover-runs", type=int, default=30)
+    parser.add_argument("--baseline-src", type=Path, help="an earlier build's src/, prepared beside this one")
     args = parser.parse_args()
 
     samples = []
@@ -108,30 +149,23 @@ def main() -> None:
     print(summary("`dradriver discover -o json`, whole command", samples))
 
     device = f"gpu-{inventory.gpus[0].minor}"
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir="/tmp") as tmp:
+    whole = f"whole {inventory.gpus[0].product_name}"
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir="/tmp") as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
-        (root / "claims").mkdir()
-        (root / "claims" / "claims.yaml").write_text(
-            yaml.safe_dump_all([claim(1, device, mps=False), claim(2, device, mps=True)])
+        claims = [claim(1, device, mps=False), claim(2, device, mps=True)]
+        plugins = {"this build": stack.enter_context(serving(root / "new", args.driver_root, claims, None))}
+        if args.baseline_src is not None:
+            plugins["baseline"] = stack.enter_context(
+                serving(root / "baseline", args.driver_root, claims[:1], args.baseline_src)
+            )
+        cycles(plugins, 1, 3, "warm-up")
+        cycles(plugins, 1, args.rounds, whole)
+        cycles(
+            {"this build": plugins["this build"]},
+            2,
+            args.mps_rounds,
+            "MPS share (a control daemon per claim)",
         )
-        serve = subprocess.Popen(
-            [
-                sys.executable, "-m", "dradriver", "serve", "--driver-root", str(args.driver_root),
-                "--node-name", "bench", "--claims-dir", str(root / "claims"), "--cdi-dir", str(root / "cdi"),
-                "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(root / "serve.log").open("w"),
-        )  # fmt: skip
-        try:
-            with kubeletclient.DRAClient(root / "plugins" / DRIVER / "dra.sock") as client:
-                client.wait_ready(60)
-                cycles(client, 1, 3, "warm-up")
-                cycles(client, 1, args.rounds, f"whole {inventory.gpus[0].product_name}")
-                cycles(client, 2, args.mps_rounds, "MPS share (a control daemon per claim)")
-        finally:
-            serve.terminate()
-            serve.wait(30)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,11 @@ def libc_dir() -> Path:
     return Path("/lib") / TRIPLET
 
 
+#: What glibc's runtime package (Debian's libc6, RHEL's glibc) puts in every image: the real
+#: libcuda.so.1 and nvidia-smi need libm, libdl, libpthread and librt beside libc.
+GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+
+
 def _base(root: Path) -> None:
     for sub in ("dev", "proc", "sys", "tmp", "etc", "root", "usr/bin", "usr/local/bin"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -136,7 +141,7 @@ def _glibc(root: Path, lib_dir: str, libc: Path) -> None:
     """glibc in `lib_dir` (a path in the root), the loader where every x86-64 binary asks for it."""
     target = root / lib_dir.lstrip("/")
     target.mkdir(parents=True, exist_ok=True)
-    for name in ("libc.so.6", LOADER):
+    for name in (*GLIBC, LOADER):
         shutil.copy(libc / name, target / name)  # the files links name
     if lib_dir == "/usr/lib64":
         (root / "lib64").symlink_to("usr/lib64")

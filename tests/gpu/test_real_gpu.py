@@ -57,7 +57,7 @@ def nvidia_smi(host_driver: HostDriver, *fields: str) -> list[list[str]]:
 
 
 def test_discover_agrees_with_nvidia_smi(host_driver: HostDriver) -> None:
-    found = discover("--driver-root", str(host_driver.root))
+    found = discover(*host_driver.serve_args())
     assert found["skipped"] == []
     gpus = {d["attributes"]["uuid"]["string"]: d for d in found["devices"] if d["hardware"]["kind"] == "gpu"}
     rows = nvidia_smi(
@@ -85,7 +85,7 @@ def test_the_fake_profile_of_this_model_matches_the_real_gpu(host_driver: HostDr
     fakes = {name: gpu for name in builtin_profile_names() if (gpu := _same_model(name, real)) is not None}
     if not fakes:
         pytest.skip(f"no built-in fake profile has a {real.product_name} with MIG mode as the real one")
-    found = discover("--driver-root", str(host_driver.root))
+    found = discover(*host_driver.serve_args())
     for profile, fake in fakes.items():
         where = f"fake profile {profile} against the real {real.product_name}"
         if not real.mig_enabled:  # in MIG mode the GPU itself is not published
@@ -146,7 +146,8 @@ def spec_edits(serve: ServeProcess, claim: ClaimRef) -> dict[str, Any]:
 
 def _probe(edits: dict[str, Any], env: dict[str, str], *args: str) -> dict[str, Any]:
     """The CUDA probe loading the libcuda.so.1 the spec mounts, as the container would."""
-    (libcuda,) = [m["hostPath"] for m in edits["mounts"] if m["containerPath"].endswith("/libcuda.so.1")]
+    # The same host file, mounted in each directory where images look for libraries.
+    (libcuda,) = {m["hostPath"] for m in edits["mounts"] if m["containerPath"].endswith("/libcuda.so.1")}
     result = subprocess.run(
         [sys.executable, str(PROBE), libcuda, *args],
         capture_output=True,
@@ -163,7 +164,7 @@ def _probe(edits: dict[str, Any], env: dict[str, str], *args: str) -> dict[str, 
 def serve(host_driver: HostDriver) -> Any:
     with short_tmpdir() as root:
         # The node's own /dev: a device node the host driver has not made yet is made there.
-        args = ["--driver-root", str(host_driver.root), "--host-dev", "/dev"]
+        args = [*host_driver.serve_args(), "--host-dev", "/dev"]
         process = ServeProcess(root, args, fake_gpus=None).start()
         try:
             yield process

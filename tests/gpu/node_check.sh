@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/gpu and bench/bench_gpu on a GPU node, as root, for each driver root layout the plugin
+# meets: the host's own (/), the GPU operator's (/run/nvidia/driver on the host, mounted
+# elsewhere in the plugin's container) and GKE's (/home/kubernetes/bin/nvidia). The last two are
+# bind mounts of the host's driver in a private mount namespace, gone when each run ends.
+#
+#   bash tests/gpu/node_check.sh OUT_DIR [BASELINE_SRC]
+#
+# Dependencies come from the wheels in .whl/ when there is one (a node that cannot reach an index:
+# README, "On a GPU node"), else from the interpreter. BASELINE_SRC, an earlier build's src/,
+# is prepared beside this build by bench_gpu.
+set -uo pipefail
+out=${1:?usage: node_check.sh OUT_DIR [BASELINE_SRC]}
+baseline=${2:-}
+mkdir -p "$out"
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo" || exit 1
+site=$(mktemp -d)
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
+fi
+export PYTHONPATH=$site:$repo/src:$repo PYTHONUNBUFFERED=1
+
+echo "== the node"
+uname -r
+nvidia-smi --query-gpu=name,uuid,driver_version,mig.mode.current,compute_mode --format=csv,noheader
+ls -l /dev/nvidia* 2>&1 | head -20
+grep nvidia /proc/devices
+for root in / /usr/local/nvidia; do
+    echo "-- $root: $(find "$root"usr/lib/x86_64-linux-gnu "$root"lib64 -maxdepth 1 -name 'libnvidia-ml.so*' 2>/dev/null | head -3 | tr '\n' ' ')"
+done
+file -L "$(command -v nvidia-smi)" 2>/dev/null || head -c 200 "$(command -v nvidia-smi)"
+
+# One layout: NAME, then the commands (in the private mount namespace) that lay it out and
+# export DRADRIVER_GPU_DRIVER_ROOT (and _MOUNT).
+layout() {
+    local name=$1 setup=$2
+    echo "== tests/gpu, driver root: $name"
+    timeout 100 unshare --mount --propagation private bash -c "$setup && python3 -m pytest tests/gpu -v -s -rA" >"$out/tests-$name.log" 2>&1
+    echo "exit $? ($name)"
+    grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$out/tests-$name.log" | tail -15
+}
+
+host_root=/
+[ -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 ] || [ -e /usr/lib64/libnvidia-ml.so.1 ] || host_root=/usr/local/nvidia
+layout host "export DRADRIVER_GPU_DRIVER_ROOT=$host_root"
+[ "$host_root" = / ] || layout host-slash "export DRADRIVER_GPU_DRIVER_ROOT=/"
+layout operator "mkdir -p /run/nvidia/driver /driver-root && mount --rbind / /run/nvidia/driver \
+    && mount --rbind / /driver-root && export DRADRIVER_GPU_DRIVER_ROOT=/run/nvidia/driver \
+    DRADRIVER_GPU_DRIVER_ROOT_MOUNT=/driver-root"
+if [ -d /usr/local/nvidia/lib64 ]; then
+    layout gke "mkdir -p /home/kubernetes/bin/nvidia && mount --rbind /usr/local/nvidia /home/kubernetes/bin/nvidia \
+        && export DRADRIVER_GPU_DRIVER_ROOT=/home/kubernetes/bin/nvidia"
+else
+    echo "== gke layout left out: no /usr/local/nvidia/lib64 on this node to lay it out from"
+fi
+
+echo "== bench_gpu"
+timeout 90 python3 -m bench.bench_gpu --driver-root "$host_root" --rounds 400 --mps-rounds 30 --discover-runs 20 \
+    ${baseline:+--baseline-src "$baseline"} 2>&1 | tee "$out/bench_gpu.log"
