@@ -6,9 +6,9 @@ The claims come from a claim directory (no API server): what is timed is the plu
 the CDI spec and checkpoint writes with fsync included, and for MPS the host driver's
 nvidia-cuda-mps-control starting and stopping a control daemon per claim.
 
-With `--baseline-src DIR` (an earlier build's tree: `git archive REV src | tar -x -C DIR/..`)
-that build's `serve` prepares the same whole GPU beside this one's, the two taking turns call
-by call, so both see the same machine.
+With `--baseline-src LABEL=DIR` (an earlier build's src/: `git archive REV src | tar -x -C DIR/..`;
+repeatable) that build's `serve` prepares the same whole GPU beside this one's, all taking turns
+call by call, so each sees the same machine.
 """
 
 from __future__ import annotations
@@ -117,7 +117,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--mps-rounds", type=int, default=20)
     parser.add_argument("--discover-runs", type=int, default=30)
-    parser.add_argument("--baseline-src", type=Path, help="an earlier build's src/, prepared beside this one")
+    parser.add_argument(
+        "--baseline-src",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="an earlier build's src/, prepared beside this one (repeatable)",
+    )
     args = parser.parse_args()
 
     samples = []
@@ -154,9 +161,9 @@ def main() -> None:
         root = Path(tmp)
         claims = [claim(1, device, mps=False), claim(2, device, mps=True)]
         plugins = {"this build": stack.enter_context(serving(root / "new", args.driver_root, claims, None))}
-        if args.baseline_src is not None:
-            plugins["baseline"] = stack.enter_context(
-                serving(root / "baseline", args.driver_root, claims[:1], args.baseline_src)
+        for label, src in args.baseline_src:
+            plugins[label] = stack.enter_context(
+                serving(root / label, args.driver_root, claims[:1], Path(src))
             )
         cycles(plugins, 1, 3, "warm-up")
         cycles(plugins, 1, args.rounds, whole)

@@ -4,14 +4,18 @@
 # elsewhere in the plugin's container) and GKE's (/home/kubernetes/bin/nvidia). The last two are
 # bind mounts of the host's driver in a private mount namespace, gone when each run ends.
 #
-#   bash tests/gpu/node_check.sh OUT_DIR [BASELINE_SRC]
+#   bash tests/gpu/node_check.sh OUT_DIR [LABEL=BASELINE_SRC ...]
 #
+# A fourth run starts from a /dev as a node has it moments after boot (the GPUs' nodes and
+# nvidiactl, not yet nvidia-uvm's): prepare must make what the spec names.
 # Dependencies come from the wheels in .whl/ when there is one (a node that cannot reach an index:
-# README, "On a GPU node"), else from the interpreter. BASELINE_SRC, an earlier build's src/,
+# README, "On a GPU node"), else from the interpreter. Each BASELINE_SRC, an earlier build's src/,
 # is prepared beside this build by bench_gpu.
 set -uo pipefail
-out=${1:?usage: node_check.sh OUT_DIR [BASELINE_SRC]}
-baseline=${2:-}
+out=${1:?usage: node_check.sh OUT_DIR [LABEL=BASELINE_SRC ...]}
+shift
+baselines=()
+for b in "$@"; do baselines+=(--baseline-src "$b"); done
 mkdir -p "$out"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo" || exit 1
@@ -31,12 +35,14 @@ for root in / /usr/local/nvidia; do
 done
 file -L "$(command -v nvidia-smi)" 2>/dev/null || head -c 200 "$(command -v nvidia-smi)"
 
-# One layout: NAME, then the commands (in the private mount namespace) that lay it out and
-# export DRADRIVER_GPU_DRIVER_ROOT (and _MOUNT).
+# One layout: NAME, the commands (in the private mount namespace) that lay it out and export
+# DRADRIVER_GPU_DRIVER_ROOT (and _MOUNT), and which tests (pytest -k) when not all.
 layout() {
-    local name=$1 setup=$2
+    local name=$1 setup=$2 select=${3:+-k \'$3\'}
     echo "== tests/gpu, driver root: $name"
-    timeout 100 unshare --mount --propagation private bash -c "$setup && python3 -m pytest tests/gpu -v -s -rA" >"$out/tests-$name.log" 2>&1
+    timeout 100 unshare --mount --propagation private bash -c "$setup && ls -l /dev/nvidia* \
+        && python3 -m pytest tests/gpu -v -s -rA $select; rc=\$?; ls -l /dev/nvidia*; exit \$rc" \
+        >"$out/tests-$name.log" 2>&1
     echo "exit $? ($name)"
     grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$out/tests-$name.log" | tail -15
 }
@@ -55,6 +61,11 @@ else
     echo "== gke layout left out: no /usr/local/nvidia/lib64 on this node to lay it out from"
 fi
 
+layout fresh-dev "fresh=\$(mktemp -d) && mount -t tmpfs -o mode=755 tmpfs \$fresh \
+    && cp -a /dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/nvidiactl /dev/nvidia[0-9]* \$fresh/ \
+    && mkdir \$fresh/shm && mount --bind \$fresh /dev && mount -t tmpfs tmpfs /dev/shm \
+    && export DRADRIVER_GPU_DRIVER_ROOT=$host_root" "serve_prepares_a_real_gpu or every_image_layout"
+
 echo "== bench_gpu"
-timeout 90 python3 -m bench.bench_gpu --driver-root "$host_root" --rounds 400 --mps-rounds 30 --discover-runs 20 \
-    ${baseline:+--baseline-src "$baseline"} 2>&1 | tee "$out/bench_gpu.log"
+timeout 120 python3 -m bench.bench_gpu --driver-root "$host_root" --rounds 400 --mps-rounds 30 --discover-runs 20 \
+    "${baselines[@]}" 2>&1 | tee "$out/bench_gpu.log"
