@@ -1,13 +1,19 @@
 """Run as a program, as root, in a private mount namespace (`unshare --mount --propagation
 private`): a container with nothing of the host but a claim's CDI edits, without a runtime.
 
-    python -m tests.gpu.bare_root EDITS_JSON ROOT [--read-only] -- ARGV...
+    python -m tests.gpu.bare_root EDITS_JSON ROOT [--read-only] [--host-image] -- ARGV...
 
 EDITS_JSON holds {"env": [...], "deviceNodes": [...], "mounts": [...]} (a spec's edits merged)
 and "imageEnv" (the image's own env, which the edits' env overrides name by name, as runtimes
 do). In ROOT (a copy of an image's root filesystem) it makes what runc makes (/dev/null and the
 other default nodes, /proc, a read-only /sys, /dev/shm), then the spec's device nodes and bind
 mounts, optionally remounts the root read-only, and executes ARGV chrooted into it.
+
+With --host-image, ROOT (an empty directory) becomes this host's own root with its host driver
+taken out: an image that has the host's software (Python, PyTorch, a compiler) and nothing of the
+driver but what the spec brings. /usr is an overlay in which the driver's files are deleted (the
+host's stay as they are), /usr/local/nvidia is empty, and /etc/ld.so.cache is made again without
+them, as an image's own cache is.
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ def run(
     command: tuple[str, ...],
     *,
     read_only: bool = False,
+    host_image: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`command` in a bare container of `root` (changed: use a copy) with these edits and image env."""
     edits_file = root.parent / f"{root.name}.edits.json"
     edits_file.write_text(json.dumps({**edits, "imageEnv": list(env)}))
+    flags = [*(["--read-only"] if read_only else []), *(["--host-image"] if host_image else [])]
     argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tests.gpu.bare_root"]
-    argv += [str(edits_file), str(root), *(["--read-only"] if read_only else []), "--", *command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    argv += [str(edits_file), str(root), *flags, "--", *command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
 
 
 #: runc's default devices: (name, major, minor).
@@ -74,13 +82,47 @@ def _bind(root: Path, mount: dict[str, Any]) -> None:
         _mount("-o", "remount,bind,ro", str(target))
 
 
+#: The host driver's files in a library directory (NVIDIA's installer and packages name them so).
+DRIVER_FILES = ("libcuda.so*", "libcudadebugger.so*", "libnvidia-*.so*")
+DRIVER_TOOLS = ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+def _host_image(root: Path) -> None:
+    """`root` as this host's root without its host driver (see --host-image)."""
+    root.mkdir(exist_ok=True)
+    _mount("--rbind", "/", str(root))
+    _mount("-t", "tmpfs", "tmpfs", str(root / "tmp"))  # scratch, and the image's own /tmp
+    (root / "tmp/usr-upper").mkdir()
+    (root / "tmp/usr-work").mkdir()
+    options = f"lowerdir=/usr,upperdir={root}/tmp/usr-upper,workdir={root}/tmp/usr-work"
+    _mount("-t", "overlay", "overlay", "-o", options, str(root / "usr"))
+    for directory in (
+        "usr/lib",
+        "usr/lib64",
+        *(str(d.relative_to(root)) for d in (root / "usr/lib").glob("*-linux-gnu")),
+    ):
+        for pattern in DRIVER_FILES:
+            for found in (root / directory).glob(pattern):
+                found.unlink()  # a whiteout in the overlay
+    for tool in DRIVER_TOOLS:
+        (root / "usr/bin" / tool).unlink(missing_ok=True)
+    if (root / "usr/local/nvidia").is_dir():
+        _mount("-t", "tmpfs", "tmpfs", str(root / "usr/local/nvidia"))
+    # -X: make no links; the cache lands in the image's scratch /tmp and is bound over its own.
+    subprocess.run(["ldconfig", "-X", "-r", str(root), "-C", "/tmp/ld.so.cache"], check=True)
+    _mount("--bind", str(root / "tmp/ld.so.cache"), str(root / "etc/ld.so.cache"))
+
+
 def main(argv: list[str]) -> int:
     split = argv.index("--")
     edits_file, root_dir, *flags = argv[:split]
     command = argv[split + 1 :]
     edits = json.loads(Path(edits_file).read_text())
     root = Path(root_dir)
-    _mount("--bind", str(root), str(root))
+    if "--host-image" in flags:
+        _host_image(root)
+    else:
+        _mount("--bind", str(root), str(root))
     (root / "dev").mkdir(exist_ok=True)
     _mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", str(root / "dev"))
     for name, major, minor in DEFAULT_DEVICES:

@@ -40,7 +40,7 @@ file -L "$(command -v nvidia-smi)" 2>/dev/null || head -c 200 "$(command -v nvid
 layout() {
     local name=$1 setup=$2 select=${3:+-k \'$3\'}
     echo "== tests/gpu, driver root: $name"
-    timeout 100 unshare --mount --propagation private bash -c "$setup && ls -l /dev/nvidia* \
+    timeout 200 unshare --mount --propagation private bash -c "$setup && ls -l /dev/nvidia* \
         && python3 -m pytest tests/gpu -v -s -rA $select; rc=\$?; ls -l /dev/nvidia*; exit \$rc" \
         >"$out/tests-$name.log" 2>&1
     echo "exit $? ($name)"
@@ -49,14 +49,15 @@ layout() {
 
 host_root=/
 [ -e /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 ] || [ -e /usr/lib64/libnvidia-ml.so.1 ] || host_root=/usr/local/nvidia
+# Triton's check (PyTorch in an image made of this host) runs once, in the host's own layout.
 layout host "export DRADRIVER_GPU_DRIVER_ROOT=$host_root"
-[ "$host_root" = / ] || layout host-slash "export DRADRIVER_GPU_DRIVER_ROOT=/"
+[ "$host_root" = / ] || layout host-slash "export DRADRIVER_GPU_DRIVER_ROOT=/" "not triton"
 layout operator "mkdir -p /run/nvidia/driver /driver-root && mount --rbind / /run/nvidia/driver \
     && mount --rbind / /driver-root && export DRADRIVER_GPU_DRIVER_ROOT=/run/nvidia/driver \
-    DRADRIVER_GPU_DRIVER_ROOT_MOUNT=/driver-root"
+    DRADRIVER_GPU_DRIVER_ROOT_MOUNT=/driver-root" "not triton"
 if [ -d /usr/local/nvidia/lib64 ]; then
     layout gke "mkdir -p /home/kubernetes/bin/nvidia && mount --rbind /usr/local/nvidia /home/kubernetes/bin/nvidia \
-        && export DRADRIVER_GPU_DRIVER_ROOT=/home/kubernetes/bin/nvidia"
+        && export DRADRIVER_GPU_DRIVER_ROOT=/home/kubernetes/bin/nvidia" "not triton"
 else
     echo "== gke layout left out: no /usr/local/nvidia/lib64 on this node to lay it out from"
 fi

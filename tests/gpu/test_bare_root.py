@@ -5,15 +5,21 @@ do. So when tests/gpu runs on a GPU node, what differs is the GPU, not the harne
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dradriver import kubeletclient
 from dradriver.backend.select import open_backend
+from dradriver.discovery.model import Gpu
 from tests.fakenvml import cuda
 from tests.gpu.bare_root import run
 from tests.gpu.test_real_gpu import claim_for, spec_edits
@@ -28,9 +34,10 @@ pytestmark = [
 ]
 
 
-def test_the_bare_container_shows_cuda_only_the_claimed_gpu(tmp_path: Path) -> None:
-    build = cuda.build(tmp_path / "build")
-    roots = {r.name: r for r in cuda.probe_roots(tmp_path / "roots", build)}
+@contextmanager
+def fake_gpu_claim(build: cuda.CudaBuild) -> Iterator[tuple[Gpu, dict[str, Any]]]:
+    """gpu-6 of the fake dgx-h100 prepared by `serve` over a driver root with the fake libcuda and
+    nvidia-smi: the GPU and its spec's edits (their host files live as long as the block)."""
     inventory = open_backend("dgx-h100").discover()
     gpu = next(g for g in inventory.gpus if g.minor == 6)
     with short_tmpdir() as root:
@@ -49,6 +56,13 @@ def test_the_bare_container_shows_cuda_only_the_claimed_gpu(tmp_path: Path) -> N
             edits = spec_edits(serve, claim)
         finally:
             serve.kill()
+        yield gpu, edits
+
+
+def test_the_bare_container_shows_cuda_only_the_claimed_gpu(tmp_path: Path) -> None:
+    build = cuda.build(tmp_path / "build")
+    roots = {r.name: r for r in cuda.probe_roots(tmp_path / "roots", build)}
+    with fake_gpu_claim(build) as (gpu, edits):
         for name, probe_root in roots.items():
             copy = tmp_path / "run" / name
             shutil.copytree(probe_root.path, copy, symlinks=True)
@@ -57,3 +71,33 @@ def test_the_bare_container_shows_cuda_only_the_claimed_gpu(tmp_path: Path) -> N
             assert probed.ok, f"{name}: {result.stdout}{result.stderr}"
             assert set(probed.devices) == {cuda.bare_uuid(gpu.uuid)}, name
             assert probed.nvidia_smi == (f"GPU 0: {gpu.product_name} (UUID: {gpu.uuid})",), name
+
+
+#: Run in the host image: what a program finds of the driver there.
+LOOK_AROUND = """
+import ctypes, json, os, subprocess
+cache = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
+triton = os.environ["TRITON_LIBCUDA_PATH"]
+lib = ctypes.CDLL("libcuda.so.1")
+print(json.dumps({
+    "inCache": [line.split()[-1] for line in cache.splitlines() if line.split()[0].startswith("libcuda.so")],
+    "tritonDir": sorted(n for n in os.listdir(triton) if n.startswith("libcuda")),
+    "cuInit": lib.cuInit(0),
+}))
+"""
+
+
+def test_a_host_image_has_the_hosts_software_and_only_the_specs_driver(tmp_path: Path) -> None:
+    """tests/gpu's image for Triton (--host-image), checked without a GPU: the host's Python runs
+    there, libcuda.so.1 is the spec's (found by SONAME, absent from the image's ld.so.cache), and
+    TRITON_LIBCUDA_PATH names a directory with both names Triton needs."""
+    build = cuda.build(tmp_path / "build")
+    version = open_backend("dgx-h100").discover().driver_version
+    with fake_gpu_claim(build) as (_, edits):
+        env = (f"PATH={Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",)
+        result = run(edits, tmp_path / "image", env, (sys.executable, "-c", LOOK_AROUND), host_image=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["inCache"] == [], seen
+    assert seen["tritonDir"] == ["libcuda.so", "libcuda.so.1", f"libcuda.so.{version}"], seen
+    assert seen["cuInit"] == 0, seen

@@ -309,3 +309,59 @@ def test_an_mps_share_in_a_bare_container_runs_within_its_limits(
         assert client.unprepare([claim]).claims[claim.uid].error == ""
     ((uuid, (whole_sms, _, _)),) = whole.devices.items()
     assert shared.devices[uuid][0] < whole_sms, (shared, whole)
+
+
+#: A Triton kernel (what torch.compile generates) on the container's one GPU.
+TRITON_KERNEL = """
+import json, torch, triton, triton.language as tl
+
+@triton.jit
+def add(x, y, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.load(x + i, mask=i < n) + tl.load(y + i, mask=i < n), mask=i < n)
+
+x = torch.arange(4096, device="cuda", dtype=torch.float32)
+out = torch.empty_like(x)
+add[(16,)](x, x, out, 4096, BLOCK=256)
+libcuda = [line.split()[-1] for line in open("/proc/self/maps") if "/libcuda.so" in line]
+print(json.dumps({"ok": bool(torch.equal(out, 2 * x)), "count": torch.cuda.device_count(),
+                  "uuid": str(torch.cuda.get_device_properties(0).uuid), "libcuda": sorted(set(libcuda))}))
+"""
+
+
+def test_triton_runs_a_kernel_in_an_image_without_the_host_driver(
+    host_driver: HostDriver, serve: ServeProcess, tmp_path: Path
+) -> None:
+    """torch.compile's path in an image with Python, PyTorch, Triton and a compiler but nothing of
+    the host driver (this host's own software, its driver taken out: bare_root --host-image):
+    Triton finds libcuda, links its launcher and runs on the claimed GPU through the spec alone.
+    The same without the spec's TRITON_LIBCUDA_PATH shows why it is there (printed)."""
+    python = Path(sys.executable)
+    has = subprocess.run([python, "-c", "import torch, triton"], capture_output=True, check=False)
+    if has.returncode != 0 or shutil.which("gcc") is None:
+        pytest.skip(f"needs PyTorch, Triton and gcc beside {python}")
+    gpu = host_driver.inventory.gpus[0]
+    claim = claim_for(serve, 6, f"gpu-{gpu.minor}", [])
+    path = f"PATH={python.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    with kubeletclient.DRAClient(serve.dra_socket) as client:
+        assert client.prepare([claim]).claims[claim.uid].error == ""
+        edits = spec_edits(serve, claim)
+        env = (path, "HOME=/root", "TRITON_CACHE_DIR=/tmp/triton")  # a fresh cache: nothing built before
+        result = bare_root.run(
+            edits, tmp_path / "image", env, (str(python), "-c", TRITON_KERNEL), host_image=True
+        )
+        without = {**edits, "env": [e for e in edits["env"] if not e.startswith("TRITON_LIBCUDA_PATH=")]}
+        control = bare_root.run(
+            without, tmp_path / "control", env, (str(python), "-c", TRITON_KERNEL), host_image=True
+        )
+        assert client.unprepare([claim]).claims[claim.uid].error == ""
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen["ok"], seen["count"]) == (True, 1), seen
+    assert seen["uuid"].removeprefix("GPU-") == gpu.uuid.removeprefix("GPU-"), seen
+    # The spec's libcuda, by SONAME from the image's own library directory.
+    assert seen["libcuda"] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"], seen
+    last = (control.stderr.strip().splitlines() or ["(no output)"])[-1]
+    print(
+        json.dumps({"triton": seen, "withoutTritonLibcudaPath": {"exit": control.returncode, "last": last}})
+    )

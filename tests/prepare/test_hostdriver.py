@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.prepare.edits import common_edits
 from dradriver.prepare.hostdriver import driver_mounts, real_executable
 
 VERSION = "580.159.04"
@@ -35,6 +36,14 @@ def _expected(host_file: str, *names: str, dirs: tuple[str, ...] = LIB_DIRS) -> 
     return {(f"{d}/{name}", host_file) for d in dirs for name in names}
 
 
+def _libcuda(host_file: str) -> set[tuple[str, str]]:
+    """libcuda's mounts: its two names in every directory, and the development name Triton links
+    with where TRITON_LIBCUDA_PATH points."""
+    return _expected(host_file, f"libcuda.so.{VERSION}", "libcuda.so.1") | {
+        ("/usr/local/nvidia/lib64/libcuda.so", host_file)
+    }
+
+
 def _mounts(root: Path, host_root: Path, machine: str = "x86_64") -> set[tuple[str, str]]:
     return {(m.container_path, m.host_path) for m in driver_mounts(root, host_root, VERSION, machine)}
 
@@ -47,7 +56,7 @@ def test_each_library_goes_to_the_images_own_directories_under_its_versioned_nam
     _library(tmp_path / "usr/lib/x86_64-linux-gnu", "libcuda", "libcuda.so.1", "libcuda.so")
     _elf(tmp_path / "usr/bin/nvidia-smi")
     lib = f"{host_root.rstrip('/')}/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}"
-    assert _mounts(tmp_path, Path(host_root)) == _expected(lib, f"libcuda.so.{VERSION}", "libcuda.so.1") | (
+    assert _mounts(tmp_path, Path(host_root)) == _libcuda(lib) | (
         _expected(f"{host_root.rstrip('/')}/usr/bin/nvidia-smi", "nvidia-smi", dirs=BIN_DIRS)
     )
 
@@ -72,7 +81,7 @@ def test_libraries_linked_from_elsewhere_are_mounted_from_the_files_they_resolve
     (tmp_path / "usr/bin").mkdir()
     (tmp_path / "usr/bin/nvidia-smi").symlink_to("/usr/local/nvidia/bin/nvidia-smi")
     lib = f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"
-    assert _mounts(tmp_path, Path("/")) == _expected(lib, f"libcuda.so.{VERSION}", "libcuda.so.1") | (
+    assert _mounts(tmp_path, Path("/")) == _libcuda(lib) | (
         _expected("/usr/local/nvidia/bin/nvidia-smi", "nvidia-smi", dirs=BIN_DIRS)
     )
 
@@ -84,7 +93,7 @@ def test_a_library_reached_only_through_its_soname_link_is_found(tmp_path: Path)
     (tmp_path / "usr/lib64").mkdir(parents=True)
     (tmp_path / "usr/lib64/libcuda.so.1").symlink_to("/usr/local/nvidia/lib64/libcuda.so.1")
     host = f"/{real.relative_to(tmp_path)}"
-    assert _mounts(tmp_path, Path("/")) == _expected(host, f"libcuda.so.{VERSION}", "libcuda.so.1")
+    assert _mounts(tmp_path, Path("/")) == _libcuda(host)
 
 
 def test_a_wrapper_script_is_followed_to_the_binary_it_runs(tmp_path: Path) -> None:
@@ -115,6 +124,20 @@ def test_the_gke_layout_under_its_driver_root(tmp_path: Path) -> None:
     _library(tmp_path / "lib64", "libcuda", "libcuda.so.1")
     _elf(tmp_path / "bin/nvidia-smi")
     host = "/home/kubernetes/bin/nvidia"
-    assert _mounts(tmp_path, Path(host)) == _expected(
-        f"{host}/lib64/libcuda.so.{VERSION}", f"libcuda.so.{VERSION}", "libcuda.so.1"
-    ) | _expected(f"{host}/bin/nvidia-smi", "nvidia-smi", dirs=BIN_DIRS)
+    assert _mounts(tmp_path, Path(host)) == _libcuda(f"{host}/lib64/libcuda.so.{VERSION}") | _expected(
+        f"{host}/bin/nvidia-smi", "nvidia-smi", dirs=BIN_DIRS
+    )
+
+
+def test_triton_is_told_where_libcuda_is_when_the_driver_has_it(tmp_path: Path) -> None:
+    """Triton finds libcuda through `ldconfig -p` (no entry in an image: no hook runs ldconfig) or
+    TRITON_LIBCUDA_PATH, and links with -lcuda there: the spec names the directory."""
+    _library(tmp_path / "usr/lib/x86_64-linux-gnu", "libnvidia-ml", "libnvidia-ml.so.1")
+    without = common_edits(None, driver_mounts(tmp_path, Path("/"), VERSION, "x86_64"))
+    assert without.env == ("NVIDIA_VISIBLE_DEVICES=void",)
+    _library(tmp_path / "usr/lib/x86_64-linux-gnu", "libcuda", "libcuda.so.1")
+    edits = common_edits(None, driver_mounts(tmp_path, Path("/"), VERSION, "x86_64"))
+    assert edits.env == ("NVIDIA_VISIBLE_DEVICES=void", "TRITON_LIBCUDA_PATH=/usr/local/nvidia/lib64")
+    assert ("/usr/local/nvidia/lib64/libcuda.so", f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}") in {
+        (m.container_path, m.host_path) for m in edits.mounts
+    }

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from dradriver.discovery import NVIDIA_CHAR_MAJOR, Gpu, MigDevice
 from dradriver.prepare.cdi import ContainerEdits, DeviceNode, Mount
+from dradriver.prepare.hostdriver import driver_env
 
 #: /dev/nvidiactl is 195:255 on every driver.
 NVIDIACTL_MINOR = 255
@@ -79,10 +80,11 @@ def control_nodes(uvm_major: int | None) -> tuple[DeviceNode, ...]:
 
 
 def common_edits(uvm_major: int | None, driver_mounts: Sequence[Mount]) -> ContainerEdits:
-    """Applied once per claim spec: control nodes, the driver's user-space files, and
-    NVIDIA_VISIBLE_DEVICES=void so a legacy nvidia-container-runtime hook does nothing."""
+    """Applied once per claim spec: control nodes, the driver's user-space files and the
+    environment they need, and NVIDIA_VISIBLE_DEVICES=void so a legacy nvidia-container-runtime
+    hook does nothing."""
     return ContainerEdits(
-        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        env=("NVIDIA_VISIBLE_DEVICES=void", *driver_env(driver_mounts)),
         device_nodes=control_nodes(uvm_major),
         mounts=tuple(driver_mounts),
     )

@@ -13,6 +13,11 @@ points to it on the host (`libcuda.so.1`) into three directories:
 No `LD_LIBRARY_PATH` is set (an image's own stays as it is), no hook runs `ldconfig` in the
 container (which would need a hook binary on the host and a writable root), and the mounts need
 no writable root: the runtime creates their targets before it makes the root read-only.
+
+Triton (what `torch.compile` generates kernels with) does not load `libcuda` by SONAME: it looks
+it up in `ldconfig -p`, which has no entry without such a hook, else in `TRITON_LIBCUDA_PATH`, and
+links its launcher with `-lcuda`, which needs the development name `libcuda.so`. So the spec sets
+`TRITON_LIBCUDA_PATH` to `/usr/local/nvidia/lib64` and mounts `libcuda` there as `libcuda.so` too.
 `nvidia-smi` goes to `/usr/bin` (on every image's PATH) and `/usr/local/nvidia/bin`, as the ELF
 binary itself: a driver root's `nvidia-smi` may be a shell script that wraps it, which an image
 without a shell cannot run, so a script is followed to the binary it names.
@@ -28,6 +33,7 @@ import functools
 import os
 import platform
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver import logs
@@ -51,6 +57,9 @@ COMPUTE_LIBRARIES = (
     "libnvidia-opencl",
 )
 BINARIES = ("nvidia-smi", "nvidia-debugdump")
+#: Where Triton finds `libcuda` in any image (see above), under this name too.
+TRITON_LIBCUDA_PATH = f"TRITON_LIBCUDA_PATH={CONTAINER_LIB_DIR}"
+LIBCUDA_LINK_NAME = "libcuda.so"
 #: A wrapper script is read this far for the path of the binary it runs.
 _MAX_SCRIPT_BYTES = 64 * 1024
 _ELF_MAGIC = b"\x7fELF"
@@ -88,6 +97,8 @@ def driver_mounts(
             continue
         for name in (found.name, *_sonames_of(driver_root, found)):
             mounts += [Mount(host_path(found), f"{d}/{name}") for d in library_dirs(machine)]
+        if library == "libcuda":
+            mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{LIBCUDA_LINK_NAME}"))
     for binary in BINARIES:
         found = find_binary(driver_root, binary)
         if found is None:
@@ -102,6 +113,13 @@ def driver_mounts(
             continue
         mounts += [Mount(host_path(executable), f"{d}/{binary}") for d in (IMAGE_BIN_DIR, CONTAINER_BIN_DIR)]
     return mounts
+
+
+def driver_env(mounts: Sequence[Mount]) -> tuple[str, ...]:
+    """The environment the driver's files need in a container: Triton's `libcuda` directory, when
+    `libcuda` is among the mounts."""
+    link = f"{CONTAINER_LIB_DIR}/{LIBCUDA_LINK_NAME}"
+    return (TRITON_LIBCUDA_PATH,) if any(m.container_path == link for m in mounts) else ()
 
 
 def real_executable(driver_root: Path, found: Path) -> Path | None:
