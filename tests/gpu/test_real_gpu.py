@@ -31,6 +31,7 @@ from tests.gpu.conftest import HostDriver
 from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, short_tmpdir, uid, wait_for
 
 PROBE = Path(__file__).with_name("cuda_probe.py")
+TRITON_PROBE = Path(__file__).with_name("triton_probe.py")
 #: Attributes that name this very GPU or host driver rather than the model.
 PER_GPU = {"uuid", "minor", "gpuModuleID", "driverVersion", "cudaDriverVersion", "numaNode"}
 
@@ -311,24 +312,6 @@ def test_an_mps_share_in_a_bare_container_runs_within_its_limits(
     assert shared.devices[uuid][0] < whole_sms, (shared, whole)
 
 
-#: A Triton kernel (what torch.compile generates) on the container's one GPU.
-TRITON_KERNEL = """
-import json, torch, triton, triton.language as tl
-
-@triton.jit
-def add(x, y, out, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out + i, tl.load(x + i, mask=i < n) + tl.load(y + i, mask=i < n), mask=i < n)
-
-x = torch.arange(4096, device="cuda", dtype=torch.float32)
-out = torch.empty_like(x)
-add[(16,)](x, x, out, 4096, BLOCK=256)
-libcuda = [line.split()[-1] for line in open("/proc/self/maps") if "/libcuda.so" in line]
-print(json.dumps({"ok": bool(torch.equal(out, 2 * x)), "count": torch.cuda.device_count(),
-                  "uuid": str(torch.cuda.get_device_properties(0).uuid), "libcuda": sorted(set(libcuda))}))
-"""
-
-
 def test_triton_runs_a_kernel_in_an_image_without_the_host_driver(
     host_driver: HostDriver, serve: ServeProcess, tmp_path: Path
 ) -> None:
@@ -348,11 +331,11 @@ def test_triton_runs_a_kernel_in_an_image_without_the_host_driver(
         edits = spec_edits(serve, claim)
         env = (path, "HOME=/root", "TRITON_CACHE_DIR=/tmp/triton")  # a fresh cache: nothing built before
         result = bare_root.run(
-            edits, tmp_path / "image", env, (str(python), "-c", TRITON_KERNEL), host_image=True
+            edits, tmp_path / "image", env, (str(python), str(TRITON_PROBE)), host_image=True
         )
         without = {**edits, "env": [e for e in edits["env"] if not e.startswith("TRITON_LIBCUDA_PATH=")]}
         control = bare_root.run(
-            without, tmp_path / "control", env, (str(python), "-c", TRITON_KERNEL), host_image=True
+            without, tmp_path / "control", env, (str(python), str(TRITON_PROBE)), host_image=True
         )
         assert client.unprepare([claim]).claims[claim.uid].error == ""
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
