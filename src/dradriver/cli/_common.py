@@ -157,19 +157,6 @@ def env_list_flag(parser: Any, flag: str, *, help: str, dest: str | None = None)
 MAX_DURATION_SECONDS = 7 * 24 * 3600
 
 
-def duration(value: str) -> float:
-    """argparse type for seconds: finite, from 0 to a week (NaN, inf and -1 are errors)."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_SECONDS):
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {_clip(value)!r}: must be a number of seconds from 0 to {MAX_DURATION_SECONDS}"
-        )
-    return seconds
-
-
 def bounded(kind: str, low: float, high: float, unit: str = "") -> Callable[[str], float]:
     """argparse type for a finite number from `low` to `high` (a `kind`, in `unit`)."""
 
@@ -189,6 +176,8 @@ def bounded(kind: str, low: float, high: float, unit: str = "") -> Callable[[str
 
 #: argparse type for a percentage.
 percent = bounded("percentage", 0, 100)
+#: argparse type for seconds: finite, from 0 to a week (NaN, inf and -1 are errors).
+duration = bounded("duration", 0, MAX_DURATION_SECONDS, " of seconds")
 
 
 def positive_duration(value: str) -> float:
