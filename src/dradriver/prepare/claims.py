@@ -8,7 +8,8 @@ that this one claim cannot be had; any other problem is a `ClaimSourceError`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -207,6 +208,8 @@ class ApiClaimSource:
 
 #: A pod a claim is reserved for: namespace, name, UID.
 PodKey = tuple[str, str, str]
+#: Longer than any prepare takes from its fetch of a claim to the claim's record.
+FORGET_AFTER = 300.0
 
 
 class ReservationsTap:
@@ -214,12 +217,14 @@ class ReservationsTap:
     (`status.reservedFor`): what the telemetry labels a prepared claim's devices with. Every
     fetch refreshes it, prepare's and the stale-claim check's alike (at least once a minute)."""
 
-    def __init__(self, source: ClaimSource) -> None:
+    def __init__(self, source: ClaimSource, clock: Callable[[], float] = time.monotonic) -> None:
         self._source = source
         self.authoritative = source.authoritative
         self.remote = source.remote
-        self._lock = threading.Lock()  # guards _pods; held for one assignment or lookup
-        self._pods: dict[str, tuple[PodKey, ...]] = {}
+        self._clock = clock
+        self._lock = threading.Lock()  # guards _pods; held for one assignment, lookup or sweep
+        #: By claim UID: its pods, and when they were fetched.
+        self._pods: dict[str, tuple[tuple[PodKey, ...], float]] = {}
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         claim = self._source.get(namespace, name)
@@ -231,14 +236,17 @@ class ReservationsTap:
             if isinstance(r, dict) and r.get("resource") == "pods" and not r.get("apiGroup")
         )
         with self._lock:
-            self._pods[uid] = pods
+            self._pods[uid] = (pods, self._clock())
         return claim
 
     def pods(self, uid: str) -> tuple[PodKey, ...]:
         with self._lock:
-            return self._pods.get(uid, ())
+            return self._pods.get(uid, ((), 0.0))[0]
 
     def forget(self, keep: set[str]) -> None:
-        """Drop what is known of claims other than `keep` (those no longer prepared)."""
+        """Drop what is known of claims other than `keep` (those prepared) that were fetched more
+        than FORGET_AFTER seconds ago: a claim whose prepare is under way has been fetched, but
+        is not among the prepared yet."""
+        cutoff = self._clock() - FORGET_AFTER
         with self._lock:
-            self._pods = {uid: pods for uid, pods in self._pods.items() if uid in keep}
+            self._pods = {uid: entry for uid, entry in self._pods.items() if uid in keep or entry[1] > cutoff}
