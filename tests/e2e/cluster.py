@@ -148,6 +148,8 @@ class ControlPlane:
     advertise_address: str
     feature_gates: str = ""
     service_cidr: str = "10.0.0.0/24"
+    #: Added to kube-apiserver's environment (e.g. GODEBUG=memprofilerate=N for a finer heap profile).
+    apiserver_env: dict[str, str] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -215,6 +217,7 @@ class ControlPlane:
             "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
             "--v=1",
             *self.gate_flags(),
+            env={**os.environ, **self.apiserver_env} if self.apiserver_env else None,
         )
         self.kubeconfig_for("admin", "kubernetes-admin", "system:masters").rename(self.admin_kubeconfig)
         wait_until(self._ready, 120, "kube-apiserver /readyz", apiserver)
@@ -240,8 +243,8 @@ class ControlPlane:
         )
         return done.returncode == 0
 
-    def _launch(self, name: str, *args: str) -> Component:
-        component = Component(name, [str(self.bin_dir / name), *args], self.logs / f"{name}.log")
+    def _launch(self, name: str, *args: str, env: dict[str, str] | None = None) -> Component:
+        component = Component(name, [str(self.bin_dir / name), *args], self.logs / f"{name}.log", env)
         component.start()
         self.components.append(component)
         return component
