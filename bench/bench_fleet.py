@@ -78,7 +78,7 @@ from typing import Any
 
 from bench.bench_vs_go import RBAC, dradriver_argv, go_argv, grant_plugin_role
 from bench.common import Samples, cpu_seconds, least_squares_slope, metric_sum, parse_metrics, rss_mb
-from bench.go_heap import HeapProfile, bytes_by_site, parse_heap_profile
+from bench.go_heap import HeapProfile, Record, bytes_by, bytes_by_site, parse_heap_profile
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
 from dradriver.kube.client import WatchEvent
@@ -143,25 +143,27 @@ class ApiServer:
         assert process is not None
         self.pid = process.pid
 
-    def get(self, path: str) -> str:
+    def get(self, path: str) -> bytes:
         connection = http.client.HTTPSConnection("127.0.0.1", self._port, context=self._context, timeout=120)
         try:
             connection.request("GET", path)
             response = connection.getresponse()
-            body = response.read().decode()
+            body = response.read()
             if response.status != 200:
-                raise RuntimeError(f"GET {path}: {response.status} {body[:200]}")
+                raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
             return body
         finally:
             connection.close()
 
     def scrape(self) -> Samples:
-        return parse_metrics(self.get("/metrics"))
+        return parse_metrics(self.get("/metrics").decode())
 
     def heap_profile(self) -> tuple[HeapProfile, str]:
-        """Its heap profile (parsed, and the text) right after a garbage collection it runs first
-        (net/http/pprof's gc=1): live objects only, whenever the last collection happened to be."""
-        text = self.get("/debug/pprof/heap?gc=1&debug=1")
+        """Its heap profile (parsed, and the text) right after garbage collections it runs first
+        (net/http/pprof's gc=1): live objects only, whenever the last collection happened to be.
+        Two: what sync.Pools hold survives one collection (in their victim caches), not two."""
+        self.get("/debug/pprof/heap?gc=1")
+        text = self.get("/debug/pprof/heap?gc=1&debug=1").decode()
         return parse_heap_profile(text), text
 
     def cpu(self) -> float:
@@ -195,10 +197,30 @@ class Memory:
     stack_mb: float
     #: Estimated bytes in use by allocation site (bench/go_heap.py); their sum estimates live_mb.
     sites: dict[str, float]
+    #: The same bytes by what holds them (HOLDERS).
+    holders: dict[str, float]
 
     @property
     def profiled_mb(self) -> float:
         return sum(self.sites.values()) / 2**20
+
+
+#: What holds a heap record, told by a function on its stack: the first of these that matches.
+HOLDERS = (
+    ("decoded ResourceSlices (watch cache, informers)", "resource/v1.(*ResourceSlice).Unmarshal"),
+    ("encoded objects cached for watchers", "runtime.(*spliceBuffer).Write"),
+    ("HTTP/2 connections and their requests", "http2"),
+    ("TLS (connections, certificates)", "crypto/"),
+    ("HTTP/1.1 connections and their requests", "net/http."),
+    ("the watch cache, the rest", "storage/cacher"),
+)
+
+
+def holder(record: Record) -> str:
+    for name, needle in HOLDERS:
+        if any(needle in function for function in record.frames):
+            return name
+    return "the rest"
 
 
 def read_memory(server: ApiServer, save: Path | None) -> Memory:
@@ -214,6 +236,7 @@ def read_memory(server: ApiServer, save: Path | None) -> Memory:
         stats["HeapInuse"] / 2**20,
         stats["Stack"] / 2**20,
         bytes_by_site(profile),
+        bytes_by(profile, holder),
     )
 
 
@@ -495,7 +518,7 @@ class Step:
     idle_requests: dict[str, float] = field(default_factory=dict)
     idle_cpu: float = 0.0
     watches: dict[str, float] = field(default_factory=dict)
-    memory: Memory = field(default_factory=lambda: Memory(0.0, 0.0, 0.0, 0.0, {}))
+    memory: Memory = field(default_factory=lambda: Memory(0.0, 0.0, 0.0, 0.0, {}, {}))
     goroutines: float = 0.0
     connections: int = 0
     instance_rss_mb: list[float] = field(default_factory=list)
@@ -594,8 +617,10 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
                     time.sleep(opts.stagger)
                 last = time.perf_counter()
                 fleet.spawn(node)
-            complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
-            fleet.check_alive()
+            try:
+                complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
+            finally:
+                fleet.check_alive()  # an instance that exited says why
             step.complete_after_first, step.complete_after_last = complete - first, complete - last
             step.spawn_spread = last - first
             time.sleep(opts.settle)
@@ -750,53 +775,57 @@ def report(results: list[Result], sizes: list[int]) -> str:
             + breakdown({k: v * 60 for k, v in result.baseline_rate.items()})
         )
         lines.append("")
-    return "\n".join([*lines, *sites_report(results)])
+    lines += growth_report(results, "holder", lambda memory: memory.holders, len(HOLDERS) + 1)
+    # A site: the first frame outside the runtime and the generic helpers (bench/go_heap.py).
+    lines += growth_report(
+        results, "allocation site", lambda memory: {f"`{k}`": v for k, v in memory.sites.items()}, 20
+    )
+    return "\n".join(lines)
 
 
-def site_growth(result: Result) -> tuple[dict[str, float], dict[str, float]]:
-    """Heap bytes per added node by allocation site, each reading after a garbage collection: from
-    N = 0 to the largest N, and the least-squares slope over the sizes (without N = 0, so that what
-    the first instance adds once, such as a new metric series, is left out)."""
+def growth(result: Result, read: Callable[[Memory], dict[str, float]]) -> tuple[dict[str, float], ...]:
+    """Heap bytes per added node by key (allocation site, holder), each reading after a garbage
+    collection: from N = 0 to the largest N, and the least-squares slope over the sizes (without
+    N = 0, so that what the first instance adds once, such as a new metric series, is left out)."""
     memories = [result.baseline_memory, *(step.memory for step in result.steps)]
-    sites = {site for memory in memories for site in memory.sites}
-    largest = result.steps[-1]
-    overall = {
-        site: (largest.memory.sites.get(site, 0.0) - result.baseline_memory.sites.get(site, 0.0)) / largest.n
-        for site in sites
-    }
+    keys = {key for memory in memories for key in read(memory)}
+    zero, largest = read(result.baseline_memory), read(result.steps[-1].memory)
+    overall = {key: (largest.get(key, 0.0) - zero.get(key, 0.0)) / result.steps[-1].n for key in keys}
     if len(result.steps) < 2:
-        return overall, overall
+        return (overall,)
     ns = [step.n for step in result.steps]
     slope = {
-        site: least_squares_slope(ns, [step.memory.sites.get(site, 0.0) for step in result.steps])
-        for site in sites
+        key: least_squares_slope(ns, [read(step.memory).get(key, 0.0) for step in result.steps])
+        for key in keys
     }
     return overall, slope
 
 
-def sites_report(results: list[Result], top: int = 20) -> list[str]:
-    """The allocation sites whose bytes grow most with N, every variant's growth side by side."""
-    growth = [table for result in results for table in site_growth(result)]
+def growth_report(
+    results: list[Result], what: str, read: Callable[[Memory], dict[str, float]], top: int
+) -> list[str]:
+    """The keys whose bytes grow most with N, every variant's growth side by side."""
+    tables = [table for result in results for table in growth(result, read)]
+    hows = ("N=0 to largest", "slope over sizes")
+    columns = [f"{r.variant.label}: {how}" for r in results for how in hows[: 2 if len(r.steps) > 1 else 1]]
     shown: set[str] = set()
-    for sites in growth:
-        shown.update(sorted(sites, key=lambda site: -abs(sites[site]))[:top])
-    ordered = sorted(shown, key=lambda site: -max(abs(sites.get(site, 0.0)) for sites in growth))
-    columns = [f"{r.variant.label}: {how}" for r in results for how in ("N=0 to largest", "slope over sizes")]
+    for table in tables:
+        shown.update(sorted(table, key=lambda key: -abs(table[key]))[:top])
+    ordered = sorted(shown, key=lambda key: -max(abs(table.get(key, 0.0)) for table in tables))
     lines = [
-        "#### The API server's heap by allocation site, KB per added node (each reading after a GC; a "
-        "site is the first frame outside the runtime and generic helpers)",
+        f"#### The API server's heap by {what}, KB per added node (each reading after a GC)",
         "",
-        "| allocation site | " + " | ".join(columns) + " |",
+        f"| {what} | " + " | ".join(columns) + " |",
         "|" + " --- |" * (len(columns) + 1),
     ]
-    for site in ordered:
-        cells = " | ".join(f"{sites.get(site, 0.0) / 1024:.1f}" for sites in growth)
-        lines.append(f"| `{site}` | {cells} |")
-    others = [sum(v for site, v in sites.items() if site not in shown) / 1024 for sites in growth]
-    lines.append("| all other sites | " + " | ".join(f"{v:.1f}" for v in others) + " |")
-    lines.append(
-        "| all sites | " + " | ".join(f"{sum(sites.values()) / 1024:.1f}" for sites in growth) + " |"
-    )
+    for key in ordered:
+        lines.append(
+            f"| {key} | " + " | ".join(f"{table.get(key, 0.0) / 1024:.1f}" for table in tables) + " |"
+        )
+    others = [sum(v for key, v in table.items() if key not in shown) / 1024 for table in tables]
+    if any(others):
+        lines.append("| all others | " + " | ".join(f"{v:.1f}" for v in others) + " |")
+    lines.append("| all | " + " | ".join(f"{sum(table.values()) / 1024:.1f}" for table in tables) + " |")
     lines.append("")
     return lines
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 HEADER = re.compile(r"^heap profile: \d+: \d+ \[\d+: \d+\] @ heap/(\d+)$")
@@ -103,10 +104,15 @@ def allocation_site(frames: tuple[str, ...]) -> str:
     return frames[-1] if frames else "(no stack)"
 
 
+def bytes_by(profile: HeapProfile, key: Callable[[Record], str]) -> dict[str, float]:
+    """Estimated bytes in use, summed by key(record)."""
+    sums: dict[str, float] = {}
+    for record in profile.records:
+        name = key(record)
+        sums[name] = sums.get(name, 0.0) + record.bytes
+    return sums
+
+
 def bytes_by_site(profile: HeapProfile) -> dict[str, float]:
     """Estimated bytes in use per allocation site."""
-    sites: dict[str, float] = {}
-    for record in profile.records:
-        site = allocation_site(record.frames)
-        sites[site] = sites.get(site, 0.0) + record.bytes
-    return sites
+    return bytes_by(profile, lambda record: allocation_site(record.frames))
