@@ -96,8 +96,8 @@ OWN = ("GET /metrics",)
 Json = dict[str, Any]
 
 
-def node_name(i: int) -> str:
-    return f"fleet-node-{i:03d}"
+def node_name(prefix: str, i: int) -> str:
+    return f"{prefix}-{i:03d}"
 
 
 @dataclass(frozen=True)
@@ -553,7 +553,7 @@ def net(window: Window, rate: dict[str, float], per: int) -> dict[str, float]:
 
 def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
     sizes: list[int] = opts.sizes
-    nodes = [node_name(i) for i in range(max(sizes))]
+    nodes = [node_name(opts.node_prefix, i) for i in range(max(sizes))]
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/var/tmp"))
     plane = ControlPlane(opts.k8s_bin, work / "plane", advertise_address=node_ip())
     if opts.memprofilerate:
@@ -846,6 +846,12 @@ def main() -> None:
     parser.add_argument("--ours", type=variant_arg, action="append", default=[])
     parser.add_argument(
         "--sizes", type=lambda v: sorted(int(n) for n in v.split(",")), default=[1, 10, 50, 100]
+    )
+    parser.add_argument(
+        "--node-prefix",
+        default="fleet-node",
+        help="node names: PREFIX-000 ...; serve refuses a second instance of a driver on one node name "
+        "on the host, so two runs side by side need two prefixes",
     )
     parser.add_argument(
         "--devices", type=int, default=8, help="GPUs per node (fake profile or --num-devices)"
