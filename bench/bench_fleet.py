@@ -6,7 +6,8 @@ Run (repository root, after `make .venv/.installed`; each dradriver build a prod
     .venv/bin/python -m bench.bench_fleet --k8s-bin DIR --go-plugin FILE \\
         --ours dradriver=/tmp/prod/bin/dradriver [--ours before=/tmp/old/bin/dradriver=OLD_RBAC] \\
         [--sizes 1,10,50,100] [--idle 40] [--claims 40 --claim-rate 4] [--stagger 1.0] \\
-        [--devices 8] [--memprofilerate 65536] [--save-profiles DIR]
+        [--devices 8] [--memprofilerate 65536] [--save-profiles DIR] [--node-prefix fleet-node] \\
+        [--beta-resource-apis]
 
 With the defaults one build takes about 8 minutes on 2 cores (100 dradriver instances hold about
 7.2 GB, 100 Go ones 4.1 GB).
@@ -47,10 +48,12 @@ itself (N = 0). Growth per added node is the least-squares slope over the sizes.
 RSS is read from /proc at the end of each idle window.
 
 Memory: at the end of each idle window (and of the control plane's own, N = 0) the bench asks
-the API server, as its admin, for /debug/pprof/heap?gc=1&debug=1: it collects its garbage first,
-so live heap (HeapAlloc), heap in use and the RSS read right after are the same state at every
-size, not wherever the last collection happened to be. The profile's records are summed by
-allocation site (bench/go_heap.py) and reported per added node, each variant beside the others.
+the API server, as its admin, for /debug/pprof/heap?gc=1 twice (the second with debug=1): it
+collects its garbage first, so live heap (HeapAlloc), heap in use and the RSS read right after
+are the same state at every size, not wherever the last collection happened to be. The
+profile's records are summed by allocation site (bench/go_heap.py) and by what holds them
+(HOLDERS: the watch cache, the API server's own informers, connections, ...) and reported per
+added node, each variant beside the others.
 The API server runs with GODEBUG=memprofilerate=--memprofilerate (one sample per that many bytes
 allocated; Go's default of 512 KiB resolves nothing of a few KB per node); --save-profiles keeps
 the profiles at N = 0 and the largest N, for `go tool pprof`.
