@@ -5,7 +5,9 @@ Run (repository root, after `make .venv/.installed`; each dradriver build a prod
 
     .venv/bin/python -m bench.bench_fleet --k8s-bin DIR --go-plugin FILE \\
         --ours dradriver=/tmp/prod/bin/dradriver [--ours before=/tmp/old/bin/dradriver=OLD_RBAC] \\
-        [--sizes 1,10,50,100] [--idle 40] [--claims 40 --claim-rate 4] [--stagger 1.0]
+        [--sizes 1,10,50,100] [--idle 40] [--claims 40 --claim-rate 4] [--stagger 1.0] \\
+        [--devices 8] [--memprofilerate 65536] [--save-profiles DIR] [--node-prefix fleet-node] \\
+        [--beta-resource-apis]
 
 With the defaults one build takes about 8 minutes on 2 cores (100 dradriver instances hold about
 7.2 GB, 100 Go ones 4.1 GB).
@@ -15,14 +17,16 @@ unpacked ../shared/anchors plugin. `--ours LABEL=EXECUTABLE[=RBAC]` adds a dradr
 ClusterRole comes from RBAC (default: this tree's deploy/base/rbac.yaml), so that an older build
 runs with the permissions it shipped with. `--no-go` leaves the Go reference out.
 
-Each plugin gets a fresh etcd + kube-apiserver (tests/e2e/cluster.py `ControlPlane`) with one
+Each plugin gets a fresh etcd + kube-apiserver (tests/e2e/cluster.py `ControlPlane`, serving
+resource.k8s.io/v1 alone as a 1.36 API server does by default; `--beta-resource-apis` adds
+v1beta1 and v1beta2 as the tests' API server does, each with a watch cache of its own) with one
 Node object per fake node and, per node, a user bound to the plugin's ClusterRole (as
 bench_vs_go). Nothing else talks to that API server but the bench: no kubelet, no controllers.
 Then, for each N in --sizes, ascending:
 
 - start: every instance of the previous N is stopped and every ResourceSlice deleted, then N
   instances are spawned at once (or --stagger seconds apart), each with its own node name,
-  kubeconfig, directories and an 8-GPU fake profile (dradriver) or `--num-devices 8` (Go), like a
+  kubeconfig, directories and a --devices GPU fake profile (dradriver) or `--num-devices` (Go), like a
   DaemonSet rolled out on N fresh nodes. "complete" is when every node's pool has all its slices
   (as many slices of the pool's newest generation as their `resourceSliceCount`), seen by a watch
   the bench holds on all ResourceSlices; the start window ends --settle seconds later.
@@ -34,7 +38,7 @@ Then, for each N in --sizes, ascending:
 
 Everything is read from the API server itself: its /metrics (apiserver_request_total by verb and
 resource, apiserver_longrunning_requests for the watches open, apiserver_watch_events_total and
-_sizes for resourceclaims, go_memstats_heap_inuse_bytes), /proc of its process (CPU, RSS) and
+_sizes for resourceclaims, go_goroutines), /proc of its process (CPU, RSS) and
 /proc/net/tcp (its established connections). Requests of the API server's own
 loopback clients (system_client="kube-apiserver") and the bench's /metrics scrapes are left out;
 before any instance runs, an equally long window with none measures what remains of the control
@@ -42,6 +46,17 @@ plane's own traffic, and requests are reported net of that rate (about 0 with no
 running). A churn with no instance gives the claim watch events the control plane delivers by
 itself (N = 0). Growth per added node is the least-squares slope over the sizes. Instances'
 RSS is read from /proc at the end of each idle window.
+
+Memory: at the end of each idle window (and of the control plane's own, N = 0) the bench asks
+the API server, as its admin, for /debug/pprof/heap?gc=1 twice (the second with debug=1): it
+collects its garbage first, so live heap (HeapAlloc), heap in use and the RSS read right after
+are the same state at every size, not wherever the last collection happened to be. The
+profile's records are summed by allocation site (bench/go_heap.py) and by what holds them
+(HOLDERS: the watch cache, the API server's own informers, connections, ...) and reported per
+added node, each variant beside the others.
+The API server runs with GODEBUG=memprofilerate=--memprofilerate (one sample per that many bytes
+allocated; Go's default of 512 KiB resolves nothing of a few KB per node); --save-profiles keeps
+the profiles at N = 0 and the largest N, for `go tool pprof`.
 
 The API server's `apiserver_registered_watchers` is gone in 1.36; the open watches come from
 `apiserver_longrunning_requests{verb="WATCH"}`.
@@ -52,6 +67,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -67,6 +83,7 @@ from typing import Any
 
 from bench.bench_vs_go import RBAC, dradriver_argv, go_argv, grant_plugin_role
 from bench.common import Samples, cpu_seconds, least_squares_slope, metric_sum, parse_metrics, rss_mb
+from bench.go_heap import HeapProfile, Record, bytes_by, bytes_by_site, parse_heap_profile
 from dradriver import logs
 from dradriver.kube import KubeClient, load_client
 from dradriver.kube.client import WatchEvent
@@ -75,7 +92,6 @@ from dradriver.kube.retry import Backoff
 from tests.e2e.cluster import ControlPlane, node_ip
 
 NAMESPACE = "fleet"
-DEVICES = 8
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 WRITES = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
@@ -85,8 +101,8 @@ OWN = ("GET /metrics",)
 Json = dict[str, Any]
 
 
-def node_name(i: int) -> str:
-    return f"fleet-node-{i:03d}"
+def node_name(prefix: str, i: int) -> str:
+    return f"{prefix}-{i:03d}"
 
 
 @dataclass(frozen=True)
@@ -98,20 +114,20 @@ class Variant:
     argv: Callable[[str, Path, Path], list[str]]
 
 
-def ours(label: str, executable: Path, rbac: Path) -> Variant:
+def ours(label: str, executable: Path, rbac: Path, devices: int) -> Variant:
     driver = "gpu.dradriver.dev"
 
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
-        return dradriver_argv(executable, node, driver, root, kubeconfig, DEVICES)
+        return dradriver_argv(executable, node, driver, root, kubeconfig, devices)
 
     return Variant(label, driver, rbac, argv)
 
 
-def go(binary: Path) -> Variant:
+def go(binary: Path, devices: int) -> Variant:
     driver = "gpu.example.com"
 
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
-        return go_argv(binary, node, driver, root, kubeconfig, DEVICES)
+        return go_argv(binary, node, driver, root, kubeconfig, devices)
 
     return Variant("Go reference", driver, RBAC, argv)
 
@@ -132,13 +148,28 @@ class ApiServer:
         assert process is not None
         self.pid = process.pid
 
-    def scrape(self) -> Samples:
-        connection = http.client.HTTPSConnection("127.0.0.1", self._port, context=self._context, timeout=30)
+    def get(self, path: str) -> bytes:
+        connection = http.client.HTTPSConnection("127.0.0.1", self._port, context=self._context, timeout=120)
         try:
-            connection.request("GET", "/metrics")
-            return parse_metrics(connection.getresponse().read().decode())
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+            return body
         finally:
             connection.close()
+
+    def scrape(self) -> Samples:
+        return parse_metrics(self.get("/metrics").decode())
+
+    def heap_profile(self) -> tuple[HeapProfile, str]:
+        """Its heap profile (parsed, and the text) right after garbage collections it runs first
+        (net/http/pprof's gc=1): live objects only, whenever the last collection happened to be.
+        Two: what sync.Pools hold survives one collection (in their victim caches), not two."""
+        self.get("/debug/pprof/heap?gc=1")
+        text = self.get("/debug/pprof/heap?gc=1&debug=1").decode()
+        return parse_heap_profile(text), text
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
@@ -158,14 +189,64 @@ class ApiServer:
         return count
 
 
-def heap_mb(samples: Samples) -> float:
-    """The API server's Go heap in use: steadier than its RSS, which the Go runtime returns lazily."""
-    return metric_sum(samples, "go_memstats_heap_inuse_bytes").get((), 0.0) / 2**20
+@dataclass(frozen=True)
+class Memory:
+    """The API server's memory right after a garbage collection."""
+
+    rss_mb: float
+    #: Bytes of live objects (HeapAlloc after the collection).
+    live_mb: float
+    #: Heap spans in use (HeapInuse): the live objects and the free room in their spans.
+    heap_inuse_mb: float
+    #: Its goroutines' stacks (outside the heap): each connection and watch has goroutines.
+    stack_mb: float
+    #: Estimated bytes in use by allocation site (bench/go_heap.py); their sum estimates live_mb.
+    sites: dict[str, float]
+    #: The same bytes by what holds them (HOLDERS).
+    holders: dict[str, float]
+
+    @property
+    def profiled_mb(self) -> float:
+        return sum(self.sites.values()) / 2**20
 
 
-def stack_mb(samples: Samples) -> float:
-    """Its goroutines' stacks (outside the heap): each connection and watch has goroutines."""
-    return metric_sum(samples, "go_memstats_stack_inuse_bytes").get((), 0.0) / 2**20
+SLICE_DECODE = "resource/v1.(*ResourceSlice).Unmarshal"
+#: What holds a heap record, told by functions on its stack: the first rule whose every part is
+#: part of some frame's function. The API server's own informers hold one copy of each object.
+HOLDERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("decoded ResourceSlices: the watch cache", (SLICE_DECODE, "etcd3.(*watchChan)")),
+    ("decoded ResourceSlices: the API server's own informers", (SLICE_DECODE, "watch.(*StreamWatcher)")),
+    ("decoded ResourceSlices: elsewhere", (SLICE_DECODE,)),
+    ("encoded objects cached for watchers", ("runtime.(*spliceBuffer).Write",)),
+    ("HTTP/2 connections and their requests", ("http2",)),
+    ("TLS (connections, certificates)", ("crypto/",)),
+    ("HTTP/1.1 connections and their requests", ("net/http.",)),
+    ("the watch cache, the rest", ("storage/cacher",)),
+)
+
+
+def holder(record: Record) -> str:
+    for name, parts in HOLDERS:
+        if all(any(part in function for function in record.frames) for part in parts):
+            return name
+    return "the rest"
+
+
+def read_memory(server: ApiServer, save: Path | None) -> Memory:
+    """Collects the API server's garbage, then reads its heap profile and RSS (the profile's text
+    is written to `save` when given, for `go tool pprof`)."""
+    profile, text = server.heap_profile()
+    if save is not None:
+        save.write_text(text)
+    stats = profile.memstats
+    return Memory(
+        server.rss(),
+        stats["HeapAlloc"] / 2**20,
+        stats["HeapInuse"] / 2**20,
+        stats["Stack"] / 2**20,
+        bytes_by_site(profile),
+        bytes_by(profile, holder),
+    )
 
 
 def goroutines(samples: Samples) -> float:
@@ -406,7 +487,7 @@ def churn(admin: KubeClient, driver: str, nodes: list[str], opts: argparse.Names
     for i in range(opts.claims):
         node = nodes[i % len(nodes)]
         name = f"churn-{tag}-{i}"
-        allocated_claim(admin, name, driver, node, f"gpu-{(i // len(nodes)) % DEVICES}")
+        allocated_claim(admin, name, driver, node, f"gpu-{(i // len(nodes)) % opts.devices}")
         alive.append(name)
         if len(alive) > opts.claim_life:
             admin.request("DELETE", f"{CLAIMS}/{alive.pop(0)}")
@@ -446,9 +527,7 @@ class Step:
     idle_requests: dict[str, float] = field(default_factory=dict)
     idle_cpu: float = 0.0
     watches: dict[str, float] = field(default_factory=dict)
-    rss_mb: float = 0.0
-    heap_mb: float = 0.0
-    stack_mb: float = 0.0
+    memory: Memory = field(default_factory=lambda: Memory(0.0, 0.0, 0.0, 0.0, {}, {}))
     goroutines: float = 0.0
     connections: int = 0
     instance_rss_mb: list[float] = field(default_factory=list)
@@ -467,9 +546,7 @@ class Result:
     variant: Variant
     baseline_rate: dict[str, float]
     baseline_cpu: float
-    baseline_rss: float
-    baseline_heap: float
-    baseline_stack: float
+    baseline_memory: Memory
     baseline_goroutines: float
     baseline_connections: int
     baseline_watches: dict[str, float]
@@ -485,11 +562,23 @@ def net(window: Window, rate: dict[str, float], per: int) -> dict[str, float]:
 
 def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
     sizes: list[int] = opts.sizes
-    nodes = [node_name(i) for i in range(max(sizes))]
+    nodes = [node_name(opts.node_prefix, i) for i in range(max(sizes))]
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/var/tmp"))
-    plane = ControlPlane(opts.k8s_bin, work / "plane", advertise_address=node_ip())
+    plane = ControlPlane(
+        opts.k8s_bin, work / "plane", advertise_address=node_ip(), beta_resource_apis=opts.beta_resource_apis
+    )
+    if opts.memprofilerate:
+        plane.apiserver_env["GODEBUG"] = f"memprofilerate={opts.memprofilerate}"
     fleet = Fleet(variant, work / "nodes", {})
     pools = None
+
+    def profile_file(n: int) -> Path | None:
+        if opts.save_profiles is None or n not in (0, max(sizes)):
+            return None
+        label = re.sub(r"[^A-Za-z0-9_.-]+", "-", variant.label)
+        path: Path = opts.save_profiles / f"{label}-N{n}.heap.txt"
+        return path
+
     try:
         plane.start()
         admin = load_client(str(plane.admin_kubeconfig))
@@ -511,6 +600,7 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
         meter.mark()
         time.sleep(opts.idle)
         quiet, quiet_samples = meter.since_mark()
+        baseline_memory = read_memory(server, profile_file(0))
         rate = {k: v / quiet.seconds for k, v in quiet.requests.items()}
         before_events = claim_watch_events(quiet_samples)
         changes = churn(admin, variant.driver, nodes, opts, "0")
@@ -519,9 +609,7 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             variant,
             rate,
             quiet.cpu / quiet.seconds,
-            server.rss(),
-            heap_mb(quiet_samples),
-            stack_mb(quiet_samples),
+            baseline_memory,
             goroutines(quiet_samples),
             server.connections(),
             watches(quiet_samples),
@@ -540,8 +628,10 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
                     time.sleep(opts.stagger)
                 last = time.perf_counter()
                 fleet.spawn(node)
-            complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
-            fleet.check_alive()
+            try:
+                complete = pools.wait_complete(variant.driver, nodes[:n], opts.start_timeout)
+            finally:
+                fleet.check_alive()  # an instance that exited says why
             step.complete_after_first, step.complete_after_last = complete - first, complete - last
             step.spawn_spread = last - first
             time.sleep(opts.settle)
@@ -561,9 +651,7 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             step.idle_requests = {k: v * 60 / idle.seconds for k, v in net(idle, rate, n).items()}
             step.idle_cpu = idle.cpu / idle.seconds
             step.watches = difference(watches(idle_samples), result.baseline_watches)
-            step.rss_mb = server.rss()
-            step.heap_mb = heap_mb(idle_samples)
-            step.stack_mb = stack_mb(idle_samples)
+            step.memory = read_memory(server, profile_file(n))
             step.goroutines = goroutines(idle_samples)
             step.connections = server.connections()
             step.instance_rss_mb = fleet.rss_mb()
@@ -603,7 +691,7 @@ def summary_line(step: Step) -> str:
         f"idle {total(step.idle_requests):.2f} req/node/min "
         f"({total(step.idle_requests, WRITES):.2f} writes), "
         f"watches {total(step.watches):.0f}, claim events/change {step.churn_events_per_change:.2f}, "
-        f"API server RSS {step.rss_mb:.0f} MB, "
+        f"API server RSS {step.memory.rss_mb:.0f} MB, live heap {step.memory.live_mb:.0f} MB, "
         f"instance RSS median {statistics.median(step.instance_rss_mb):.1f} MB, "
         f"load {step.load}"
     )
@@ -634,9 +722,6 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
     ),
     ("API server idle CPU (% of a core)", "{:.2f}", lambda s: s.idle_cpu * 100),
     ("API server CPU during start (s)", "{:.1f}", lambda s: s.start_cpu),
-    ("API server RSS after idle (MB)", "{:.0f}", lambda s: s.rss_mb),
-    ("API server Go heap in use after idle (MB)", "{:.1f}", lambda s: s.heap_mb),
-    ("API server goroutine stacks after idle (MB)", "{:.2f}", lambda s: s.stack_mb),
     ("API server goroutines after idle", "{:.0f}", lambda s: s.goroutines),
     ("TCP connections to the API server", "{:.0f}", lambda s: s.connections),
     (
@@ -654,6 +739,22 @@ ROWS: list[tuple[str, str, Callable[[Step], float]]] = [
 ]
 
 
+#: Read after each idle window (N = 0: the control plane alone), right after a garbage collection.
+MEMORY_ROWS: list[tuple[str, str, Callable[[Memory], float]]] = [
+    ("API server RSS (MB)", "{:.1f}", lambda m: m.rss_mb),
+    ("API server live heap (MB)", "{:.1f}", lambda m: m.live_mb),
+    ("API server live heap, the heap profile's estimate (MB)", "{:.1f}", lambda m: m.profiled_mb),
+    ("API server heap in use (MB)", "{:.1f}", lambda m: m.heap_inuse_mb),
+    ("API server goroutine stacks (MB)", "{:.2f}", lambda m: m.stack_mb),
+]
+
+
+def table_row(label: str, zero: str, form: str, sizes: list[int], values: list[float]) -> str:
+    slope = f"{least_squares_slope(sizes, values):.3g}" if len(sizes) > 1 else "-"
+    cells = " | ".join(form.format(v) for v in values)
+    return f"| {label} | {zero} | {cells} | {slope} |"
+
+
 def report(results: list[Result], sizes: list[int]) -> str:
     lines = []
     head = " | ".join(f"N={n}" for n in sizes)
@@ -668,15 +769,13 @@ def report(results: list[Result], sizes: list[int]) -> str:
                 "ResourceClaim watches open": "0",
                 "claim churn: watch events per claim change": f"{result.baseline_events_per_change:.2f}",
                 "API server idle CPU (% of a core)": f"{result.baseline_cpu * 100:.2f}",
-                "API server RSS after idle (MB)": f"{result.baseline_rss:.0f}",
-                "API server Go heap in use after idle (MB)": f"{result.baseline_heap:.1f}",
-                "API server goroutine stacks after idle (MB)": f"{result.baseline_stack:.2f}",
                 "API server goroutines after idle": f"{result.baseline_goroutines:.0f}",
                 "TCP connections to the API server": f"{result.baseline_connections}",
             }.get(label, "")
-            slope = f"{least_squares_slope(sizes, values):.3g}" if len(sizes) > 1 else "-"
-            cells = " | ".join(form.format(v) for v in values)
-            lines.append(f"| {label} | {zero} | {cells} | {slope} |")
+            lines.append(table_row(label, zero, form, sizes, values))
+        for label, form, read in MEMORY_ROWS:
+            zero = form.format(read(result.baseline_memory))
+            lines.append(table_row(label, zero, form, sizes, [read(s.memory) for s in result.steps]))
         lines.append("")
         for step in result.steps:
             lines.append(f"- N={step.n} start, per node: {breakdown(step.start_requests)}")
@@ -687,7 +786,59 @@ def report(results: list[Result], sizes: list[int]) -> str:
             + breakdown({k: v * 60 for k, v in result.baseline_rate.items()})
         )
         lines.append("")
+    lines += growth_report(results, "holder", lambda memory: memory.holders, len(HOLDERS) + 1)
+    # A site: the first frame outside the runtime and the generic helpers (bench/go_heap.py).
+    lines += growth_report(
+        results, "allocation site", lambda memory: {f"`{k}`": v for k, v in memory.sites.items()}, 20
+    )
     return "\n".join(lines)
+
+
+def growth(result: Result, read: Callable[[Memory], dict[str, float]]) -> tuple[dict[str, float], ...]:
+    """Heap bytes per added node by key (allocation site, holder), each reading after a garbage
+    collection: from N = 0 to the largest N, and the least-squares slope over the sizes (without
+    N = 0, so that what the first instance adds once, such as a new metric series, is left out)."""
+    memories = [result.baseline_memory, *(step.memory for step in result.steps)]
+    keys = {key for memory in memories for key in read(memory)}
+    zero, largest = read(result.baseline_memory), read(result.steps[-1].memory)
+    overall = {key: (largest.get(key, 0.0) - zero.get(key, 0.0)) / result.steps[-1].n for key in keys}
+    if len(result.steps) < 2:
+        return (overall,)
+    ns = [step.n for step in result.steps]
+    slope = {
+        key: least_squares_slope(ns, [read(step.memory).get(key, 0.0) for step in result.steps])
+        for key in keys
+    }
+    return overall, slope
+
+
+def growth_report(
+    results: list[Result], what: str, read: Callable[[Memory], dict[str, float]], top: int
+) -> list[str]:
+    """The keys whose bytes grow most with N, every variant's growth side by side."""
+    tables = [table for result in results for table in growth(result, read)]
+    hows = ("N=0 to largest", "slope over sizes")
+    columns = [f"{r.variant.label}: {how}" for r in results for how in hows[: 2 if len(r.steps) > 1 else 1]]
+    shown: set[str] = set()
+    for table in tables:
+        shown.update(sorted(table, key=lambda key: -abs(table[key]))[:top])
+    ordered = sorted(shown, key=lambda key: -max(abs(table.get(key, 0.0)) for table in tables))
+    lines = [
+        f"#### The API server's heap by {what}, KB per added node (each reading after a GC)",
+        "",
+        f"| {what} | " + " | ".join(columns) + " |",
+        "|" + " --- |" * (len(columns) + 1),
+    ]
+    for key in ordered:
+        lines.append(
+            f"| {key} | " + " | ".join(f"{table.get(key, 0.0) / 1024:.1f}" for table in tables) + " |"
+        )
+    others = [sum(v for key, v in table.items() if key not in shown) / 1024 for table in tables]
+    if any(others):
+        lines.append("| all others | " + " | ".join(f"{v:.1f}" for v in others) + " |")
+    lines.append("| all | " + " | ".join(f"{sum(table.values()) / 1024:.1f}" for table in tables) + " |")
+    lines.append("")
+    return lines
 
 
 def variant_arg(value: str) -> tuple[str, Path, Path]:
@@ -707,6 +858,21 @@ def main() -> None:
     parser.add_argument(
         "--sizes", type=lambda v: sorted(int(n) for n in v.split(",")), default=[1, 10, 50, 100]
     )
+    parser.add_argument(
+        "--beta-resource-apis",
+        action="store_true",
+        help="serve resource.k8s.io v1beta1 and v1beta2 too, as the tests' API server does (a watch "
+        "cache for each; the default is a 1.36 API server's own: v1 alone)",
+    )
+    parser.add_argument(
+        "--node-prefix",
+        default="fleet-node",
+        help="node names: PREFIX-000 ...; serve refuses a second instance of a driver on one node name "
+        "on the host, so two runs side by side need two prefixes",
+    )
+    parser.add_argument(
+        "--devices", type=int, default=8, help="GPUs per node (fake profile or --num-devices)"
+    )
     parser.add_argument("--idle", type=float, default=40.0, help="seconds of each idle window")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after every pool is complete")
     parser.add_argument("--stagger", type=float, default=0.0, help="seconds between two spawns")
@@ -714,14 +880,26 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=40)
     parser.add_argument("--claim-rate", type=float, default=4.0, help="claims created per second")
     parser.add_argument("--claim-life", type=int, default=4, help="claims alive at once")
+    parser.add_argument(
+        "--memprofilerate",
+        type=int,
+        default=64 * 1024,
+        help="the API server's heap profile samples one allocation per this many bytes (Go's default: "
+        "512 KiB; 0 leaves it); finer sampling resolves smaller allocation sites",
+    )
+    parser.add_argument(
+        "--save-profiles", type=Path, help="a directory for the heap profiles at N = 0 and the largest N"
+    )
     opts = parser.parse_args()
     if opts.k8s_bin is None:
         parser.error("--k8s-bin (or DRADRIVER_E2E_BIN) is required")
-    variants = [ours(label, executable, rbac) for label, executable, rbac in opts.ours]
+    variants = [ours(label, executable, rbac, opts.devices) for label, executable, rbac in opts.ours]
     if not opts.no_go:
         if opts.go_plugin is None:
             parser.error("--go-plugin is required (or --no-go)")
-        variants.append(go(opts.go_plugin))
+        variants.append(go(opts.go_plugin, opts.devices))
+    if opts.save_profiles is not None:
+        opts.save_profiles.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     results = [run_variant(v, opts) for v in variants]
     print()

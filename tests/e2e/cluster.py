@@ -148,6 +148,11 @@ class ControlPlane:
     advertise_address: str
     feature_gates: str = ""
     service_cidr: str = "10.0.0.0/24"
+    #: Added to kube-apiserver's environment (e.g. GODEBUG=memprofilerate=N for a finer heap profile).
+    apiserver_env: dict[str, str] = field(default_factory=dict)
+    #: The beta versions too: the tests read and write them like older clients do. Each served
+    #: version has a watch cache of its own (three copies of every ResourceSlice).
+    beta_resource_apis: bool = True
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -211,10 +216,14 @@ class ControlPlane:
             f"--service-account-signing-key-file={self.pki.service_account}",
             f"--service-cluster-ip-range={self.service_cidr}",
             f"--cert-dir={self.work_dir / 'apiserver-certs'}",
-            # The beta versions too: the tests read and write them like older clients do.
-            "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
+            *(
+                ["--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"]
+                if self.beta_resource_apis
+                else []
+            ),
             "--v=1",
             *self.gate_flags(),
+            env={**os.environ, **self.apiserver_env} if self.apiserver_env else None,
         )
         self.kubeconfig_for("admin", "kubernetes-admin", "system:masters").rename(self.admin_kubeconfig)
         wait_until(self._ready, 120, "kube-apiserver /readyz", apiserver)
@@ -240,8 +249,8 @@ class ControlPlane:
         )
         return done.returncode == 0
 
-    def _launch(self, name: str, *args: str) -> Component:
-        component = Component(name, [str(self.bin_dir / name), *args], self.logs / f"{name}.log")
+    def _launch(self, name: str, *args: str, env: dict[str, str] | None = None) -> Component:
+        component = Component(name, [str(self.bin_dir / name), *args], self.logs / f"{name}.log", env)
         component.start()
         self.components.append(component)
         return component
