@@ -57,9 +57,9 @@ COMPUTE_LIBRARIES = (
     "libnvidia-opencl",
 )
 BINARIES = ("nvidia-smi", "nvidia-debugdump")
-#: Where Triton finds `libcuda` in any image (see above), under this name too.
+#: `libcuda` under the name `-lcuda` links with, in the directory Triton is told of (see above).
+LIBCUDA_LINK = f"{CONTAINER_LIB_DIR}/libcuda.so"
 TRITON_LIBCUDA_PATH = f"TRITON_LIBCUDA_PATH={CONTAINER_LIB_DIR}"
-LIBCUDA_LINK_NAME = "libcuda.so"
 #: A wrapper script is read this far for the path of the binary it runs.
 _MAX_SCRIPT_BYTES = 64 * 1024
 _ELF_MAGIC = b"\x7fELF"
@@ -98,7 +98,7 @@ def driver_mounts(
         for name in (found.name, *_sonames_of(driver_root, found)):
             mounts += [Mount(host_path(found), f"{d}/{name}") for d in library_dirs(machine)]
         if library == "libcuda":
-            mounts.append(Mount(host_path(found), f"{CONTAINER_LIB_DIR}/{LIBCUDA_LINK_NAME}"))
+            mounts.append(Mount(host_path(found), LIBCUDA_LINK))
     for binary in BINARIES:
         found = find_binary(driver_root, binary)
         if found is None:
@@ -118,8 +118,7 @@ def driver_mounts(
 def driver_env(mounts: Sequence[Mount]) -> tuple[str, ...]:
     """The environment the driver's files need in a container: Triton's `libcuda` directory, when
     `libcuda` is among the mounts."""
-    link = f"{CONTAINER_LIB_DIR}/{LIBCUDA_LINK_NAME}"
-    return (TRITON_LIBCUDA_PATH,) if any(m.container_path == link for m in mounts) else ()
+    return (TRITON_LIBCUDA_PATH,) if any(m.container_path == LIBCUDA_LINK for m in mounts) else ()
 
 
 def real_executable(driver_root: Path, found: Path) -> Path | None:
