@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import summary
+from bench.common import labelled_path, summary
 from dradriver import kubeletclient
 from dradriver.backend.select import open_backend
 from dradriver.plugin.driver import ClaimRef
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--discover-runs", type=int, default=30)
     parser.add_argument(
         "--baseline-src",
-        type=lambda text: tuple(text.split("=", 1)),
+        type=lambda value: labelled_path(value, "DIR (an earlier build's src/)"),
         action="append",
         default=[],
         metavar="LABEL=DIR",
@@ -162,9 +162,7 @@ def main() -> None:
         claims = [claim(1, device, mps=False), claim(2, device, mps=True)]
         plugins = {"this build": stack.enter_context(serving(root / "new", args.driver_root, claims, None))}
         for label, src in args.baseline_src:
-            plugins[label] = stack.enter_context(
-                serving(root / label, args.driver_root, claims[:1], Path(src))
-            )
+            plugins[label] = stack.enter_context(serving(root / label, args.driver_root, claims[:1], src))
         cycles(plugins, 1, 3, "warm-up")
         cycles(plugins, 1, args.rounds, whole)
         cycles(

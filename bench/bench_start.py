@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.bench_vs_go import dradriver_argv
-from bench.common import cpu_seconds, percentile, real_api_server, rss_mb
+from bench.common import cpu_seconds, labelled_path, percentile, real_api_server, rss_mb
 from dradriver.kube import load_client
 
 NODE = "bench-start"
@@ -45,10 +45,10 @@ class Build:
 
 
 def build_arg(value: str) -> Build:
-    label, sep, executable = value.partition("=")
-    if not sep or not Path(executable).is_file():
-        raise argparse.ArgumentTypeError(f"--build {value}: expected LABEL=PATH to a dradriver executable")
-    return Build(label, Path(executable))
+    label, executable = labelled_path(value, "PATH to a dradriver executable")
+    if not executable.is_file():
+        raise argparse.ArgumentTypeError(f"{value!r}: {executable} is not a dradriver executable")
+    return Build(label, executable)
 
 
 def one_start(build: Build, root: Path, kubeconfig: Path, published: Callable[[], bool]) -> None:

@@ -48,6 +48,14 @@ def real_api_server(k8s_bin: Path) -> Iterator[Path]:
             control_plane.stop()
 
 
+def labelled_path(value: str, what: str) -> tuple[str, Path]:
+    """A `LABEL=PATH` argument (a build to run beside others); one line naming what it must be."""
+    label, sep, path = value.partition("=")
+    if not (label and sep and path):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected LABEL={what}")
+    return label, Path(path)
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """--bin and --release, for the benchmarks that run the plugin on a local cluster."""
     parser.add_argument("--bin", type=Path, required=True, help="directory of the Kubernetes binaries")
