@@ -6,8 +6,8 @@ Run (repository root, after `make .venv/.installed`; each dradriver build a prod
     .venv/bin/python -m bench.bench_fleet --k8s-bin DIR --go-plugin FILE \\
         --ours dradriver=/tmp/prod/bin/dradriver [--ours before=/tmp/old/bin/dradriver=OLD_RBAC] \\
         [--sizes 1,10,50,100] [--idle 40] [--claims 40 --claim-rate 4] [--stagger 1.0] \\
-        [--devices 8] [--memprofilerate 65536] [--save-profiles DIR] [--node-prefix fleet-node] \\
-        [--beta-resource-apis]
+        [--devices 8] [--go-devices 14 ...] [--memprofilerate 65536] [--save-profiles DIR] \\
+        [--node-prefix fleet-node] [--beta-resource-apis]
 
 With the defaults one build takes about 8 minutes on 2 cores (100 dradriver instances hold about
 7.2 GB, 100 Go ones 4.1 GB).
@@ -112,6 +112,7 @@ class Variant:
     rbac: Path
     #: argv(node, root, kubeconfig)
     argv: Callable[[str, Path, Path], list[str]]
+    devices: int
 
 
 def ours(label: str, executable: Path, rbac: Path, devices: int) -> Variant:
@@ -120,16 +121,17 @@ def ours(label: str, executable: Path, rbac: Path, devices: int) -> Variant:
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
         return dradriver_argv(executable, node, driver, root, kubeconfig, devices)
 
-    return Variant(label, driver, rbac, argv)
+    return Variant(label, driver, rbac, argv, devices)
 
 
-def go(binary: Path, devices: int) -> Variant:
+def go(binary: Path, devices: int, default_devices: int) -> Variant:
     driver = "gpu.example.com"
 
     def argv(node: str, root: Path, kubeconfig: Path) -> list[str]:
         return go_argv(binary, node, driver, root, kubeconfig, devices)
 
-    return Variant("Go reference", driver, RBAC, argv)
+    label = "Go reference" if devices == default_devices else f"Go reference, {devices} devices"
+    return Variant(label, driver, RBAC, argv, devices)
 
 
 # --- the API server ------------------------------------------------------------------------------
@@ -479,7 +481,7 @@ def allocated_claim(admin: KubeClient, name: str, driver: str, node: str, device
     admin.request("PUT", f"{CLAIMS}/{name}/status", body=claim)
 
 
-def churn(admin: KubeClient, driver: str, nodes: list[str], opts: argparse.Namespace, tag: str) -> int:
+def churn(admin: KubeClient, variant: Variant, nodes: list[str], opts: argparse.Namespace, tag: str) -> int:
     """Claims created, allocated and deleted at a steady rate; returns the claim changes made."""
     interval = 1.0 / opts.claim_rate
     alive: list[str] = []
@@ -487,7 +489,7 @@ def churn(admin: KubeClient, driver: str, nodes: list[str], opts: argparse.Names
     for i in range(opts.claims):
         node = nodes[i % len(nodes)]
         name = f"churn-{tag}-{i}"
-        allocated_claim(admin, name, driver, node, f"gpu-{(i // len(nodes)) % opts.devices}")
+        allocated_claim(admin, name, variant.driver, node, f"gpu-{(i // len(nodes)) % variant.devices}")
         alive.append(name)
         if len(alive) > opts.claim_life:
             admin.request("DELETE", f"{CLAIMS}/{alive.pop(0)}")
@@ -603,7 +605,7 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
         baseline_memory = read_memory(server, profile_file(0))
         rate = {k: v / quiet.seconds for k, v in quiet.requests.items()}
         before_events = claim_watch_events(quiet_samples)
-        changes = churn(admin, variant.driver, nodes, opts, "0")
+        changes = churn(admin, variant, nodes, opts, "0")
         events, _, _ = settled_claim_events(server)
         result = Result(
             variant,
@@ -657,7 +659,7 @@ def run_variant(variant: Variant, opts: argparse.Namespace) -> Result:
             step.instance_rss_mb = fleet.rss_mb()
             meter.mark()
             events_before, bytes_before, _ = settled_claim_events(server)
-            changes = step.churn_changes = churn(admin, variant.driver, nodes[:n], opts, str(n))
+            changes = step.churn_changes = churn(admin, variant, nodes[:n], opts, str(n))
             events, sizes_after, _ = settled_claim_events(server)
             churned, _ = meter.since_mark()
             step.churn_events_per_change = (events - events_before) / changes
@@ -873,6 +875,13 @@ def main() -> None:
     parser.add_argument(
         "--devices", type=int, default=8, help="GPUs per node (fake profile or --num-devices)"
     )
+    parser.add_argument(
+        "--go-devices",
+        type=int,
+        action="append",
+        help="run the Go reference with this many devices instead of --devices (repeatable: one "
+        "variant each); a slice of as many bytes as dradriver's is the content-matched floor",
+    )
     parser.add_argument("--idle", type=float, default=40.0, help="seconds of each idle window")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after every pool is complete")
     parser.add_argument("--stagger", type=float, default=0.0, help="seconds between two spawns")
@@ -897,7 +906,7 @@ def main() -> None:
     if not opts.no_go:
         if opts.go_plugin is None:
             parser.error("--go-plugin is required (or --no-go)")
-        variants.append(go(opts.go_plugin, opts.devices))
+        variants.extend(go(opts.go_plugin, n, opts.devices) for n in opts.go_devices or [opts.devices])
     if opts.save_profiles is not None:
         opts.save_profiles.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

@@ -56,6 +56,7 @@ class Request:
     path: str
     query: dict[str, str]
     user_agent: str = field(default="", compare=False)
+    accept: str = field(default="", compare=False)
 
     @property
     def watch(self) -> bool:
@@ -356,7 +357,9 @@ class FakeApiServer:
     def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
         url = urlsplit(h.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        request = Request(method, url.path, query, h.headers.get("User-Agent", ""))
+        request = Request(
+            method, url.path, query, h.headers.get("User-Agent", ""), h.headers.get("Accept", "")
+        )
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
         with self._lock:
@@ -376,7 +379,12 @@ class FakeApiServer:
                 )
             body = json.loads(raw) if raw else None
             if request.watch:
-                self._watch(h, url.path, query)
+                self._watch(
+                    h,
+                    url.path,
+                    query,
+                    metadata_only="as=PartialObjectMetadata" in h.headers.get("Accept", ""),
+                )
                 return
             status, answer = self._route(method, url.path, query, body)
         except _FailError as fail:
@@ -425,7 +433,9 @@ class FakeApiServer:
             raise _FailError(404, "NotFound", "the server could not find the requested resource")
         return match["plural"], match["ns"], match["name"]
 
-    def _watch(self, h: BaseHTTPRequestHandler, path: str, query: dict[str, str]) -> None:
+    def _watch(
+        self, h: BaseHTTPRequestHandler, path: str, query: dict[str, str], *, metadata_only: bool
+    ) -> None:
         plural, namespace, _ = self._parse(path)
         watcher = _Watcher(plural, namespace, _selector(query.get("fieldSelector", "")))
         since = query.get("resourceVersion", "")
@@ -460,6 +470,8 @@ class FakeApiServer:
         h.end_headers()
         try:
             for event in self._events(watcher, backlog, deadline, bookmarks):
+                if metadata_only and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    event = {"type": event["type"], "object": _partial(event["object"])}
                 data = json.dumps(event).encode() + b"\n"
                 h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 h.wfile.flush()
@@ -507,6 +519,11 @@ class _FailError(Exception):
 
     def body(self) -> Json:
         return _status(self.status, self.reason, self.message)
+
+
+def _partial(obj: Json) -> Json:
+    """The object as a metadata watch sends it."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
 
 
 def _status(code: int, reason: str, message: str) -> Json:

@@ -53,3 +53,34 @@ def test_older_write_result_does_not_overwrite_newer_event() -> None:
     cache.apply_event("MODIFIED", obj("a", "u1", 9))
     cache.record_write(obj("a", "u1", 8))
     assert cache.snapshot() == [obj("a", "u1", 9)]
+
+
+def full(name: str, uid: str, rv: int) -> dict[str, Any]:
+    return {**obj(name, uid, rv), "spec": {"driver": "d"}}
+
+
+def test_a_metadata_event_leaves_a_stub_until_fetched() -> None:
+    cache = SliceCache()
+    cache.replace([full("a", "u1", 5)])
+    assert cache.stubs() == []
+    assert cache.apply_event("MODIFIED", obj("a", "u1", 6))  # someone else's edit, metadata alone
+    assert cache.stubs() == ["a"]
+    cache.fill("a", full("a", "u1", 7))  # the GET found a still newer version
+    assert cache.stubs() == []
+    assert cache.snapshot() == [full("a", "u1", 7)]
+
+
+def test_our_write_replaces_the_stub_of_its_own_echo() -> None:
+    cache = SliceCache()
+    # The watch's echo of our create arrived before the create's answer.
+    assert cache.apply_event("ADDED", obj("a", "u1", 5))
+    cache.record_write(full("a", "u1", 5))
+    assert cache.stubs() == []
+    assert cache.snapshot() == [full("a", "u1", 5)]
+
+
+def test_a_stub_found_gone_is_dropped() -> None:
+    cache = SliceCache()
+    cache.apply_event("ADDED", obj("a", "u1", 5))
+    cache.fill("a", None)
+    assert cache.snapshot() == []

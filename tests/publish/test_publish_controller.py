@@ -177,12 +177,32 @@ def test_foreign_edit_is_reverted(backend: Backend, start: Callable[..., SliceCo
 
     edited = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **backend.slices(node)[1]}
     edited["spec"]["devices"] = edited["spec"]["devices"][:-1]
+    before = len(backend.fake.requests) if backend.fake else 0
     backend.direct.update_resource_slice(edited)
     wait_for(lambda: controller.status.writes.updates == 1, 10, "one update")
     wait_for(matches(backend, node, devices), 5, "the desired pool")
     slices = backend.slices(node)
     assert {s["spec"]["pool"]["generation"] for s in slices} == {1}  # one slice changed: updated in place
     assert controller.status.writes.total == 3
+    if backend.fake:  # the watch said which slice changed; its content came by one GET
+        name = edited["metadata"]["name"]
+        gets = [r for r in backend.fake.requests_since(before) if r.method == "GET" and not r.collection]
+        assert [r.path.rsplit("/", 1)[-1] for r in gets] == [name]
+
+
+def test_the_slice_watch_carries_metadata_alone(backend: Backend) -> None:
+    """What the controller's watch relies on: the API server strips the content it sends."""
+    node = backend.make_node()
+    selector = f"spec.driver={TEST_DRIVER},spec.nodeName={node}"
+    rv = backend.direct.list_resource_slices(selector)["metadata"]["resourceVersion"]
+    slice_ = desired_slices(fake_devices(2), driver=TEST_DRIVER, node=node)[0]
+    created = backend.direct.create_resource_slice(slice_)
+    with backend.direct.watch_resource_slices(selector, rv, metadata_only=True) as stream:
+        event = next(iter(stream))
+    assert event.type == "ADDED"
+    assert event.object["kind"] == "PartialObjectMetadata"
+    assert event.object["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert "spec" not in event.object
 
 
 @pytest.mark.parametrize(
@@ -239,6 +259,7 @@ def test_steady_state_makes_no_requests_but_one_watch(
         assert backend.fake.requests_since(requests) == []
         lists = [r for r in backend.fake.requests if r.path.endswith("/resourceslices") and r.method == "GET"]
         assert [r.watch for r in lists] == [False, True]
+        assert "as=PartialObjectMetadata" in lists[1].accept
 
 
 def test_apiserver_unreachable_for_20s_is_recovered_without_restart(

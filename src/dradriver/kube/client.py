@@ -53,6 +53,9 @@ MIN_KUBERNETES = "1.34"
 SERVICE_ACCOUNT_TOKEN = SERVICE_ACCOUNT_DIR / "token"
 USER_AGENT = f"dradriver/{__version__}"
 JSON = "application/json"
+#: A watch's objects reduced to their metadata by the API server (as kubectl's and client-go's
+#: metadata informers ask): what a watch that only needs to notice changes costs the server.
+METADATA_JSON = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 Json = dict[str, Any]
 
@@ -274,13 +277,14 @@ class KubeClient:
         query: list[tuple[str, str]] | None,
         body: Json | None,
         read_timeout: float,
+        accept: str = JSON,
     ) -> urllib3.BaseHTTPResponse:
         """Send and return the raw response (not yet read); connection errors -> UnreachableError.
         A 401 to a renewable token renews it and sends once more."""
         url = f"{self._access.server}{path}" + (f"?{urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         for renew in (True, False):
-            headers = {"Accept": JSON, "Content-Type": JSON, "User-Agent": USER_AGENT}
+            headers = {"Accept": accept, "Content-Type": JSON, "User-Agent": USER_AGENT}
             try:
                 if (authorization := self._credentials.header()) is not None:
                     headers["Authorization"] = authorization
@@ -319,7 +323,9 @@ class KubeClient:
         result: Json = json.loads(data) if data else {}
         return result
 
-    def _watch(self, path: str, resource_version: str, field_selector: str | None = None) -> WatchStream:
+    def _watch(
+        self, path: str, resource_version: str, field_selector: str | None = None, *, accept: str = JSON
+    ) -> WatchStream:
         query = [
             ("watch", "true"),
             ("resourceVersion", resource_version),
@@ -328,7 +334,7 @@ class KubeClient:
         ]
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        response = self._send("GET", path, query, None, self.timeouts.watch_read)
+        response = self._send("GET", path, query, None, self.timeouts.watch_read, accept)
         if response.status != 200:
             data = response.read()
             response.release_conn()
@@ -396,9 +402,21 @@ class KubeClient:
         query = [("fieldSelector", field_selector)] if field_selector else []
         return self.request("GET", f"{RESOURCE_API}/resourceslices", query=query)
 
-    def watch_resource_slices(self, field_selector: str | None, resource_version: str) -> WatchStream:
-        """Open a watch from `resource_version` (one attempt: the caller owns reconnecting)."""
-        return self._watch(f"{RESOURCE_API}/resourceslices", resource_version, field_selector)
+    def watch_resource_slices(
+        self, field_selector: str | None, resource_version: str, *, metadata_only: bool = False
+    ) -> WatchStream:
+        """Open a watch from `resource_version` (one attempt: the caller owns reconnecting);
+        `metadata_only`: its objects are PartialObjectMetadata, without spec."""
+        return self._watch(
+            f"{RESOURCE_API}/resourceslices",
+            resource_version,
+            field_selector,
+            accept=METADATA_JSON if metadata_only else JSON,
+        )
+
+    def get_resource_slice(self, name: str) -> Json:
+        """The ResourceSlice (NotFoundError if it does not exist)."""
+        return self.request("GET", f"{RESOURCE_API}/resourceslices/{_seg(name)}")
 
     def create_resource_slice(self, slice_: Json) -> Json:
         return self.request("POST", f"{RESOURCE_API}/resourceslices", body=slice_, idempotent=False)

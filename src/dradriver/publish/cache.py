@@ -3,6 +3,10 @@
 Writing results through (like client-go's mutation cache) means a sync that runs before the
 watch has echoed our create does not create the slice a second time, and the echo itself is
 recognised (same resourceVersion) and does not trigger another sync.
+
+The watch sends metadata alone (`PartialObjectMetadata`): a change it reports is kept as a stub
+(no `spec`) until the reconciler fetches it (`stubs`, `fill`), or our own write's result, with
+that resourceVersion, replaces it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class SliceCache:
         with self._lock:
             return list(self._slices.values())
 
+    def stubs(self) -> list[str]:
+        """Names of the slices known by their metadata alone."""
+        with self._lock:
+            return [name for name, s in self._slices.items() if is_stub(s)]
+
     def apply_event(self, kind: str, obj: Json) -> bool:
         """Apply a watch event; True if our view changed (so a sync is due)."""
         name, uid, rv = _name(obj), _uid(obj), _rv(obj)
@@ -64,11 +73,26 @@ class SliceCache:
             return True
 
     def record_write(self, stored: Json) -> None:
-        """Our create or update succeeded with this stored object."""
+        """Our create or update succeeded with this stored object (or a fetch found it)."""
         with self._lock:
             current = self._slices.get(_name(stored))
-            if current is None or _uid(current) != _uid(stored) or rv_newer(_rv(stored), _rv(current)):
+            if (
+                current is None
+                or _uid(current) != _uid(stored)
+                or rv_newer(_rv(stored), _rv(current))
+                or (is_stub(current) and not rv_newer(_rv(current), _rv(stored)))
+            ):
                 self._slices[_name(stored)] = stored
+
+    def fill(self, name: str, fetched: Json | None) -> None:
+        """What a GET of a stub's name found (None: not found)."""
+        if fetched is not None:
+            self.record_write(fetched)
+            return
+        with self._lock:
+            current = self._slices.get(name)
+            if current is not None and is_stub(current):
+                del self._slices[name]
 
     def record_delete(self, name: str, uid: str) -> None:
         """Our delete succeeded (or the slice was already gone)."""
@@ -82,6 +106,11 @@ class SliceCache:
         cutoff = time.monotonic() - TOMBSTONE_TTL_S
         for uid in [u for u, t in self._tombstones.items() if t < cutoff]:
             del self._tombstones[uid]
+
+
+def is_stub(obj: Json) -> bool:
+    """Metadata without content: every ResourceSlice has a spec."""
+    return "spec" not in obj
 
 
 def _meta(obj: Json) -> Json:

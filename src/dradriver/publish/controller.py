@@ -3,7 +3,9 @@
 Two threads: a watcher (one list, then one long watch, scoped by field selectors to our driver
 and node) that keeps a cache of our slices, and a reconciler that turns cache + desired slices
 into writes with `reconcile.plan_pool`. Any change the watch reports (kubelet's wipe, a foreign
-edit) triggers a sync after a short debounce; our own writes are recognised and do not.
+edit) triggers a sync after a short debounce; our own writes are recognised and do not. The
+watch carries metadata alone, so the API server keeps no encoding of our slices' content for it;
+the reconciler GETs a slice that someone else changed before planning against it.
 
 Slices are left in place when the controller stops: a restarted driver adopts them without a
 write, and when a driver goes away for good the kubelet deletes its slices 30 s after it
@@ -47,6 +49,8 @@ Json = dict[str, Any]
 DEFAULT_DEBOUNCE_S = 0.3
 #: While a newer instance owns the pool, how often to check that it is still there.
 HANDOVER_RECHECK_S = 2.0
+#: Rounds of fetching what the watch reported changed before a sync gives up and retries later.
+FETCH_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ class SliceController:
         self._reflector = Reflector(
             what="ResourceSlices",
             list_objects=self._listed_slices,
-            watch=lambda rv: self.client.watch_resource_slices(self._selector, rv),
+            watch=lambda rv: self.client.watch_resource_slices(self._selector, rv, metadata_only=True),
             on_list=self._on_list,
             on_event=self._on_event,
             on_watching=lambda watching: self._set_status(watching=watching),
@@ -309,12 +313,13 @@ class SliceController:
     def _sync_once(self) -> Plan:
         """One pass: plan against the cache, make the writes, report dropped fields."""
         assert self._node_uid is not None
-        if self._yielding():
+        current = self._current_slices()
+        if self._yielding(current):
             return Plan(generation=self.status.generation or 0)
         desired = self.desired()
         effective = [self._effective(i, s) for i, s in enumerate(desired)]
         plan = plan_pool(
-            self._cache.snapshot(),
+            current,
             effective,
             driver=self.driver_name,
             node=self.node_name,
@@ -348,14 +353,27 @@ class SliceController:
             self._stored(create.index, desired[create.index], effective[create.index], stored)
         return plan
 
+    def _current_slices(self) -> list[Json]:
+        """The cache with every slice the watch reported by its metadata fetched whole."""
+        for _ in range(FETCH_ROUNDS):
+            stubs = self._cache.stubs()
+            if not stubs:
+                return self._cache.snapshot()
+            for name in stubs:
+                try:
+                    self._cache.fill(name, self.client.get_resource_slice(name))
+                except NotFoundError:
+                    self._cache.fill(name, None)
+        raise KubeError(f"our ResourceSlices kept changing while {FETCH_ROUNDS} rounds fetched them")
+
     def _stamped(self, body: Json) -> Json:
         return body if self.marker is None else stamp(body, self.driver_name, self.marker)
 
-    def _yielding(self) -> bool:
+    def _yielding(self, current: list[Json]) -> bool:
         """Whether a newer, still serving instance owns the pool (see `handover`)."""
         if self.marker is None:
             return False
-        seen = newest_other(self._cache.snapshot(), self.driver_name, self.marker)
+        seen = newest_other(current, self.driver_name, self.marker)
         newest = max((m for m in (seen, self._owner) if m is not None), default=None)
         # Our own pod's marker from a newer start is an earlier life of ours (clock stepped back).
         alive = (
