@@ -202,6 +202,12 @@ class Memory:
     heap_inuse_mb: float
     #: Its goroutines' stacks (outside the heap): each connection and watch has goroutines.
     stack_mb: float
+    #: Free heap pages the runtime keeps from the system (HeapIdle - HeapReleased): part of the RSS
+    #: that no object holds; Go's scavenger returns them lazily, down to about 10 % above the
+    #: next collection's goal, so their amount depends on what the heap went through before.
+    free_retained_mb: float
+    #: The runtime's own structures (spans, caches, GC metadata, profiling buckets, the rest).
+    runtime_mb: float
     #: Estimated bytes in use by allocation site (bench/go_heap.py); their sum estimates live_mb.
     sites: dict[str, float]
     #: The same bytes by what holds them (HOLDERS).
@@ -246,6 +252,8 @@ def read_memory(server: ApiServer, save: Path | None) -> Memory:
         stats["HeapAlloc"] / 2**20,
         stats["HeapInuse"] / 2**20,
         stats["Stack"] / 2**20,
+        (stats["HeapIdle"] - stats["HeapReleased"]) / 2**20,
+        sum(stats[k] for k in ("MSpanSys", "MCacheSys", "BuckHashSys", "GCSys", "OtherSys")) / 2**20,
         bytes_by_site(profile),
         bytes_by(profile, holder),
     )
@@ -529,7 +537,7 @@ class Step:
     idle_requests: dict[str, float] = field(default_factory=dict)
     idle_cpu: float = 0.0
     watches: dict[str, float] = field(default_factory=dict)
-    memory: Memory = field(default_factory=lambda: Memory(0.0, 0.0, 0.0, 0.0, {}, {}))
+    memory: Memory = field(default_factory=lambda: Memory(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, {}, {}))
     goroutines: float = 0.0
     connections: int = 0
     instance_rss_mb: list[float] = field(default_factory=list)
@@ -748,6 +756,9 @@ MEMORY_ROWS: list[tuple[str, str, Callable[[Memory], float]]] = [
     ("API server live heap, the heap profile's estimate (MB)", "{:.1f}", lambda m: m.profiled_mb),
     ("API server heap in use (MB)", "{:.1f}", lambda m: m.heap_inuse_mb),
     ("API server goroutine stacks (MB)", "{:.2f}", lambda m: m.stack_mb),
+    ("API server free heap kept from the system (MB)", "{:.1f}", lambda m: m.free_retained_mb),
+    ("API server runtime structures (MB)", "{:.1f}", lambda m: m.runtime_mb),
+    ("API server RSS less the free heap kept (MB)", "{:.1f}", lambda m: m.rss_mb - m.free_retained_mb),
 ]
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 HEADER = re.compile(r"^heap profile: \d+: \d+ \[\d+: \d+\] @ heap/(\d+)$")
 RECORD = re.compile(r"^(\d+): (\d+) \[\d+: \d+\] @")
 FRAME = re.compile(r"^#\t0x[0-9a-f]+\t(\S+?)(?:\+0x[0-9a-f]+)?\t")
-MEMSTAT = re.compile(r"^# (\w+) = (\d+)")
+#: `# Name = N`, or `# Name = IN_USE / SYS` (Stack, MSpan, MCache: the second kept as NameSys).
+MEMSTAT = re.compile(r"^# (\w+) = (\d+)(?: / (\d+))?")
 #: Packages whose functions allocate on behalf of their caller: a site is the first frame outside them.
 HELPERS = re.compile(
     r"^(runtime|internal/.*|reflect|unique|weak|sync|sync/atomic|bytes|strings|bufio|strconv|fmt|io|"
@@ -84,6 +85,8 @@ def parse_heap_profile(text: str) -> HeapProfile:
             frames.append(frame.group(1))
         elif (stat := MEMSTAT.match(line)) is not None:
             memstats[stat.group(1)] = int(stat.group(2))
+            if stat.group(3) is not None:
+                memstats[f"{stat.group(1)}Sys"] = int(stat.group(3))
     close_record()
     return HeapProfile(tuple(records), memstats, rate)
 
