@@ -470,9 +470,10 @@ class FakeApiServer:
         h.end_headers()
         try:
             for event in self._events(watcher, backlog, deadline, bookmarks):
+                sent = event
                 if metadata_only and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                    event = {"type": event["type"], "object": _partial(event["object"])}
-                data = json.dumps(event).encode() + b"\n"
+                    sent = {"type": event["type"], "object": _partial(event["object"])}
+                data = json.dumps(sent).encode() + b"\n"
                 h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 h.wfile.flush()
                 if event["type"] == "ERROR":

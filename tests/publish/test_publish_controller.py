@@ -248,9 +248,11 @@ def test_steady_state_makes_no_requests_but_one_watch(
     client, proxy = backend.proxied_client()
     controller = start(client, node, Devices(node, 16))
     assert controller.wait_published(10)
-    time.sleep(0.5)
+    wait_for(lambda: controller.status.watching, 5, "the watch to open")
     writes = controller.status.writes.total
     requests = len(backend.fake.requests) if backend.fake else 0
+    # GET node, LIST, POST and the watch took turns on one connection (HTTP/1.1 has no streams).
+    assert proxy.connections == 1
     connections = proxy.connections
     time.sleep(3)
     assert controller.status.writes.total == writes
@@ -260,6 +262,13 @@ def test_steady_state_makes_no_requests_but_one_watch(
         lists = [r for r in backend.fake.requests if r.path.endswith("/resourceslices") and r.method == "GET"]
         assert [r.watch for r in lists] == [False, True]
         assert "as=PartialObjectMetadata" in lists[1].accept
+        start = [(r.method, r.path.rsplit("/", 1)[-1], r.watch) for r in backend.fake.requests]
+        assert start[-4:] == [
+            ("GET", node, False),
+            ("GET", "resourceslices", False),
+            ("POST", "resourceslices", False),
+            ("GET", "resourceslices", True),
+        ]
 
 
 def test_apiserver_unreachable_for_20s_is_recovered_without_restart(

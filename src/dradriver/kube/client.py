@@ -277,6 +277,7 @@ class KubeClient:
         query: list[tuple[str, str]] | None,
         body: Json | None,
         read_timeout: float,
+        *,
         accept: str = JSON,
     ) -> urllib3.BaseHTTPResponse:
         """Send and return the raw response (not yet read); connection errors -> UnreachableError.
@@ -334,7 +335,7 @@ class KubeClient:
         ]
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        response = self._send("GET", path, query, None, self.timeouts.watch_read, accept)
+        response = self._send("GET", path, query, None, self.timeouts.watch_read, accept=accept)
         if response.status != 200:
             data = response.read()
             response.release_conn()

@@ -24,10 +24,16 @@ def _ignore(_: bool) -> None:
     """No one to tell whether the watch is open."""
 
 
+def _go() -> None:
+    """Nothing to wait for."""
+
+
 @dataclass(kw_only=True, eq=False)
 class Reflector:
     """`list_objects` returns the items and the list's resourceVersion; `on_list` gets every
-    (re)list, `on_event` every event but bookmarks; `what` names the objects in the log."""
+    (re)list, `on_event` every event but bookmarks; `what` names the objects in the log;
+    `before_list` and `before_watch` may hold the loop back (e.g. until other requests are done,
+    so that all go over one connection)."""
 
     what: str
     list_objects: Callable[[], tuple[list[Json], str]]
@@ -37,6 +43,8 @@ class Reflector:
     backoff: Backoff
     log: Any
     on_watching: Callable[[bool], None] = _ignore
+    before_list: Callable[[], object] = _go
+    before_watch: Callable[[], object] = _go
     _stream: WatchStream | None = field(default=None, init=False, repr=False)
 
     def run(self, stop: threading.Event) -> None:
@@ -45,8 +53,12 @@ class Reflector:
         while not stop.is_set():
             try:
                 if resource_version is None:
+                    self.before_list()
                     items, resource_version = self.list_objects()
                     self.on_list(items)
+                self.before_watch()
+                if stop.is_set():
+                    break
                 stream = self.watch(resource_version)
                 self._stream = stream
                 self.on_watching(True)

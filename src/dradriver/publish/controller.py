@@ -5,7 +5,9 @@ and node) that keeps a cache of our slices, and a reconciler that turns cache + 
 into writes with `reconcile.plan_pool`. Any change the watch reports (kubelet's wipe, a foreign
 edit) triggers a sync after a short debounce; our own writes are recognised and do not. The
 watch carries metadata alone, so the API server keeps no encoding of our slices' content for it;
-the reconciler GETs a slice that someone else changed before planning against it.
+the reconciler GETs a slice that someone else changed before planning against it. At start the
+two threads take turns (GET the Node, LIST, the first sync's writes, then the watch), so that a
+starting node opens one connection to the API server, not two.
 
 Slices are left in place when the controller stops: a restarted driver adopts them without a
 write, and when a driver goes away for good the kubelet deletes its slices 30 s after it
@@ -134,6 +136,9 @@ class SliceController:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._listed = threading.Event()
+        # The start's turns (module docstring); both are set by stop() too.
+        self._node_known = threading.Event()
+        self._first_pass = threading.Event()
         self._reflector = Reflector(
             what="ResourceSlices",
             list_objects=self._listed_slices,
@@ -141,6 +146,8 @@ class SliceController:
             on_list=self._on_list,
             on_event=self._on_event,
             on_watching=lambda watching: self._set_status(watching=watching),
+            before_list=self._node_known.wait,
+            before_watch=self._first_pass.wait,
             backoff=self.backoff,
             log=self._log,
         )
@@ -172,7 +179,8 @@ class SliceController:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the threads; the slices stay in the API server (see module docstring)."""
         self._stop.set()
-        self._listed.set()  # releases a reconciler still waiting for the first list
+        for gate in (self._listed, self._node_known, self._first_pass):
+            gate.set()  # releases a thread still waiting for its turn
         self._reflector.close()
         with self._cond:
             self._cond.notify_all()
@@ -228,7 +236,9 @@ class SliceController:
     # -- reconciler ----------------------------------------------------------------------------
 
     def _sync_loop(self) -> None:
-        if not self._lookup_node():
+        found = self._lookup_node()
+        self._node_known.set()
+        if not found:
             return
         self._listed.wait()  # the watcher retries its first list itself
         failures = 0
@@ -260,6 +270,8 @@ class SliceController:
                     time.monotonic() + (min(delay, 0.5) if isinstance(err, ConflictError) else delay)
                 )
                 continue
+            finally:
+                self._first_pass.set()  # the watcher's turn, whatever this pass did
             failures = 0
             with self._cond:
                 self._status = replace(
