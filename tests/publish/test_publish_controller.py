@@ -5,6 +5,7 @@ Each test publishes to a Node of its own through the real client, over real HTTP
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -311,6 +312,18 @@ def test_missing_node_is_waited_for(backend: Backend, start: Callable[..., Slice
     )
     assert controller.wait_published(15)
     assert len(backend.slices(node)) == 1
+
+
+def test_stop_while_the_node_is_missing_ends_both_threads(
+    backend: Backend, start: Callable[..., SliceController]
+) -> None:
+    node = backend.make_node(create=False)
+    before = set(threading.enumerate())
+    controller = start(backend.client(), node, Devices(node, 4))
+    wait_for(lambda: "does not exist" in (controller.status.last_error or ""), 10, "the missing-Node error")
+    assert not controller.status.watching  # the list and the watch wait for the Node
+    controller.stop()
+    assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("slice-")] == []
 
 
 def test_invalid_desired_slices_are_not_published(

@@ -54,6 +54,8 @@ class Reflector:
             try:
                 if resource_version is None:
                     self.before_list()
+                    if stop.is_set():
+                        break
                     items, resource_version = self.list_objects()
                     self.on_list(items)
                 self.before_watch()
