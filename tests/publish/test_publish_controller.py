@@ -263,8 +263,8 @@ def test_steady_state_makes_no_requests_but_one_watch(
         lists = [r for r in backend.fake.requests if r.path.endswith("/resourceslices") and r.method == "GET"]
         assert [r.watch for r in lists] == [False, True]
         assert "as=PartialObjectMetadata" in lists[1].accept
-        start = [(r.method, r.path.rsplit("/", 1)[-1], r.watch) for r in backend.fake.requests]
-        assert start[-4:] == [
+        order = [(r.method, r.path.rsplit("/", 1)[-1], r.watch) for r in backend.fake.requests]
+        assert order[-4:] == [
             ("GET", node, False),
             ("GET", "resourceslices", False),
             ("POST", "resourceslices", False),
