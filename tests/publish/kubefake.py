@@ -379,12 +379,7 @@ class FakeApiServer:
                 )
             body = json.loads(raw) if raw else None
             if request.watch:
-                self._watch(
-                    h,
-                    url.path,
-                    query,
-                    metadata_only="as=PartialObjectMetadata" in h.headers.get("Accept", ""),
-                )
+                self._watch(h, url.path, query, metadata_only="as=PartialObjectMetadata" in request.accept)
                 return
             status, answer = self._route(method, url.path, query, body)
         except _FailError as fail:

@@ -5,7 +5,7 @@ watch has echoed our create does not create the slice a second time, and the ech
 recognised (same resourceVersion) and does not trigger another sync.
 
 The watch sends metadata alone (`PartialObjectMetadata`): a change it reports is kept as a stub
-(no `spec`) until the reconciler fetches it (`stubs`, `fill`), or our own write's result, with
+(no `spec`, `is_stub`) until the reconciler fetches it (`fill`), or our own write's result, with
 that resourceVersion, replaces it.
 """
 
@@ -47,11 +47,6 @@ class SliceCache:
     def snapshot(self) -> list[Json]:
         with self._lock:
             return list(self._slices.values())
-
-    def stubs(self) -> list[str]:
-        """Names of the slices known by their metadata alone."""
-        with self._lock:
-            return [name for name, s in self._slices.items() if is_stub(s)]
 
     def apply_event(self, kind: str, obj: Json) -> bool:
         """Apply a watch event; True if our view changed (so a sync is due)."""

@@ -32,7 +32,7 @@ from dradriver.kube.events import EVENT_NAMESPACE, node_event
 from dradriver.kube.reflector import Reflector
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
-from dradriver.publish.cache import SliceCache
+from dradriver.publish.cache import SliceCache, is_stub
 from dradriver.publish.handover import Marker, newest_other, stamp
 from dradriver.publish.reconcile import (
     Plan,
@@ -368,9 +368,11 @@ class SliceController:
     def _current_slices(self) -> list[Json]:
         """The cache with every slice the watch reported by its metadata fetched whole."""
         for _ in range(FETCH_ROUNDS):
-            stubs = self._cache.stubs()
+            # One snapshot both checked and returned: a stub arriving meanwhile waits for the next sync.
+            current = self._cache.snapshot()
+            stubs = [s["metadata"]["name"] for s in current if is_stub(s)]
             if not stubs:
-                return self._cache.snapshot()
+                return current
             for name in stubs:
                 try:
                     self._cache.fill(name, self.client.get_resource_slice(name))
