@@ -1,15 +1,21 @@
-"""The ledger: who holds which device, when reservations reach the disk, the claim locks, and a
-checkpoint another instance wrote."""
+"""The ledger: who holds which device, when reservations reach the disk, a reservation whose
+write fails, and a checkpoint another instance wrote."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
+from dradriver.files.write import StorageError
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.checkpoint import CheckpointStore, ClaimRecord, ClaimState, DeviceRecord
+from dradriver.prepare.checkpoint import (
+    CheckpointData,
+    CheckpointStore,
+    ClaimRecord,
+    ClaimState,
+    DeviceRecord,
+)
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.plan import ClaimPlan, PlannedDevice
 from tests.helpers import uid
@@ -74,28 +80,36 @@ def test_reservations_reach_the_disk_only_when_recovery_needs_them(node: Node) -
     }
 
 
-def test_a_claim_lock_held_by_a_call_is_not_taken_and_others_are(node: Node) -> None:
-    ledger = Ledger(CheckpointStore(node.root / "state"), "boot-1")
-    held, done = threading.Event(), threading.Event()
+class FailingStore(CheckpointStore):
+    """A checkpoint whose writes fail (ENOSPC) while `full` is set."""
 
-    def call() -> None:
-        with ledger.claim_locks([uid(2), uid(1)]):
-            held.set()
-            done.wait()
+    full = False
 
-    caller = threading.Thread(target=call)
-    caller.start()
-    try:
-        assert held.wait(10)
-        with ledger.claim_lock(uid(1), timeout=0) as locked:
-            assert not locked
-        with ledger.claim_lock(uid(3), timeout=0) as locked:
-            assert locked
-    finally:
-        done.set()
-        caller.join()
-    with ledger.claim_lock(uid(1), timeout=0) as locked:
-        assert locked
+    def save(self, checkpoint: CheckpointData) -> None:
+        if self.full:
+            raise StorageError("cannot write the checkpoint: ENOSPC")
+        super().save(checkpoint)
+
+
+def test_a_reservation_whose_write_fails_leaves_the_records_as_they_were(node: Node) -> None:
+    hardware = {d.name: d.hardware for d in node.devices.devices}
+    store = FailingStore(node.root / "state")
+    ledger = Ledger(store, "boot-1")
+    ledger.reserve([reservation(node, 1, "gpu-0-mig-3g40gb-0")], [], hardware)
+    ledger.reserve([reservation(node, 2, "gpu-1")], [], hardware)
+    before = {r.uid: r for r in ledger.records()}
+    store.full = True
+    with pytest.raises(StorageError, match="ENOSPC"):  # claim 1 replaced, claim 3 shares a GPU
+        ledger.reserve(
+            [
+                reservation(node, 1, "gpu-0-mig-3g40gb-4"),
+                reservation(node, 3, "gpu-0-mig-1g10gb-0", sharing="MPS"),
+            ],
+            [uid(1)],
+            hardware,
+        )
+    assert {r.uid: r for r in ledger.records()} == before
+    assert ledger.held_devices() == {"gpu-0-mig-3g40gb-0", "gpu-1"}
 
 
 def test_the_checkpoint_another_instance_wrote_is_taken_once(node: Node) -> None:

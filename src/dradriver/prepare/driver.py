@@ -1,8 +1,8 @@
 """The GPU driver behind the DRAPlugin services: prepare and unprepare claims, crash-safely.
 
 `GpuDriver` is a thin facade over three units, each reviewable on its own:
-- the ledger (`prepare.ledger`): the prepared state, its checkpoint, who holds which device, and
-  the per-claim locks, with the locking rule in its docstring;
+- the ledger (`prepare.ledger`): the prepared state, its checkpoint and who holds which device,
+  with the locking rule in its docstring;
 - recovery (`prepare.recovery`): start-up rollback, rebuild from the CDI specs, the boot marker;
 - the preparer (`prepare.preparer`): plan → reserve → MIG → sharing → CDI → complete, and its
   reverse, `prepare.unprepare`.
@@ -35,6 +35,7 @@ left it (see `prepare.shared`).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from dradriver import logs
@@ -47,7 +48,6 @@ from dradriver.prepare.claims import ClaimSource
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.fetch import ClaimFetcher, route_for
-from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.mps_shares import ShareDaemons
@@ -57,6 +57,7 @@ from dradriver.prepare.release import Release
 from dradriver.prepare.resourceclaim import ResourceClaim
 from dradriver.prepare.shared import SerializeLock
 from dradriver.prepare.sharing import SharingControl
+from dradriver.prepare.stale import StaleHolders
 from dradriver.prepare.unprepare import Unpreparer
 
 log = logs.get_logger(component="prepare")
@@ -98,20 +99,22 @@ class GpuDriver:
         self._node = NodeDevices(devices, common_edits, caps_major)
         self._mig = mig
         self._serialize = serialize
+        #: One prepare, unprepare or recovery at a time in this process (see `_exclusive`).
+        self._calls = threading.Lock()
         self._ledger = ledger = Ledger(store, boot_id)
         self._shares = shares = shares or ShareDaemons()
         release = Release(sharing, mig, cdi_dir, shares)
         self._fetcher = ClaimFetcher(claims, route_for(claims))
         context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares)
         self._recovery = StartupRecovery(context)
+        self._unpreparer = Unpreparer(ledger, cdi_dir, release)
         self._preparer = Preparer(
             context,
             sharing=sharing,
             mig=mig,
-            stale_holders=StaleHolders(claims, ledger, release, driver_name),
+            stale_holders=StaleHolders(claims, ledger, self._unpreparer, driver_name),
             host_nodes=host_nodes,
         )
-        self._unpreparer = Unpreparer(ledger, cdi_dir, release)
         #: Called after an unprepare released devices (the live inventory drops vanished ones).
         self.on_released: Callable[[], None] = lambda: None
 
@@ -153,7 +156,7 @@ class GpuDriver:
                 results[ref.uid] = PrepareResult(error=claim)
             else:
                 fetched.append((ref, claim))
-        with self._exclusive(), self._ledger.claim_locks([ref.uid for ref, _ in fetched]):
+        with self._exclusive():
             results.update(self._preparer.run(fetched, self._node))
         return results
 
@@ -176,18 +179,21 @@ class GpuDriver:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Rolling updates: one call at a time across instances, on the checkpoint as last written."""
-        if self._serialize is None:
-            yield
-            return
-        with self._serialize:
-            try:
-                reloaded = self._ledger.reload_if_changed()
-            except CheckpointError as err:
-                # Ours stays; the next save replaces the bad file with it.
-                log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
-            else:
-                if reloaded is not None:
-                    self._shares.reset(self._ledger.records())
-                    log.debug("checkpoint reloaded: another instance changed it", claims=reloaded)
-            yield
+        """One call at a time, as the upstream helper serializes them: the kubelet sends one pod's
+        claims per call, so concurrency would buy nothing. During a rolling update the lock spans
+        the instances, and the call starts from the checkpoint as the other one last wrote it."""
+        with self._calls:
+            if self._serialize is None:
+                yield
+                return
+            with self._serialize:
+                try:
+                    reloaded = self._ledger.reload_if_changed()
+                except CheckpointError as err:
+                    # Ours stays; the next save replaces the bad file with it.
+                    log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
+                else:
+                    if reloaded is not None:
+                        self._shares.reset(self._ledger.records())
+                        log.debug("checkpoint reloaded: another instance changed it", claims=reloaded)
+                yield

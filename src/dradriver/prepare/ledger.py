@@ -1,28 +1,23 @@
-"""The ledger of prepared claims: the one owner of the prepared state, its checkpoint, the
-devices the claims hold and the per-claim locks.
+"""The ledger of prepared claims: the one owner of the prepared state, its checkpoint and the
+devices the claims hold.
 
-Locking rule (outermost first; a lock is never taken while one below it is held):
-1. `serialize.lock` across instances (`prepare.shared`, taken by the driver around each call).
-2. The claim locks (`claim_locks`): a call holds those of every claim it prepares or unprepares
-   from before it first reads their records until its checkpoint write is done; they are taken
-   together in UID order, so calls cannot deadlock, and different claims proceed concurrently.
-   The one exception, freeing a stale holder (`prepare.holders`), takes that claim's lock while
-   holding its own with a timeout (`claim_lock`), and gives up when it runs out.
-3. The MIG manager's reconfiguration lock (`prepare.mig`): held while a MIG device is made, whose
-   steps are recorded (`record_mig`) under it.
-4. The state lock, innermost: every read and change of the prepared state (`_state`) and every
-   read and write of the checkpoint file is under it, inside the methods of this class, which
-   never call out while holding it (no NVML, sharing or API request) and never hand out the live
-   claims dict (records are immutable).
-The table of claim locks has its own guard, held only to look an entry up or drop it.
+Locking rule: every change comes from a prepare or unprepare call, and the driver serializes those
+(`GpuDriver._exclusive`: one call at a time in this process, and across instances during a rolling
+update), so changes never race each other and a call's reads of its own claims stay true until it
+answers. The state lock only keeps readers on other threads (metrics, telemetry, the inventory) from
+seeing the claims dict mid-change: every read and change of `_state` and every checkpoint read or
+write is under it, inside this class, which never calls out while holding it and never hands out
+the live dict (records are immutable).
+
+Each method that writes the checkpoint is a transaction: when the write fails it raises
+StorageError with memory as it was before the method ran.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver.devicemodel import Hardware
@@ -80,26 +75,15 @@ class OnDisk:
     quarantined: Path | None = None
 
 
-@dataclass
-class _ClaimLock:
-    """One claim's lock, and how many calls hold or wait for it (the entry goes at 0)."""
-
-    uid: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    users: int = 0
-
-
 class Ledger:
-    """The claims prepared on this node (records, kept in the checkpoint), who holds which
-    device, and the per-claim locks. See the module docstring for the locking rule."""
+    """The claims prepared on this node (records, kept in the checkpoint) and who holds which
+    device. See the module docstring for the locking rule."""
 
     def __init__(self, store: CheckpointStore, boot_id: str) -> None:
         self._store = store
         self.boot_id = boot_id
         self._state = CheckpointData(boot_id=boot_id)
         self._state_lock = threading.Lock()
-        self._locks_guard = threading.Lock()
-        self._claim_locks_by_uid: dict[str, _ClaimLock] = {}
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -110,11 +94,6 @@ class Ledger:
     def records(self) -> list[ClaimRecord]:
         with self._state_lock:
             return list(self._state.claims.values())
-
-    def snapshot(self) -> dict[str, ClaimRecord]:
-        """The records by UID as they are now (a copy)."""
-        with self._state_lock:
-            return dict(self._state.claims)
 
     def held_devices(self) -> set[str]:
         """Names of the devices prepared claims hold (or are being prepared with)."""
@@ -183,12 +162,12 @@ class Ledger:
         The checkpoint is written now only when recovery needs these records: earlier records were
         replaced (their spec files removed), or sharing changes a GPU or a MIG device is made (its
         steps are recorded anyway). Otherwise a crash leaves spec files without records, orphans
-        recovery removes, and the call's write of PrepareCompleted is its only one."""
+        recovery removes, and the call's write of PrepareCompleted is its only one. A failed write
+        raises StorageError with the records as they were."""
         conflicts: dict[str, str] = {}
         started: list[ClaimRecord] = []
         with self._state_lock:
-            for uid in replaced:
-                self._state.claims.pop(uid, None)
+            dropped = {uid: r for uid in replaced if (r := self._state.claims.pop(uid, None)) is not None}
             holders = self._holders(devices)
             for plan, record in reservations:
                 conflict = _first_conflict(plan, holders, devices)
@@ -199,7 +178,13 @@ class Ledger:
                 _hold(holders, record, devices)
                 started.append(record)
             if replaced or any(d.sharing or d.mig is not None for r in started for d in r.devices):
-                self._store.save(self._state)
+                try:
+                    self._store.save(self._state)
+                except StorageError:
+                    for record in started:
+                        del self._state.claims[record.uid]
+                    self._state.claims.update(dropped)
+                    raise
         return conflicts
 
     def stale_candidates(
@@ -228,11 +213,10 @@ class Ledger:
             self._state.claims[uid] = record.model_copy(update={"devices": changed})
             self._store.save(self._state)
 
-    def update(self, uid: str, change: Callable[[ClaimRecord], ClaimRecord]) -> ClaimRecord:
-        """Replace the claim's record (in memory) with `change` of it."""
+    def put(self, record: ClaimRecord) -> None:
+        """Replace the claim's record with `record` (in memory)."""
         with self._state_lock:
-            record = self._state.claims[uid] = change(self._state.claims[uid])
-            return record
+            self._state.claims[record.uid] = record
 
     def complete(
         self, specs: Mapping[str, Mapping[str, object] | None], failed: Sequence[str]
@@ -256,19 +240,11 @@ class Ledger:
         with self._state_lock:
             self._store.save(self._state)
 
-    def restore(self, before: Mapping[str, ClaimRecord]) -> dict[str, ClaimRecord | None]:
-        """Put the records back as they were `before` (in memory): the records that differed,
-        by UID, as they were (None: there was none)."""
+    def drop(self, uids: Sequence[str]) -> None:
+        """Forget the records of these claims (in memory; the caller writes the checkpoint)."""
         with self._state_lock:
-            current = dict(self._state.claims)
-            touched = {
-                u: current.get(u)
-                for u in current.keys() | before.keys()
-                if current.get(u) is not before.get(u)
-            }
-            self._state.claims.clear()
-            self._state.claims.update(before)
-        return touched
+            for uid in uids:
+                self._state.claims.pop(uid, None)
 
     # --- unprepare --------------------------------------------------------------------------
 
@@ -283,48 +259,6 @@ class Ledger:
             except StorageError:
                 self._state.claims.update(gone)
                 raise
-
-    # --- claim locks ------------------------------------------------------------------------
-
-    @contextmanager
-    def claim_lock(self, uid: str, timeout: float) -> Iterator[bool]:
-        """One claim's lock, waiting at most `timeout` seconds; yields whether it was taken."""
-        (entry,) = self._use([uid])
-        locked = entry.lock.acquire(timeout=timeout)
-        try:
-            yield locked
-        finally:
-            if locked:
-                entry.lock.release()
-            self._unuse([entry])
-
-    @contextmanager
-    def claim_locks(self, uids: Sequence[str]) -> Iterator[None]:
-        """Hold the locks of these claims, taken in sorted order so concurrent calls cannot deadlock."""
-        entries = self._use(sorted(set(uids)))
-        try:
-            with ExitStack() as stack:
-                for entry in entries:
-                    stack.enter_context(entry.lock)
-                yield
-        finally:
-            self._unuse(entries)
-
-    def _use(self, uids: Sequence[str]) -> list[_ClaimLock]:
-        """The table's entry of each claim's lock, made if none, counted as used."""
-        with self._locks_guard:
-            entries = [self._claim_locks_by_uid.setdefault(uid, _ClaimLock(uid)) for uid in uids]
-            for entry in entries:
-                entry.users += 1
-        return entries
-
-    def _unuse(self, entries: Sequence[_ClaimLock]) -> None:
-        """Drop the table's entry of each lock no call uses any more."""
-        with self._locks_guard:
-            for entry in entries:
-                entry.users -= 1
-                if entry.users == 0:
-                    del self._claim_locks_by_uid[entry.uid]
 
     # --- holders (the state lock held) ------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""The prepare pipeline for the fetched claims of one call, whose claim locks are held.
+"""The prepare pipeline for the fetched claims of one call, the only call running (see
+`prepare.ledger` for why calls are serialized).
 
 The claims go through the steps together:
 1. plan each claim (`plan_claim`, pure) and build each device's CDI entry; a claim prepared
    already with the same devices is answered from its record, one prepared for another
    allocation is released first;
-2. free the devices stale holders keep (`prepare.holders`);
+2. free the devices stale holders keep (`prepare.stale`);
 3. reserve the devices of all of them as PrepareStarted (`Ledger.reserve`);
 4. per claim, the steps (`Preparer._steps`): make the MIG devices of allocated MIG placements
    (each step recorded first), apply sharing, render the spec;
@@ -16,8 +17,8 @@ tell recovery about is changed: sharing applied to a GPU, a MIG device made, an 
 replaced; otherwise a crash leaves spec files without records, orphans that recovery removes. So
 a call costs O(claims) and one or two checkpoint writes, however many claims it carries, plus two
 per MIG device made. The checkpoint write is the commit point: when it fails (a full, read-only
-or failing disk) the call undoes what it set up and fails its claims, so memory and disk stay as
-the checkpoint says and the kubelet's retry does the work again. A repeated prepare checks each
+or failing disk) the call undoes what it set up for the claims it reserved, and nothing else, and
+fails them, so the kubelet's retry does the work again. A repeated prepare checks each
 claim's spec against the one recorded and rewrites it if it differs.
 """
 
@@ -39,12 +40,12 @@ from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, DeviceRecord, 
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
-from dradriver.prepare.holders import StaleHolders
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, plan_claim
 from dradriver.prepare.recovery import restore_specs
 from dradriver.prepare.resourceclaim import ResourceClaim
 from dradriver.prepare.sharing import SharingControl, SharingError
+from dradriver.prepare.stale import StaleHolders
 
 #: Calls with more claims than this log one "prepared claims" line instead of one per claim
 #: (each still at debug level): a 3,000-claim call would otherwise spend a second logging.
@@ -70,6 +71,8 @@ class _Batch:
     results: dict[str, PrepareResult] = field(default_factory=dict)
     #: The records of the claims it prepared (not those it found prepared already).
     prepared: list[ClaimRecord] = field(default_factory=list)
+    #: The UIDs of the claims it reserved: what a failed checkpoint write undoes.
+    reserved: list[str] = field(default_factory=list)
     #: Whether the checkpoint must be written before the call answers.
     write: bool = False
 
@@ -124,7 +127,6 @@ class Preparer:
         """Prepare the claims on `node` and write the checkpoint before answering if that changed
         anything; when a checkpoint write fails, undo what the call set up. The result of each
         claim, by UID."""
-        before = self.context.ledger.snapshot()
         batch = _Batch()
         try:
             self._prepare(claims, node, batch)
@@ -133,7 +135,7 @@ class Preparer:
                 # write leaves only orphans to remove.
                 self.context.ledger.persist()
         except StorageError as err:
-            self._undo(before, claims, batch, err)
+            self._undo(claims, batch, err)
         else:
             _log_prepared(batch.prepared)
         return batch.results
@@ -146,6 +148,7 @@ class Preparer:
         planned, replaced = self._plan_all(claims, node, results)
         self.stale_holders.free([w.plan for w in planned], node.devices)
         started = self._reserve(planned, replaced, node, results)
+        batch.reserved = [w.uid for w in started]
         rolled_back: list[str] = []
         for work in started:
             if work.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
@@ -295,7 +298,9 @@ class Preparer:
             work.devices[i] = replace(device, hardware=made[i])
         if not made:
             return
-        self.context.ledger.update(work.uid, lambda r: _with_created_migs(r, work.devices))
+        started = self.context.ledger.get(work.uid)
+        assert started is not None, "a started claim without its record"
+        self.context.ledger.put(_with_created_migs(started, work.devices))
         for i, mig_device in made.items():
             work.entries[i] = _cdi_device(work.uid, work.devices[i], mig_device, work.node.caps_major)
 
@@ -379,27 +384,32 @@ class Preparer:
         results[uid] = PrepareResult(error=message)
 
     def _undo(
-        self,
-        before: Mapping[str, ClaimRecord],
-        claims: Sequence[tuple[ClaimRef, ResourceClaim]],
-        batch: _Batch,
-        error: StorageError,
+        self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], batch: _Batch, error: StorageError
     ) -> None:
-        """The checkpoint write of a prepare failed: undo what the call set up (sharing, MIG
-        devices, specs), so that memory and disk are as the checkpoint says, and fail each claim
-        it would have prepared; the kubelet's retry does the work again."""
-        touched = self.context.ledger.restore(before)
-        for uid, record in touched.items():
-            if record is not None:
-                try:
-                    self.context.release(record)
-                except (SharingError, MigError, OSError) as undo_error:
-                    log.error("could not undo an unrecorded prepare", uid=uid, error=str(undo_error))
+        """A checkpoint write of the call failed: release what it set up for the claims it
+        reserved (sharing, MIG devices, specs) and forget them, and fail each claim it would have
+        prepared; the kubelet's retry does the work again. Other claims are left as they are."""
+        undone: list[str] = []
+        for uid in batch.reserved:
+            record = self.context.ledger.get(uid)
+            if record is None:  # rolled back by a failed step already
+                continue
+            try:
+                self.context.release(record)
+            except (SharingError, MigError) as undo_error:
+                # Kept, PrepareStarted, for the retry or recovery to undo.
+                log.error("could not undo an unrecorded prepare", uid=uid, error=str(undo_error))
+                self.context.ledger.put(record.model_copy(update={"state": ClaimState.PREPARE_STARTED}))
+                continue
+            except OSError as undo_error:  # a spec file no record names: recovery removes it
+                log.error("unrecorded prepare undone, its spec not removed", uid=uid, error=str(undo_error))
+            undone.append(uid)
+        self.context.ledger.drop(undone)
         for ref, _ in claims:
             result = batch.results.get(ref.uid)
-            if result is None or (ref.uid in touched and not result.error):
+            if result is None or (ref.uid in batch.reserved and not result.error):
                 batch.results[ref.uid] = PrepareResult(error=f"claim {ref}: not prepared: {error}")
-        log.error("prepare not recorded: undone", claims=len(touched), error=str(error))
+        log.error("prepare not recorded: undone", claims=len(undone), error=str(error))
 
 
 def _log_prepared(completed: Sequence[ClaimRecord]) -> None:

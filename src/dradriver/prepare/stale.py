@@ -1,24 +1,36 @@
-"""Claims prepared here that no longer need their devices, and the collector of deleted ones.
+"""Claims prepared here that no longer need their devices: freed when a prepare needs their
+devices (`StaleHolders`), or collected once deleted (`StaleClaimCollector`). Both unprepare them
+the way the kubelet would (`prepare.unprepare`).
 
-The kubelet unprepares a claim when its last pod on the node goes, but not always: a force-deleted
-pod, a lost kubelet checkpoint or a node that was down while the claim was deleted leave claims
-prepared forever (NVIDIA's driver leaks them: kubernetes-sigs/dra-driver-nvidia-gpu#1278). A
-claim counts as gone when the API server answers NotFound for its namespace/name, or returns an
-object with another UID. Only after it has been seen gone for `grace` seconds is it unprepared;
-an API server that cannot be reached is never taken as an answer.
+Stale holders: after a pod holding a GPU is force-deleted, the scheduler may give that GPU to a new
+pod before the kubelet has unprepared the old claim; refusing the new claim would leave its pod
+waiting for the kubelet's next resync (a minute or more). The API server is the authority here
+(`released_reason`); without one (files, node-only mode) nothing is released.
+
+Deleted claims: the kubelet unprepares a claim when its last pod on the node goes, but not
+always: a force-deleted pod, a lost kubelet checkpoint or a node that was down while the claim was
+deleted leave claims prepared forever (NVIDIA's driver leaks them:
+kubernetes-sigs/dra-driver-nvidia-gpu#1278). A claim counts as gone when the API server answers
+NotFound for its namespace/name, or returns an object with another UID. Only after it has been
+seen gone for `grace` seconds is it unprepared; an API server that cannot be reached is never
+taken as an answer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from dradriver import logs
+from dradriver.devicemodel import Hardware
 from dradriver.periodic import Periodic
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
 from dradriver.prepare.claims import ClaimNotFoundError, ClaimSource, ClaimSourceError
+from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.plan import ClaimPlan
+from dradriver.prepare.unprepare import Unpreparer
 
 DEFAULT_GRACE_SECONDS = 300.0
 #: How often at most the API server is asked, whatever the grace period.
@@ -56,6 +68,53 @@ def released_reason(record: ClaimRecord, claim: Mapping[str, Any] | None, driver
     if record.devices and not any((d.pool, d.device) in allocated for d in record.devices):
         return "its ResourceClaim was allocated other devices since"
     return None
+
+
+def _fetch(source: ClaimSource, record: ClaimRecord) -> Mapping[str, Any] | None:
+    """The record's ResourceClaim (None: NotFound). Raises ClaimSourceError when there is no answer."""
+    try:
+        return source.get(record.namespace, record.name)
+    except ClaimNotFoundError:
+        return None
+
+
+class StaleHolders:
+    """Run inside a prepare call (which the driver serializes with every other)."""
+
+    def __init__(self, source: ClaimSource, ledger: Ledger, unpreparer: Unpreparer, driver_name: str) -> None:
+        self._source = source
+        self._ledger = ledger
+        self._unpreparer = unpreparer
+        self._driver_name = driver_name
+
+    def free(self, planned: Sequence[ClaimPlan], devices: Mapping[str, Hardware]) -> None:
+        """Unprepare the claims that hold a device of the plans but whose ResourceClaim says they
+        cannot be using it any more (deleted, deallocated, reserved for no pod)."""
+        if not self._source.authoritative or not planned:
+            return
+        released: set[str] = set()
+        for (uid, for_claim), holder in self._ledger.stale_candidates(planned, devices).items():
+            if uid in released:
+                continue
+            try:
+                reason = released_reason(holder, _fetch(self._source, holder), self._driver_name)
+            except ClaimSourceError as err:
+                log.warning("cannot check the claim holding a device", holder=holder.uid, error=str(err))
+                continue
+            if reason is None:
+                continue
+            ref = ClaimRef(holder.namespace, holder.name, holder.uid)
+            if error := self._unpreparer.run([ref])[uid]:
+                log.warning("cannot unprepare a stale claim", holder=str(ref), error=error)
+                continue
+            released.add(uid)
+            log.info(
+                "unprepared a claim that no longer uses its devices, for the claim they were allocated to",
+                claim=str(ref),
+                uid=uid,
+                reason=reason,
+                for_claim=str(for_claim),
+            )
 
 
 class PreparedClaims(Protocol):
@@ -120,9 +179,7 @@ class StaleClaimCollector:
 
     def _gone(self, record: ClaimRecord) -> bool | None:
         try:
-            claim: Mapping[str, Any] | None = self._source.get(record.namespace, record.name)
-        except ClaimNotFoundError:
-            claim = None
+            claim = _fetch(self._source, record)
         except ClaimSourceError as err:
             log.debug("cannot check claim", claim=f"{record.namespace}/{record.name}", error=str(err))
             return None

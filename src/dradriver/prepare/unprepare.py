@@ -40,29 +40,28 @@ class Unpreparer:
                 errors[ref.uid] = f"claim {ref}: invalid UID {ref.uid!r}: {problem}"
             else:
                 refs.setdefault(ref.uid, ref)
-        with self._ledger.claim_locks(list(refs)):
-            released: dict[str, Path | None] = {}  # the spec of each, set aside until the write
-            for uid, ref in refs.items():
-                errors[uid] = ""  # never prepared here, or already unprepared: success
-                record = self._ledger.get(uid)
-                if record is None:
-                    continue
-                try:
-                    released[uid] = self._release_one(record)
-                except (StorageError, SharingError, MigError) as err:
-                    errors[uid] = f"claim {ref}: {err}"
+        released: dict[str, Path | None] = {}  # the spec of each, set aside until the write
+        for uid, ref in refs.items():
+            errors[uid] = ""  # never prepared here, or already unprepared: success
+            record = self._ledger.get(uid)
+            if record is None:
+                continue
             try:
-                self._ledger.forget(list(released))
-            except StorageError as err:  # still prepared: the specs go back, the kubelet retries
-                for uid, aside in released.items():
-                    if aside is not None:
-                        self._cdi.put_back(uid, aside)
-                    errors[uid] = f"claim {refs[uid]}: not unprepared: {err}"
-                return errors
+                released[uid] = self._release_one(record)
+            except (StorageError, SharingError, MigError) as err:
+                errors[uid] = f"claim {ref}: {err}"
+        try:
+            self._ledger.forget(list(released))
+        except StorageError as err:  # still prepared: the specs go back, the kubelet retries
             for uid, aside in released.items():
                 if aside is not None:
-                    aside.unlink(missing_ok=True)
-                log.info("unprepared", claim=str(refs[uid]), uid=uid)
+                    self._cdi.put_back(uid, aside)
+                errors[uid] = f"claim {refs[uid]}: not unprepared: {err}"
+            return errors
+        for uid, aside in released.items():
+            if aside is not None:
+                aside.unlink(missing_ok=True)
+            log.info("unprepared", claim=str(refs[uid]), uid=uid)
         return errors
 
     def _release_one(self, record: ClaimRecord) -> Path | None:
