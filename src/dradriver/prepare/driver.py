@@ -103,7 +103,7 @@ class GpuDriver:
         self._calls = threading.Lock()
         self._ledger = ledger = Ledger(store, boot_id)
         self._shares = shares = shares or ShareDaemons()
-        release = Release(sharing, mig, cdi_dir, shares)
+        release = Release(sharing, mig, cdi_dir, shares, ledger)
         self._fetcher = ClaimFetcher(claims, route_for(claims))
         context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares)
         self._recovery = StartupRecovery(context)
@@ -194,6 +194,5 @@ class GpuDriver:
                     log.error("the checkpoint another instance wrote cannot be read", reason=str(err))
                 else:
                     if reloaded is not None:
-                        self._shares.reset(self._ledger.records())
                         log.debug("checkpoint reloaded: another instance changed it", claims=reloaded)
                 yield

@@ -218,14 +218,10 @@ class Ledger:
         with self._state_lock:
             self._state.claims[record.uid] = record
 
-    def complete(
-        self, specs: Mapping[str, Mapping[str, object] | None], failed: Sequence[str]
-    ) -> list[ClaimRecord]:
-        """Drop the records of the `failed` claims and mark those of `specs` PrepareCompleted with
-        the spec written for each (in memory; the caller writes the checkpoint)."""
+    def complete(self, specs: Mapping[str, Mapping[str, object] | None]) -> list[ClaimRecord]:
+        """Mark the records of `specs` PrepareCompleted with the spec written for each (in memory;
+        the caller writes the checkpoint)."""
         with self._state_lock:
-            for uid in failed:
-                self._state.claims.pop(uid, None)
             completed = []
             for uid, spec in specs.items():
                 record = self._state.claims[uid].model_copy(

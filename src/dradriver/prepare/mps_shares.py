@@ -1,26 +1,25 @@
 """The shares of shared GPUs on this node: one MPS control daemon per GPU, outliving claims.
 
-A GPU's daemon starts with its first share and stops with its last; it runs in its own session,
-so a restart (or kill -9) of serve leaves it running, and recovery adopts it. Which daemons must
-run follows from the checkpoint alone (the share records, `ShareRecord`): `reset` takes the
-records as loaded (start-up, or another instance's write during a rolling update), `recover`
-then starts the daemons that shares need and stops, and removes the directories of, those none
-needs. Each share's CDI device carries its client limits (`prepare.shares`). On the fake GPU
-backend the stand-in daemon also keeps a register of the clients and their limits (no CUDA
-client ever connects to it), written into its state file in the pipe directory.
+A GPU's daemon starts with its first share and stops with its last; it runs in its own session, so
+a restart (or kill -9) of serve leaves it running, and recovery adopts it. Which daemons must run
+follows from the prepared claims' records alone (their `ShareRecord`s, in the ledger, which the
+caller passes in): `recover` starts the daemons that shares need and stops, and removes the
+directories of, those none needs. Nothing here keeps a copy of them. Each share's CDI device
+carries its client limits (`prepare.shares`). On the fake GPU backend the stand-in daemon also
+keeps a register of the clients and their limits (no CUDA client ever connects to it), written into
+its state file in the pipe directory.
 
-A share's reservation is not written before its daemon starts: after a crash there, the
-checkpoint names no share on the GPU and recovery stops the daemon, as it stops any no share needs.
+A share's reservation is not written before its daemon starts: after a crash there, the checkpoint
+names no share on the GPU and recovery stops the daemon, as it stops any no share needs.
 
-Under `--gpu-shares unenforced` no daemon runs: shares are prepared without limits and say so
-in their records (`status`, the metrics). Under `mps` on a node whose host driver has no MPS
-control tool, a share fails with one line instead of running unguarded.
+Under `--gpu-shares unenforced` no daemon runs: shares are prepared without limits and say so in
+their records (`status`, the metrics). Under `mps` on a node whose host driver has no MPS control
+tool, a share fails with one line instead of running unguarded.
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -41,9 +40,6 @@ SHARES_DIRECTORY = "shares"
 STANDIN_TIMEOUT_SECONDS = 20.0
 
 log = logs.get_logger(component="shares")
-
-#: A share: (claim UID, share ID).
-_Key = tuple[str, str]
 
 
 def daemon_key(gpu_uuid: str) -> str:
@@ -69,9 +65,6 @@ class ShareDaemons:
         self._missing = missing
         self._register = register
         self._daemons = daemons
-        self._lock = threading.Lock()
-        #: GPU UUID -> the shares on it and their records.
-        self._shares: dict[str, dict[_Key, ShareRecord]] = {}
 
     # --- records ------------------------------------------------------------------------------
 
@@ -84,20 +77,6 @@ class ShareDaemons:
             thread_percentage=device.share.thread_percentage,
             enforced=self.policy.enforced,
         )
-
-    def reset(self, records: Iterable[ClaimRecord]) -> None:
-        """The shares are those of these records (as loaded from the checkpoint)."""
-        shares: dict[str, dict[_Key, ShareRecord]] = {}
-        for record in records:
-            for device in record.devices:
-                if device.share is not None and device.share_id is not None:
-                    shares.setdefault(device.uuid, {})[(record.uid, device.share_id)] = device.share
-        with self._lock:
-            self._shares = shares
-
-    def shares(self) -> dict[str, dict[_Key, ShareRecord]]:
-        with self._lock:
-            return {gpu: dict(on) for gpu, on in self._shares.items()}
 
     # --- prepare and release -------------------------------------------------------------------
 
@@ -117,23 +96,14 @@ class ShareDaemons:
                     f"device {device.name} was allocated as a share, but this node does not publish shares "
                     "(serve --gpu-shares)"
                 )
-            shared = ShareRecord(
-                memory_mib=limits.memory_mib,
-                thread_percentage=limits.thread_percentage,
-                enforced=self.policy.enforced,
-            )
             if not self.policy.enforced:
                 edits = unenforced_edits(limits)
-                with self._lock:
-                    self._shares.setdefault(device.uuid, {})[(claim_uid, share_id)] = shared
             else:
-                edits = self._enforce(claim_uid, share_id, device, limits, shared)
+                edits = self._enforce(share_id, device, limits)
             out[index] = replace(out[index], edits=out[index].edits + edits)
         return tuple(out)
 
-    def _enforce(
-        self, claim_uid: str, share_id: str, device: PlannedDevice, limits: ShareLimits, shared: ShareRecord
-    ) -> ContainerEdits:
+    def _enforce(self, share_id: str, device: PlannedDevice, limits: ShareLimits) -> ContainerEdits:
         daemons = self._daemons
         if daemons is None:
             raise SharingError(
@@ -141,61 +111,54 @@ class ShareDaemons:
                 "(serve --gpu-shares unenforced runs shares without limits)"
             )
         key = daemon_key(device.uuid)
-        with self._lock:
-            if not daemons.running(key):
-                self._start(daemons, key, device)
-            self._shares.setdefault(device.uuid, {})[(claim_uid, share_id)] = shared
-            if self._register:
-                self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(shared)}")
+        if not daemons.running(key):
+            self._start(daemons, key, device)
+        if self._register:
+            self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(limits)}")
         return share_edits(limits, str(daemons.host_pipe(key)))
 
-    def release(self, record: ClaimRecord) -> None:
-        """Release the claim's shares; a GPU whose last share this was has its daemon stopped.
-        Safe to repeat."""
-        for device in record.devices:
-            if device.share is None or device.share_id is None:
-                continue
-            with self._lock:
-                on_gpu = self._shares.get(device.uuid, {})
-                on_gpu.pop((record.uid, device.share_id), None)
-                if self._daemons is None or not device.share.enforced:
-                    continue
-                key = daemon_key(device.uuid)
-                if on_gpu:
-                    if self._register and self._daemons.running(key):
-                        self._tell(self._daemons.pipe(key), f"remove_client {device.share_id}")
-                    continue
-                self._shares.pop(device.uuid, None)
-                self._daemons.stop(key)
-                log.info("MPS daemon of shared GPU stopped: its last share was released", gpu=device.uuid)
-
-    def recover(self) -> None:
-        """Start the daemons the shares need (again told their clients' limits), stop and remove
-        the rest."""
+    def release(self, record: ClaimRecord, prepared: Iterable[ClaimRecord]) -> None:
+        """Release the claim's shares; a GPU whose last share among the `prepared` claims this
+        was has its daemon stopped. Safe to repeat."""
         daemons = self._daemons
         if daemons is None:
             return
-        with self._lock:
-            needed = {
-                gpu: on
-                for gpu, on in self._shares.items()
-                if on and any(share.enforced for share in on.values())
-            }
-            for gpu, on in needed.items():
-                key = daemon_key(gpu)
-                try:
-                    if not daemons.running(key):
-                        self._start(daemons, key, _Gpu(gpu))
-                    if self._register:
-                        for (_, share_id), share in on.items():
-                            self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(share)}")
-                except SharingError as err:
-                    log.error("the MPS daemon of a shared GPU cannot be started", gpu=gpu, error=str(err))
-            keep = {daemons.pipe(daemon_key(gpu)).parent for gpu in needed}
-            for root in daemons.directories():
-                if root not in keep:
-                    log.info("stopping an MPS daemon no share needs", directory=str(root))
-                    daemons.stop_directory(root)
+        others = _shares_by_gpu(r for r in prepared if r.uid != record.uid)
+        for device in record.devices:
+            if device.share is None or device.share_id is None or not device.share.enforced:
+                continue
+            key = daemon_key(device.uuid)
+            if others.get(device.uuid):
+                if self._register and daemons.running(key):
+                    self._tell(daemons.pipe(key), f"remove_client {device.share_id}")
+                continue
+            daemons.stop(key)
+            log.info("MPS daemon of shared GPU stopped: its last share was released", gpu=device.uuid)
+
+    def recover(self, prepared: Iterable[ClaimRecord]) -> None:
+        """Start the daemons the shares of the `prepared` claims need (again told their clients'
+        limits), stop and remove the rest."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        needed = {
+            gpu: on for gpu, on in _shares_by_gpu(prepared).items() if any(s.enforced for s in on.values())
+        }
+        for gpu, on in needed.items():
+            key = daemon_key(gpu)
+            try:
+                if not daemons.running(key):
+                    self._start(daemons, key, _Gpu(gpu))
+                if self._register:
+                    for share_id, share in on.items():
+                        self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(share)}")
+            except SharingError as err:
+                log.error("the MPS daemon of a shared GPU cannot be started", gpu=gpu, error=str(err))
+        keep = {daemons.pipe(daemon_key(gpu)).parent for gpu in needed}
+        for root in daemons.directories():
+            if root not in keep:
+                log.info("stopping an MPS daemon no share needs", directory=str(root))
+                daemons.stop_directory(root)
 
     def _start(self, daemons: MpsDaemons, key: str, device: _Gpu | PlannedDevice) -> None:
         # A daemon that died leaves its socket; its directory stays, as the containers of the
@@ -227,8 +190,18 @@ class _Gpu:
         self.name = uuid
 
 
-def _client(share: ShareRecord) -> str:
+def _client(share: ShareRecord | ShareLimits) -> str:
     return f"{share.thread_percentage} {share.memory_mib}M"
+
+
+def _shares_by_gpu(records: Iterable[ClaimRecord]) -> dict[str, dict[str, ShareRecord]]:
+    """GPU UUID -> the shares on it (share ID -> its record)."""
+    shares: dict[str, dict[str, ShareRecord]] = {}
+    for record in records:
+        for device in record.devices:
+            if device.share is not None and device.share_id is not None:
+                shares.setdefault(device.uuid, {})[device.share_id] = device.share
+    return shares
 
 
 def share_daemons(

@@ -149,12 +149,11 @@ class Preparer:
         self.stale_holders.free([w.plan for w in planned], node.devices)
         started = self._reserve(planned, replaced, node, results)
         batch.reserved = [w.uid for w in started]
-        rolled_back: list[str] = []
         for work in started:
             if work.devices:  # a claim with no devices of ours gets no spec (an empty one is invalid)
-                self._run_steps(work, rolled_back, results)
-        specs = self._write_specs(started, rolled_back, results)
-        completed = self.context.ledger.complete(specs, rolled_back)
+                self._run_steps(work, results)
+        specs = self._write_specs(started, results)
+        completed = self.context.ledger.complete(specs)
         for record in completed:
             results[record.uid] = _result(record)
         batch.prepared = completed
@@ -275,12 +274,12 @@ class Preparer:
 
     # --- 4. the steps of each claim ---------------------------------------------------------
 
-    def _run_steps(self, work: ClaimWork, rolled_back: list[str], results: dict[str, PrepareResult]) -> None:
+    def _run_steps(self, work: ClaimWork, results: dict[str, PrepareResult]) -> None:
         try:
             for step in self._steps:
                 step(work)
         except (SharingError, MigError, EditsError) as err:
-            self._fail(work.uid, err, rolled_back, results)
+            self._fail(work.uid, err, results)
 
     def _make_mig_devices(self, work: ClaimWork) -> None:
         """Make a MIG device at each allocated MIG placement (each step recorded first), then
@@ -335,7 +334,7 @@ class Preparer:
     # --- 5. write the specs -----------------------------------------------------------------
 
     def _write_specs(
-        self, started: Sequence[ClaimWork], rolled_back: list[str], results: dict[str, PrepareResult]
+        self, started: Sequence[ClaimWork], results: dict[str, PrepareResult]
     ) -> dict[str, Mapping[str, object] | None]:
         """Write the specs of the claims whose steps went through, in one batch: the spec of each
         claim to complete (None: a claim with no devices of ours), by UID."""
@@ -350,29 +349,19 @@ class Preparer:
                     if isinstance(error, OSError)
                     else error
                 )
-                self._fail(work.uid, problem, rolled_back, results)
+                self._fail(work.uid, problem, results)
             else:
                 specs[work.uid] = work.spec
         return specs
 
     # --- failures ---------------------------------------------------------------------------
 
-    def _fail(
-        self, uid: str, error: Exception, rolled_back: list[str], results: dict[str, PrepareResult]
-    ) -> None:
-        """Roll a started claim back (its record is forgotten with the call's checkpoint write); what
-        cannot be undone yet (a MIG device NVML will not destroy) stays recorded for recovery."""
+    def _fail(self, uid: str, error: Exception, results: dict[str, PrepareResult]) -> None:
+        """Roll a started claim back and fail it."""
         record = self.context.ledger.get(uid)
         assert record is not None, "a started claim without its record"
         ref = ClaimRef(record.namespace, record.name, record.uid)
-        try:
-            self.context.release(record)
-            rolled_back.append(uid)
-        except (SharingError, MigError) as undo_error:
-            log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
-        except OSError as undo_error:  # a spec file no record names: recovery removes it
-            rolled_back.append(uid)
-            log.error("prepare failed, its spec not removed", claim=str(ref), error=str(undo_error))
+        self._roll_back(record)
         log.warning("prepare failed, rolled back", claim=str(ref), error=str(error))
         if isinstance(error, MigError) and error.reason == "insufficient_resources":
             message = (
@@ -386,30 +375,35 @@ class Preparer:
     def _undo(
         self, claims: Sequence[tuple[ClaimRef, ResourceClaim]], batch: _Batch, error: StorageError
     ) -> None:
-        """A checkpoint write of the call failed: release what it set up for the claims it
-        reserved (sharing, MIG devices, specs) and forget them, and fail each claim it would have
-        prepared; the kubelet's retry does the work again. Other claims are left as they are."""
-        undone: list[str] = []
+        """A checkpoint write of the call failed: roll back the claims it reserved, and nothing
+        else, and fail each claim it would have prepared; the kubelet's retry does the work again."""
+        undone = 0
         for uid in batch.reserved:
-            record = self.context.ledger.get(uid)
-            if record is None:  # rolled back by a failed step already
-                continue
-            try:
-                self.context.release(record)
-            except (SharingError, MigError) as undo_error:
-                # Kept, PrepareStarted, for the retry or recovery to undo.
-                log.error("could not undo an unrecorded prepare", uid=uid, error=str(undo_error))
-                self.context.ledger.put(record.model_copy(update={"state": ClaimState.PREPARE_STARTED}))
-                continue
-            except OSError as undo_error:  # a spec file no record names: recovery removes it
-                log.error("unrecorded prepare undone, its spec not removed", uid=uid, error=str(undo_error))
-            undone.append(uid)
-        self.context.ledger.drop(undone)
+            # None: rolled back when one of its steps failed.
+            if (record := self.context.ledger.get(uid)) is not None and self._roll_back(record):
+                undone += 1
         for ref, _ in claims:
             result = batch.results.get(ref.uid)
             if result is None or (ref.uid in batch.reserved and not result.error):
                 batch.results[ref.uid] = PrepareResult(error=f"claim {ref}: not prepared: {error}")
-        log.error("prepare not recorded: undone", claims=len(undone), error=str(error))
+        log.error("prepare not recorded: undone", claims=undone, error=str(error))
+
+    def _roll_back(self, record: ClaimRecord) -> bool:
+        """Release what was set up for a started claim and forget its record (in memory: the
+        call's checkpoint write, or the next, drops it from the disk). What cannot be undone yet
+        (a MIG device NVML will not destroy) stays recorded, PrepareStarted, for the retry or
+        recovery: False then."""
+        ref = ClaimRef(record.namespace, record.name, record.uid)
+        try:
+            self.context.release(record)
+        except (SharingError, MigError) as undo_error:
+            log.error("prepare failed and could not be rolled back", claim=str(ref), error=str(undo_error))
+            self.context.ledger.put(record.model_copy(update={"state": ClaimState.PREPARE_STARTED}))
+            return False
+        except OSError as undo_error:  # a spec file no record names: recovery removes it
+            log.error("prepare rolled back, its spec not removed", claim=str(ref), error=str(undo_error))
+        self.context.ledger.drop([record.uid])
+        return True
 
 
 def _log_prepared(completed: Sequence[ClaimRecord]) -> None:

@@ -93,7 +93,7 @@ class StartupRecovery:
             log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
         self._context.ledger.install(state, claims, disk.last_boot)
         # The GPUs' share daemons as the kept shares need them: adopted, started again or stopped.
-        self._context.shares.recover()
+        self._context.shares.recover(claims.values())
         return report
 
     def _log_unusable(self, disk: OnDisk) -> None:
@@ -135,10 +135,10 @@ class StartupRecovery:
         """Release the half-prepared claims: the claims kept (the prepared ones, and those whose
         MIG device could not be removed yet)."""
         claims = {uid: r for uid, r in state.claims.items() if r.state is ClaimState.PREPARE_COMPLETED}
-        self._context.shares.reset(state.claims.values())  # before a rollback releases a share
+        remaining = dict(state.claims)  # whose shares keep a share daemon running
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
             try:
-                self._context.release(record)
+                self._context.release(record, prepared=remaining.values())
             except MigError as err:
                 log.error(
                     "could not roll back a half-prepared claim: its MIG device stays recorded",
@@ -148,6 +148,7 @@ class StartupRecovery:
                 claims[record.uid] = record
                 report.rollback_failed.append(record.uid)
                 continue
+            del remaining[record.uid]
             report.rolled_back.append(record.uid)
         return claims
 

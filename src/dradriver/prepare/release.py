@@ -7,8 +7,11 @@ a stale holder freed, and recovery's rollback of half-prepared claims.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
+from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.sharing import SharingControl
@@ -16,19 +19,28 @@ from dradriver.prepare.sharing import SharingControl
 
 class Release:
     def __init__(
-        self, sharing: SharingControl, mig: MigManager, cdi_dir: CdiDirectory, shares: ShareDaemons
+        self,
+        sharing: SharingControl,
+        mig: MigManager,
+        cdi_dir: CdiDirectory,
+        shares: ShareDaemons,
+        ledger: Ledger,
     ) -> None:
+        self._ledger = ledger
         self._sharing = sharing
         self._shares = shares
         self._mig = mig
         self._cdi = cdi_dir
 
-    def __call__(self, record: ClaimRecord, *, keep_cdi: bool = False) -> None:
+    def __call__(
+        self, record: ClaimRecord, *, keep_cdi: bool = False, prepared: Iterable[ClaimRecord] | None = None
+    ) -> None:
         """Release sharing, destroy the MIG devices made for the claim and remove the spec (the
         caller forgets the record); safe to repeat after a crash. A MigError (e.g. a MIG device
         still in use) leaves the spec, so that the claim stays whole for the kubelet, or
-        recovery, to try again."""
-        self._shares.release(record)
+        recovery, to try again. `prepared`: the claims whose shares keep a GPU's share daemon
+        running, the ledger's unless recovery says otherwise."""
+        self._shares.release(record, self._ledger.records() if prepared is None else prepared)
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:

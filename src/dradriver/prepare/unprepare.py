@@ -7,7 +7,7 @@ write fails the specs go back and the claims stay prepared, for the kubelet's re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dradriver import logs
@@ -41,13 +41,15 @@ class Unpreparer:
             else:
                 refs.setdefault(ref.uid, ref)
         released: dict[str, Path | None] = {}  # the spec of each, set aside until the write
+        remaining = {r.uid: r for r in self._ledger.records()}  # whose shares keep a daemon running
         for uid, ref in refs.items():
             errors[uid] = ""  # never prepared here, or already unprepared: success
-            record = self._ledger.get(uid)
+            record = remaining.get(uid)
             if record is None:
                 continue
             try:
-                released[uid] = self._release_one(record)
+                released[uid] = self._release_one(record, remaining.values())
+                del remaining[uid]
             except (StorageError, SharingError, MigError) as err:
                 errors[uid] = f"claim {ref}: {err}"
         try:
@@ -64,12 +66,12 @@ class Unpreparer:
             log.info("unprepared", claim=str(refs[uid]), uid=uid)
         return errors
 
-    def _release_one(self, record: ClaimRecord) -> Path | None:
+    def _release_one(self, record: ClaimRecord, prepared: Iterable[ClaimRecord]) -> Path | None:
         """Set the claim's spec aside and release its devices: where the spec is (None: it had
         none). StorageError with nothing undone, or the release's error with the spec put back."""
         aside = self._cdi.set_aside(record.uid)
         try:
-            self._release(record, keep_cdi=True)
+            self._release(record, keep_cdi=True, prepared=prepared)
         except (SharingError, MigError):
             if aside is not None:
                 self._cdi.put_back(record.uid, aside)
