@@ -5,7 +5,7 @@ Run: .venv/bin/python -m bench.bench_shares [--k8s-bin DIR] [--rounds 200]
 One real etcd + kube-apiserver (bench.common.real_api_server, $DRADRIVER_E2E_BIN); `serve` on a
 profile of 16 fake H100s with `--gpu-shares mps:0` (GPU 0 shared, the others whole), its claims
 fetched from the API server (the admin's kubeconfig), driven over its DRA socket as the kubelet
-does, one claim per call. The MPS daemon is the stand-in (`dradriver.prepare.mps_standin`), a
+does, one claim per call. The MPS daemon is the stand-in (`dradriver.backend.fake.mps_standin`), a
 real process started and stopped as on a node.
 
 - whole: prepare (p50, p99) of a claim for gpu-1, unprepared after each;
@@ -35,10 +35,10 @@ from typing import Any
 from bench.bench_vs_go import NODE, allocated_claim, node_and_namespace
 from bench.common import real_api_server, summary
 from dradriver import kubeletclient
+from dradriver.backend.fake.mps_standin import STATE_FILE
 from dradriver.kube import KubeClient
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.mps_shares import SHARES_DIRECTORY
-from dradriver.prepare.mps_standin import STATE_FILE
+from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY
 from tests.helpers import process_alive, write_gpu_profile
 
 DRIVER = "gpu.dradriver.dev"

@@ -47,13 +47,13 @@ from dradriver.prepare.claims import (
     ReservationsTap,
 )
 from dradriver.prepare.devnodes import HostDeviceNodes
-from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.gpu_share_daemons import share_daemons
+from dradriver.prepare.gpu_shares import shares_by_enforcement
 from dradriver.prepare.hostdriver import driver_mounts
 from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
-from dradriver.prepare.mps_shares import share_daemons
-from dradriver.prepare.shared import SerializeLock
-from dradriver.prepare.shares import shares_by_enforcement
+from dradriver.prepare.serialize import SerializeLock
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
 from dradriver.publish.handover import Marker

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from dradriver.prepare.config import parse
 from dradriver.backend.fake.sharing import FakeSharing
-from dradriver.prepare.sharing import mps_directory
+from dradriver.prepare.sharing_settings import mps_directory
 sharing = FakeSharing(Path("/state"))
 config = parse({"apiVersion": "gpu.dradriver.dev/v1alpha1", "kind": "GpuConfig",
                 "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}})

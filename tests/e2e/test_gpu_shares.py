@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dradriver.prepare.mps_shares import SHARES_DIRECTORY
-from dradriver.prepare.mps_standin import STATE_FILE
-from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER
+from dradriver.backend.fake.mps_standin import STATE_FILE
+from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY
+from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER
 from tests.deploy.manifests import EXAMPLES
 from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dradriver.backend.fake.mps_standin import STATE_FILE
 from dradriver.cli import main
-from dradriver.prepare.mps_standin import STATE_FILE
-from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER, mps_directory
+from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER, mps_directory
 from tests.e2e.plugin import DRIVER, STATE_DIR, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.standins import import_standins

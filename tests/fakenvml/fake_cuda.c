@@ -18,7 +18,7 @@
  * /dev/nvidia-uvm, as the real one does.
  *
  * MPS: with CUDA_MPS_PIPE_DIRECTORY set, cuInit connects to `<dir>/control` (the MPS stand-in,
- * dradriver.prepare.mps_standin, speaks the lines used here) and reads the default active thread
+ * dradriver.backend.fake.mps_standin, speaks the lines used here) and reads the default active thread
  * percentage and each device's pinned memory limit, which a context then reports through
  * cuCtxGetExecAffinity (every fake GPU has 100 SMs, so the count is the percentage) and
  * cuMemGetInfo; cuMemAlloc fails beyond the limit.

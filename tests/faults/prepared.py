@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.driver import GpuDriver
+from dradriver.prepare.gpu_driver import GpuDriver
 from tests.faults.mounts import tmpfs
 from tests.helpers import allocated_claim, uid
 from tests.prepare.node import Node

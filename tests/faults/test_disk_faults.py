@@ -13,7 +13,7 @@ import pytest
 
 from dradriver.files.write import StorageError
 from dradriver.prepare import checkpoint
-from dradriver.prepare.driver import GpuDriver
+from dradriver.prepare.gpu_driver import GpuDriver
 from tests.faults.mounts import fill, remount, tmpfs
 from tests.faults.prepared import one_claim_prepared, one_gpu
 from tests.helpers import ServeProcess, allocated_claim, opaque, uid

@@ -34,7 +34,7 @@ from dradriver.plugin.server import (
     instance_alive,
     registration_socket_name,
 )
-from dradriver.prepare.shared import SerializeLock
+from dradriver.prepare.serialize import SerializeLock
 from tests.helpers import DRIVER, ServeProcess, allocated_claim, short_tmpdir, uid, wait_for
 
 OLD_POD = "7d0e1c52-1111-4c3b-9a55-000000000001"

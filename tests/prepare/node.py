@@ -16,10 +16,10 @@ from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import CheckpointData, CheckpointStore
 from dradriver.prepare.claims import DirectoryClaimSource
 from dradriver.prepare.devnodes import HostDeviceNodes
-from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.mig import MigManager
-from dradriver.prepare.mps_shares import ShareDaemons
 from tests.helpers import DRIVER
 
 

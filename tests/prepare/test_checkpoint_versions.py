@@ -20,7 +20,7 @@ import pytest
 
 from dradriver.prepare.checkpoint import CheckpointStore, checksum, decode, encode
 from tests.prepare.node import Node
-from tests.prepare.test_driver import one_gpu
+from tests.prepare.test_gpu_driver import one_gpu
 
 GOLDEN = Path(__file__).parent / "golden"
 RELEASED = GOLDEN / "checkpoint-v1.json"

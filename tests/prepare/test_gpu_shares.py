@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from dradriver import kubeletclient
+from dradriver.backend.fake.mps_standin import STATE_FILE
 from dradriver.devicemodel.shares import SharePolicy
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
-from dradriver.prepare.driver import GpuDriver
-from dradriver.prepare.mps_shares import SHARES_DIRECTORY, ShareDaemons, daemon_key, share_daemons
-from dradriver.prepare.mps_standin import STATE_FILE
-from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY, ShareDaemons, daemon_key, share_daemons
+from dradriver.prepare.sharing_settings import MPS_STANDIN, MpsDaemons
 from tests.helpers import (
     DRIVER,
     ServeProcess,

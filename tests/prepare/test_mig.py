@@ -18,8 +18,8 @@ from dradriver.mig import MigError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord, MigRecord
 from dradriver.prepare.claims import ClaimNotFoundError
-from dradriver.prepare.driver import GpuDriver
-from dradriver.prepare.sharing import SharingError
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.sharing_settings import SharingError
 from dradriver.prepare.stale import StaleClaimCollector
 from tests.helpers import allocated_claim, opaque, uid
 from tests.prepare.node import Node

@@ -11,7 +11,7 @@ import pytest
 from dradriver.prepare.checkpoint import CheckpointData, ClaimState
 from tests.helpers import allocated_claim, opaque, uid
 from tests.prepare.node import Node
-from tests.prepare.test_driver import TIME_SLICING_LONG, one_gpu
+from tests.prepare.test_gpu_driver import TIME_SLICING_LONG, one_gpu
 
 
 def test_half_prepared_claims_are_rolled_back(tmp_path: Path) -> None:

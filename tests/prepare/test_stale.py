@@ -11,7 +11,7 @@ from dradriver.prepare.claims import ClaimNotFoundError, ClaimSourceError
 from dradriver.prepare.stale import StaleClaimCollector
 from tests.helpers import uid
 from tests.prepare.node import Node
-from tests.prepare.test_driver import one_gpu
+from tests.prepare.test_gpu_driver import one_gpu
 
 
 class ApiLike:

@@ -23,10 +23,10 @@ from dradriver.discovery import DiscoveryError
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.claims import DirectoryClaimSource
-from dradriver.prepare.driver import GpuDriver
 from dradriver.prepare.edits import common_edits
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.mig import MigManager
-from dradriver.prepare.mps_shares import ShareDaemons
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
 from tests.prepare.node import CountingStore
 

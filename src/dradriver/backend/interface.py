@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # annotations only; the parts' modules are loaded by the back
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
-    from dradriver.prepare.sharing import SharingControl
+    from dradriver.prepare.sharing_settings import SharingControl
     from dradriver.telemetry.sampler import TelemetryReader
 
 

@@ -22,7 +22,7 @@ from dradriver.cli._common import (
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
-from dradriver.prepare.shares import describe_share, share_json
+from dradriver.prepare.gpu_shares import describe_share, share_json
 
 if TYPE_CHECKING:
     from dradriver.prepare.checkpoint import MigRecord

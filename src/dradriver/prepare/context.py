@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dradriver.prepare.cdi import CdiDirectory
+from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
-from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.release import Release
 
 

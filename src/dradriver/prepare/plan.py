@@ -27,8 +27,8 @@ from dradriver.prepare.config import (
     effective,
     our_configs,
 )
+from dradriver.prepare.gpu_shares import PlannedShare, ShareError, ShareLimits, check_shares, share_limits
 from dradriver.prepare.resourceclaim import AllocationResult, DeviceAllocation, ResourceClaim
-from dradriver.prepare.shares import PlannedShare, ShareError, ShareLimits, check_shares, share_limits
 
 
 class PlanError(Exception):

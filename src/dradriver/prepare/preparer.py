@@ -44,7 +44,7 @@ from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, plan_claim
 from dradriver.prepare.recovery import restore_specs
 from dradriver.prepare.resourceclaim import ResourceClaim
-from dradriver.prepare.sharing import SharingControl, SharingError
+from dradriver.prepare.sharing_settings import SharingControl, SharingError
 from dradriver.prepare.stale import StaleHolders
 
 #: Calls with more claims than this log one "prepared claims" line instead of one per claim

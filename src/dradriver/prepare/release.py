@@ -11,10 +11,10 @@ from collections.abc import Iterable
 
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
+from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
-from dradriver.prepare.mps_shares import ShareDaemons
-from dradriver.prepare.sharing import SharingControl
+from dradriver.prepare.sharing_settings import SharingControl
 
 
 class Release:

@@ -19,7 +19,7 @@ from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.release import Release
-from dradriver.prepare.sharing import SharingError
+from dradriver.prepare.sharing_settings import SharingError
 
 log = logs.get_logger(component="prepare")
 

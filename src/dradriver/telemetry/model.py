@@ -17,7 +17,7 @@ from dradriver.devicemodel import PossibleMig, PublishedDevice
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
-from dradriver.prepare.shares import sharing_label
+from dradriver.prepare.gpu_shares import sharing_label
 
 #: NVML's clock event ("throttle") reason bits -> the names the metrics use.
 THROTTLE_REASONS = {

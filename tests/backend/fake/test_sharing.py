@@ -4,7 +4,7 @@ real process it is."""
 from __future__ import annotations
 
 from dradriver.backend.fake.sharing import FakeSharing
-from dradriver.prepare.sharing import mps_directory
+from dradriver.prepare.sharing_settings import mps_directory
 from tests.helpers import short_tmpdir
 from tests.prepare.sharing_setup import UUIDS, Device, sharing
 

@@ -1,6 +1,6 @@
 """NvidiaSharing drives the host driver's real tools; here they are stand-in executables that
 record how they were called (argv, environment, stdin), run as real subprocesses. The MPS
-control tool then behaves like the fake backend's stand-in (`dradriver.prepare.mps_standin`),
+control tool then behaves like the fake backend's stand-in (`dradriver.backend.fake.mps_standin`),
 which runs as the real process it is."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dradriver.backend.nvml.sharing import NvidiaSharing
-from dradriver.prepare.sharing import SharingError, mps_directory
+from dradriver.prepare.sharing_settings import SharingError, mps_directory
 from tests.helpers import short_tmpdir
 from tests.prepare.sharing_setup import UUIDS, Device, sharing
 
@@ -28,7 +28,7 @@ if os.environ.get("SHARING_FAIL"):
     print("Failed to set compute policy: Insufficient Permissions", file=sys.stderr)
     sys.exit(4)
 if entry["tool"] == "nvidia-cuda-mps-control":  # then behave like it: the stand-in does
-    standin = [sys.executable, "-m", "dradriver.prepare.mps_standin", *sys.argv[1:]]
+    standin = [sys.executable, "-m", "dradriver.backend.fake.mps_standin", *sys.argv[1:]]
     if not client:
         os.execv(sys.executable, standin)
     sys.exit(subprocess.run(standin, input=entry["stdin"], text=True, check=False).returncode)

@@ -1,5 +1,5 @@
 """Sharing on fake GPUs: time slices kept in memory, MPS through one stand-in control daemon per
-claim (`dradriver.prepare.mps_standin`), so MPS claims prepare, get their pipe directory and
+claim (`dradriver.backend.fake.mps_standin`), so MPS claims prepare, get their pipe directory and
 clean up exactly as on a GPU node."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dradriver.prepare.cdi import ContainerEdits
 from dradriver.prepare.config import Interval, Sharing, TimeSlicing
-from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, SharedDevice, timeslice_env
+from dradriver.prepare.sharing_settings import MPS_STANDIN, MpsDaemons, SharedDevice, timeslice_env
 
 
 class FakeSharing:

@@ -9,7 +9,7 @@ from pathlib import Path
 from dradriver.discovery.driverroot import BINARY_DIRS, find_binary
 from dradriver.prepare.cdi import ContainerEdits
 from dradriver.prepare.config import Interval, Sharing, TimeSlicing
-from dradriver.prepare.sharing import MpsDaemons, SharedDevice, run_tool, timeslice_env
+from dradriver.prepare.sharing_settings import MpsDaemons, SharedDevice, run_tool, timeslice_env
 
 #: nvidia-smi compute-policy --set-timeslice values.
 TIMESLICE_VALUES: dict[Interval, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.devicemodel.shares import COMPUTE_CAPACITY, MEMORY_CAPACITY, MIB
 from dradriver.prepare.cdi import ContainerEdits, Mount
-from dradriver.prepare.sharing import MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS
+from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS
 from dradriver.quantity import Quantity, QuantityError
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ MIG devices or sharing):
  9. `Ledger.reserve` (prepare/ledger.py) records the claim PrepareStarted unless its devices are
     held;
 10. the claim's steps in `Preparer`: make its MIG devices (`MigManager`, prepare/mig.py), apply
-    sharing (`SharingControl`, prepare/sharing.py, which each backend implements), render the spec;
+    sharing (`SharingControl`, prepare/sharing_settings.py, which each backend implements), render the spec;
 11. `CdiDirectory.write_many` (prepare/cdi.py) writes the CDI file;
 12. `Ledger.complete` and `Ledger.persist` record it PrepareCompleted before the call answers.
 
@@ -29,7 +29,7 @@ Calls for the same claim are serialized, different claims proceed concurrently (
 reconfiguration is serialized by the `MigManager`). With rolling updates two instances share the
 node's checkpoint: every prepare and unprepare (after the claims are fetched) then holds
 `serialize.lock` across instances and starts from the checkpoint as the other instance may have
-left it (see `prepare.shared`).
+left it (see `prepare.serialize`).
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ from dradriver.prepare.claims import ClaimSource
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.fetch import ClaimFetcher, route_for
+from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
-from dradriver.prepare.mps_shares import ShareDaemons
 from dradriver.prepare.preparer import NodeDevices, Preparer
 from dradriver.prepare.recovery import Recovery, StartupRecovery
 from dradriver.prepare.release import Release
 from dradriver.prepare.resourceclaim import ResourceClaim
-from dradriver.prepare.shared import SerializeLock
-from dradriver.prepare.sharing import SharingControl
+from dradriver.prepare.serialize import SerializeLock
+from dradriver.prepare.sharing_settings import SharingControl
 from dradriver.prepare.stale import StaleHolders
 from dradriver.prepare.unprepare import Unpreparer
 

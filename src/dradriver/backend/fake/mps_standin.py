@@ -1,7 +1,7 @@
 """A stand-in for `nvidia-cuda-mps-control`, so that MPS claims prepare on the fake GPU backend.
 
-    python -m dradriver.prepare.mps_standin -f    # the control daemon, in the foreground
-    python -m dradriver.prepare.mps_standin       # a client: commands on stdin, one per line
+    python -m dradriver.backend.fake.mps_standin -f    # the control daemon, in the foreground
+    python -m dradriver.backend.fake.mps_standin       # a client: commands on stdin, one per line
 
 It behaves like NVIDIA's tool where the driver depends on it: the daemon takes its pipe and log
 directories from CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY, listens on `<pipe>/control`,

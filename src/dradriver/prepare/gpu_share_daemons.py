@@ -5,7 +5,7 @@ a restart (or kill -9) of serve leaves it running, and recovery adopts it. Which
 follows from the prepared claims' records alone (their `ShareRecord`s, in the ledger, which the
 caller passes in): `recover` starts the daemons that shares need and stops, and removes the
 directories of, those none needs. Nothing here keeps a copy of them. Each share's CDI device
-carries its client limits (`prepare.shares`). On the fake GPU backend the stand-in daemon also
+carries its client limits (`prepare.gpu_shares`). On the fake GPU backend the stand-in daemon also
 keeps a register of the clients and their limits (no CUDA client ever connects to it), written into
 its state file in the pipe directory.
 
@@ -29,9 +29,9 @@ from dradriver.devicemodel.shares import SharePolicy
 from dradriver.prepare.cdi import CdiDevice, ContainerEdits
 from dradriver.prepare.checkpoint import ClaimRecord, ShareRecord
 from dradriver.prepare.config import Sharing
+from dradriver.prepare.gpu_shares import ShareLimits, share_edits, unenforced_edits
 from dradriver.prepare.plan import PlannedDevice
-from dradriver.prepare.shares import ShareLimits, share_edits, unenforced_edits
-from dradriver.prepare.sharing import MPS_CONTROL_SOCKET, MPS_STANDIN, MpsDaemons, SharingError
+from dradriver.prepare.sharing_settings import MPS_CONTROL_SOCKET, MPS_STANDIN, MpsDaemons, SharingError
 
 #: The sharing setting a GPU's daemon starts with: no defaults, each client brings its limits.
 _DAEMON = Sharing(strategy="MPS")

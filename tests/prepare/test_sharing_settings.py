@@ -1,5 +1,5 @@
 """MpsDaemons, one MPS control daemon per claim, with the fake backend's stand-in control daemon
-(`dradriver.prepare.mps_standin`) running as the real process it is."""
+(`dradriver.backend.fake.mps_standin`) running as the real process it is."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.prepare.sharing import MPS_STANDIN, MpsDaemons, SharingError, mps_directory
+from dradriver.prepare.sharing_settings import MPS_STANDIN, MpsDaemons, SharingError, mps_directory
 from tests.helpers import short_tmpdir, wait_for
 from tests.prepare.sharing_setup import UUIDS, Device, sharing
 

@@ -2,8 +2,8 @@
 
 `SharingControl` is what each GPU backend implements (`backend.nvml.sharing` with the host
 driver's tools, `backend.fake.sharing` with the stand-in MPS control daemon of
-`dradriver.prepare.mps_standin`); both keep the per-claim MPS work in `MpsDaemons`, which the
-daemons of shared GPUs (`prepare.mps_shares`) use too.
+`dradriver.backend.fake.mps_standin`); both keep the per-claim MPS work in `MpsDaemons`, which the
+daemons of shared GPUs (`prepare.gpu_share_daemons`) use too.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ MPS_LONGEST_SOCKET = "control_privileged"
 LISTEN_POLL_SECONDS = 0.005
 TOOL_TIMEOUT_SECONDS = 20.0
 #: The stand-in control daemon of the fake backend, run by this interpreter (also in the image).
-MPS_STANDIN = (sys.executable, "-m", "dradriver.prepare.mps_standin")
+MPS_STANDIN = (sys.executable, "-m", "dradriver.backend.fake.mps_standin")
 
 log = logs.get_logger(component="sharing")
 

@@ -15,8 +15,8 @@ from dradriver.discovery import MigDevice
 from dradriver.plugin.driver import CallError, ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimState
 from dradriver.prepare.claims import DirectoryClaimSource, NoClaimSource
-from dradriver.prepare.driver import GpuDriver
-from dradriver.prepare.sharing import mps_directory
+from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.sharing_settings import mps_directory
 from tests.helpers import allocated_claim, opaque, short_tmpdir, uid, write_gpu_profile
 from tests.prepare.node import Node
 
