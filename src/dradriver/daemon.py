@@ -12,13 +12,14 @@ live (`inventory`): rescans, NVML MIG events and fake profile changes republish 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -28,7 +29,7 @@ from dradriver.files.write import StorageError
 from dradriver.health.board import HealthBoard
 from dradriver.kube.client import pick_config_source
 from dradriver.plugin.dra import DRAService
-from dradriver.plugin.driver import CallError, ClaimRef, Driver, PrepareResult
+from dradriver.plugin.driver import CallError
 from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import NodeScope, PluginPaths, PluginServer, StartupError
 from dradriver.probes import ProbeServer
@@ -38,49 +39,11 @@ from dradriver.signals import STOP_SIGNALS, pending_stop_signal
 if TYPE_CHECKING:
     from dradriver.wiring import Parts
 
-__all__ = ["Daemon", "DeferredDriver", "ServeConfig"]
-
-#: How long a prepare/unprepare that arrives during start-up waits for the driver to be built.
-INIT_WAIT_SECONDS = 30.0
+__all__ = ["Daemon", "ServeConfig"]
 #: After --shutdown-grace, this long for the last clean-up before the process exits regardless.
 HARD_EXIT_MARGIN_SECONDS = 0.5
 
 log = logs.get_logger(component="daemon")
-
-
-class DeferredDriver:
-    """Takes calls as soon as the sockets are up and hands them to the real driver once it exists."""
-
-    def __init__(self, wait_seconds: float = INIT_WAIT_SECONDS) -> None:
-        self._ready = threading.Event()
-        self._driver: Driver | None = None
-        self._failure = ""
-        self._wait = wait_seconds
-
-    def set(self, driver: Driver) -> None:
-        self._driver = driver
-        self._ready.set()
-
-    def fail(self, reason: str) -> None:
-        self._failure = reason
-        self._ready.set()
-
-    @property
-    def initialized(self) -> bool:
-        return self._driver is not None
-
-    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        return self._get().prepare(claims)
-
-    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return self._get().unprepare(claims)
-
-    def _get(self) -> Driver:
-        if not self._ready.wait(self._wait):
-            raise CallError(f"driver is still initializing after {self._wait:.0f}s; retry later")
-        if self._driver is None:
-            raise CallError(f"driver failed to initialize: {self._failure}")
-        return self._driver
 
 
 class Daemon:
@@ -90,13 +53,15 @@ class Daemon:
         self.config = config
         self.board = HealthBoard()
         self.registration = RegistrationState()
-        self.driver = DeferredDriver()
+        #: What start-up builds once the sockets are up (`wiring`); done once it is all running.
+        #: Calls wait for it (`DRAService`); a start-up that fails sets the error they answer.
+        self._parts: Future[Parts] = Future()
         self.paths = PluginPaths.for_driver(
             config.driver_name, config.plugins_dir, config.registry_dir, config.pod_uid, config.state_dir
         )
         #: Orders this instance among the node's instances (slice handover): they share a clock.
         self.started_ns = time.time_ns()
-        self.service = DRAService(self.driver)
+        self.service = DRAService(self._parts)
         self.server = PluginServer(
             self.paths,
             config.driver_name,
@@ -108,13 +73,11 @@ class Daemon:
                 config.proc_root,
                 publishes=pick_config_source(config.kubeconfig, os.environ, Path.home()) is not None,
             ),
+            on_lock_lost=self._fail,
         )
-        self.server.on_lock_lost = self._fail
         self._stop = threading.Event()
         self._fatal = ""
         self._signal: str | None = None
-        #: What start-up builds once the sockets are up (`wiring`); done once it is all running.
-        self._parts: Future[Parts] = Future()
         # What start-up has started, stopped in reverse order; guarded so that a signal at any
         # moment of start-up stops exactly what runs (see `started`).
         self._lifecycle = threading.Lock()
@@ -168,7 +131,7 @@ class Daemon:
         with self._lifecycle:
             self._stopping = True
             stops = list(reversed(self._stops))
-        self.driver.fail("the plugin is shutting down")  # calls waiting for start-up return now
+        self._not_built("the plugin is shutting down")  # calls waiting for start-up return now
 
         def stop_components() -> None:
             # Slices stay: the kubelet wipes a driver's slices 30 s after it is gone for good,
@@ -220,9 +183,11 @@ class Daemon:
             return "not registered with the kubelet yet"
         if not status.registered:
             return f"the kubelet rejected the registration: {status.error}"
-        if not self.driver.initialized:
+        if not self._parts.done():
             return "discovering devices and loading the driver"
-        publisher = self._parts.result().publisher if self._parts.done() else None
+        if self._parts.exception() is not None:
+            return "the driver failed to initialize"
+        publisher = self._parts.result().publisher
         if publisher is not None and not publisher.status.published:
             error = publisher.status.last_error
             return "ResourceSlices not published yet" + (f": {error}" if error else "")
@@ -249,11 +214,11 @@ class Daemon:
         try:
             # Lazy: with -X importtime the parts' modules (pydantic models, the Kubernetes client,
             # discovery) take 0.35-0.45 s to import, which the sockets-first start-up does not wait for.
-            from dradriver.wiring import build_parts
+            from dradriver.wiring import build_parts, start_parts
 
             parts = build_parts(self)
+            start_parts(parts, self)
             self._parts.set_result(parts)
-            self.driver.set(parts.driver)
             if register:
                 self.server.register()
                 log.info("registering now that the driver is ready (another instance served meanwhile)")
@@ -262,8 +227,13 @@ class Daemon:
         except Exception as err:
             if not isinstance(err, OSError | ValueError | StorageError):
                 log.exception("initialization failed")
-            self.driver.fail(str(err))
+            self._not_built(str(err))
             self._fail(str(err))
+
+    def _not_built(self, reason: str) -> None:
+        """Calls waiting for the parts, and later ones, fail with `reason` (unless they are built)."""
+        with contextlib.suppress(InvalidStateError):
+            self._parts.set_exception(CallError(f"driver failed to initialize: {reason}"))
 
 
 def _metrics_exposition() -> bytes:

@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
@@ -146,16 +146,16 @@ def _logger_name(_logger: Any, _method: str, event: Any) -> Any:
 
 
 class HeldRecords:
-    """Records a thread logged inside `holding`, and work it left for `later`, in order, to be
-    rendered, written and done by `write`. Once written, what comes later goes out at once: a
-    call whose deadline passed ends (and writes) before its handler is done."""
+    """Records a thread logged inside `holding`, in order, to be rendered and written by `write`.
+    Once written, what comes later goes out at once: a call whose deadline passed ends (and
+    writes) before its handler is done."""
 
     def __init__(self) -> None:
-        self._records: list[dict[str, Any] | Callable[[], None]] = []
+        self._records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._written = False
 
-    def add(self, entry: dict[str, Any] | Callable[[], None]) -> None:
+    def add(self, entry: dict[str, Any]) -> None:
         with self._lock:
             if not self._written:
                 self._records.append(entry)
@@ -163,19 +163,16 @@ class HeldRecords:
         self._emit([entry])
 
     def write(self) -> None:
-        """Render and write the held records and do the held work (any thread; once the answer
-        they waited for is out, or the call ended without one)."""
+        """Render and write the held records (any thread; once the answer they waited for is
+        out, or the call ended without one)."""
         with self._lock:
             records, self._records = self._records, []
             self._written = True
         self._emit(records)
 
-    def _emit(self, records: list[dict[str, Any] | Callable[[], None]]) -> None:
+    def _emit(self, records: list[dict[str, Any]]) -> None:
         for entry in records:
-            if callable(entry):
-                entry()
-            else:
-                _write_finished(entry)
+            _write_finished(entry)
 
 
 _holding: ContextVar[HeldRecords | None] = ContextVar("held_log_records", default=None)
@@ -194,16 +191,6 @@ def holding(held: HeldRecords) -> Iterator[None]:
         yield
     finally:
         _holding.reset(token)
-
-
-def later(work: Callable[[], None]) -> None:
-    """Do `work` (a log line, a metric) when this thread's held records are written, or now if
-    none are held."""
-    held = _holding.get()
-    if held is None:
-        work()
-    else:
-        held.add(work)
 
 
 def _hold(_logger: Any, _method: str, event: Any) -> Any:

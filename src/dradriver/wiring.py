@@ -1,23 +1,32 @@
-"""The node daemon's parts, built in one place once its sockets are up (see `daemon`).
+"""The node daemon's parts: built in one place once its sockets are up, then started in one place.
 
-`build_parts` discovers the node, connects to the API server, starts publishing, watching
-health, the GPU driver (with its recovery), the stale-claim collector, metrics, telemetry and
-the live inventory, in that order, and returns them as one `Parts`. Each part is handed what it
-needs when it is made. Where two parts call each other (the publisher reads the health taints,
-a taint change resyncs the publisher; the inventory retargets health, an NVML event kicks the
-inventory) the callback is a closure over a local of `build_parts` made before anything that can
-call it is started.
+`build_parts` makes every part, each handed what it needs when it is made, and starts nothing (a
+test builds the whole node without a thread). `start_parts` starts them in order: Events, the
+publisher, health, the driver (its recovery first), the stale-claim collector, metrics, telemetry
+and the live inventory. Where two parts need each other, what one reads of the other is made
+first and handed to both: the health taints (`Taints`) before the publisher that renders them and
+the sink that republishes on a change; the inventory's kick (an Event) before the health source
+that sets it; the ledger and the MIG manager before the inventory that asks them what is held and
+the driver that changes it; the node's devices (`CurrentDevices`) before everything that reads
+them and the inventory that replaces them.
+
+The types that each hold "the node's devices", and why each is its own:
+- `NodeInventory` (discovery): the hardware as a scan found it, with the host driver's facts;
+- `DeviceSet` (devicemodel): the devices a scan publishes, with their attributes;
+- `LiveDevices` (inventory): the published `DeviceSet` plus the vanished devices a claim still holds;
+- `NodeDevices` (prepare): what prepare works on, the hardware by name with every spec's edits;
+- `CurrentDevices` (here): the live `LiveDevices` and `NodeDevices`, swapped together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from dradriver import logs, metrics
-from dradriver.backend.interface import GpuBackend
+from dradriver.backend.interface import GpuBackend, Startable
 from dradriver.devicemodel import DeviceSet, PublishedDevice
 from dradriver.discovery import NodeInventory
 from dradriver.files.write import ensure_directory
@@ -29,16 +38,16 @@ from dradriver.health.monitor import HealthMonitor, HealthSink
 from dradriver.health.policy import DEVICE_GONE, Problem
 from dradriver.health.taints import with_taints
 from dradriver.health.targets import HealthTargets
-from dradriver.inventory import InventoryWatcher, LiveDevices, ProfileFileTrigger
+from dradriver.inventory import InventoryWatcher, LiveDevices
 from dradriver.kube import KubeClient, KubeError, UnsupportedServerError, load_client
 from dradriver.kube.events import NodeEventSender
 from dradriver.nodescan import NodeScan, scan_node
-from dradriver.plugin.dra import DRAService
+from dradriver.plugin.dra import NO_RECORDER, CallRecorder
 from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.rolling import supports_rolling_update, too_old_message
 from dradriver.plugin.server import PluginPaths, PluginServer, instance_alive
-from dradriver.prepare.cdi import CdiDirectory, ContainerEdits
-from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore, read_boot_id
+from dradriver.prepare.cdi import CdiDirectory
+from dradriver.prepare.checkpoint import CheckpointStore, read_boot_id
 from dradriver.prepare.claims import (
     ApiClaimSource,
     ClaimSource,
@@ -46,13 +55,13 @@ from dradriver.prepare.claims import (
     NoClaimSource,
     ReservationsTap,
 )
-from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.gpu_driver import GpuDriver
-from dradriver.prepare.gpu_share_daemons import share_daemons
 from dradriver.prepare.gpu_shares import shares_by_enforcement
 from dradriver.prepare.hostdriver import driver_mounts
+from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
+from dradriver.prepare.preparer import NodeDevices
 from dradriver.prepare.serialize import SerializeLock
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
@@ -61,6 +70,7 @@ from dradriver.serve_config import ServeConfig
 from dradriver.slices import render_node_slices
 from dradriver.telemetry import service as telemetry
 from dradriver.telemetry.idle import IdlePolicy
+from dradriver.telemetry.sampler import TelemetrySampler
 
 log = logs.get_logger(component="daemon")
 
@@ -72,7 +82,6 @@ class Host(Protocol):
     config: ServeConfig
     board: HealthBoard
     registration: RegistrationState
-    service: DRAService
     server: PluginServer
     paths: PluginPaths
     #: Orders this instance among the node's instances (slice handover): they share a clock.
@@ -83,17 +92,21 @@ class Host(Protocol):
 
 
 class CurrentDevices:
-    """What is published now: the live inventory replaces it, the publisher, metrics and
-    telemetry read it (one reference, swapped whole)."""
+    """The node's devices now: what is published (the publisher, metrics and telemetry read it)
+    and what claims are prepared on (the driver reads it at each call). The live inventory
+    replaces both at once."""
 
-    def __init__(self, first: LiveDevices) -> None:
-        self._value = first
+    def __init__(self, published: LiveDevices, prepare: NodeDevices) -> None:
+        self._now = (published, prepare)
 
-    def get(self) -> LiveDevices:
-        return self._value
+    def published(self) -> LiveDevices:
+        return self._now[0]
 
-    def set(self, value: LiveDevices) -> None:
-        self._value = value
+    def for_prepare(self) -> NodeDevices:
+        return self._now[1]
+
+    def set(self, published: LiveDevices, prepare: NodeDevices) -> None:
+        self._now = (published, prepare)
 
 
 @dataclass(frozen=True)
@@ -103,117 +116,154 @@ class Parts:
     driver: GpuDriver
     devices: CurrentDevices
     inventory: InventoryWatcher
+    #: How DRA calls are recorded (metrics), or not.
+    recorder: CallRecorder
     #: None in node-only mode (no API server).
+    client: KubeClient | None
+    node_events: NodeEventSender | None
     publisher: SliceController | None
     #: None with health monitoring disabled.
     health: HealthMonitor | None
+    collector: StaleClaimCollector | None
+    #: None without --metrics-address.
+    state_metrics: metrics.StateCollector | None
+    telemetry: TelemetrySampler | None
+    #: What kicks a rescan beside NVML's events (a fake profile file), if anything.
+    rescan_trigger: Startable | None
 
 
 def build_parts(host: Host) -> Parts:
-    """Discovery, the device model, the API server's side, health and the GPU driver."""
+    """Discovery, the device model, the API server's side, health and the GPU driver: made, not
+    started."""
     config = host.config
     for flag, directory in (("--cdi-dir", config.cdi_dir), ("--state-dir", config.state_dir)):
         try:
             ensure_directory(directory)
         except OSError as err:
             raise OSError(f"{flag} {directory}: cannot create: {err.strerror or err}") from None
-    scan = _scan(config, _created_gpu_instances(config.state_dir), component="daemon")
-    devices = CurrentDevices(LiveDevices(scan.devices, {}))
+    ledger = Ledger(CheckpointStore(config.state_dir), read_boot_id())
+    scan = _scan(config, frozenset(ledger.created_on_disk()), component="daemon")
+    backend = scan.backend
+    devices = CurrentDevices(
+        LiveDevices(scan.devices, {}), _for_prepare(config, scan.devices.devices, scan.inventory)
+    )
     host.board.set_devices([(config.node_name, d.name) for d in scan.devices.devices])
     client = _connect(config.kubeconfig)
-    node_events = None
-    if client is not None:
-        node_events = NodeEventSender(client, node_name=config.node_name, component=config.driver_name)
-        host.started("node-events", node_events.close)
-        if config.pod_uid:
-            _check_kubelet(host, client, node_events)
+    node_events = (
+        NodeEventSender(client, node_name=config.node_name, component=config.driver_name)
+        if client is not None
+        else None
+    )
+    health_config = config.health or HealthConfig()
+    taints = effects.Taints(config.driver_name, health_config.taint_effect)
+    publisher = _publisher(host, client, devices, taints) if client is not None else None
+    mig_metrics: MigMetrics = metrics.MigCounters() if config.metrics_address else NoMigMetrics()
+    mig = MigManager(lambda: backend.mig_control(config.state_dir), mig_metrics)
+    rescan = threading.Event()  # set: the inventory scans now (NVML's events, a profile file)
+    health = _health(
+        host,
+        backend=backend,
+        targets=HealthTargets(scan.devices.devices, created=ledger.created_instances),
+        sinks=[effects.TaintSink(taints, on_change=publisher.resync)] if publisher is not None else [],
+        node_events=node_events,
+        inventory_changed=rescan.set,
+    )
+    follower = _Follower(
+        config, mig=mig, ledger=ledger, board=host.board, devices=devices, health=health, publisher=publisher
+    )
+    inventory = InventoryWatcher(
+        scan=follower.scan,
+        held=ledger.held_devices,
+        apply=follower.apply,
+        published=devices.published(),
+        interval=config.rescan_interval,
+        kicked=rescan,
+    )
+    claims = _claim_source(config, client)
+    # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
+    reservations = None
+    if config.metrics_address and config.telemetry_interval:
+        claims = reservations = ReservationsTap(claims)
+    driver = GpuDriver(
+        driver_name=config.driver_name,
+        pool_name=config.node_name,
+        ledger=ledger,
+        node=devices.for_prepare,
+        claims=claims,
+        cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
+        sharing=backend.sharing(config.state_dir, config.driver_root_mount),
+        mig=mig,
+        shares=backend.share_daemons(config.shares, config.state_dir, config.driver_root_mount),
+        serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
+        host_nodes=backend.host_nodes(config.host_dev, config.proc_root),
+        on_released=inventory.released,
+    )
+    collector = (
+        StaleClaimCollector(driver, claims, grace=config.stale_claim_grace) if claims.authoritative else None
+    )
+    return Parts(
+        driver=driver,
+        devices=devices,
+        inventory=inventory,
+        recorder=metrics.CallMetrics() if config.metrics_address else NO_RECORDER,
+        client=client,
+        node_events=node_events,
+        publisher=publisher,
+        health=health,
+        collector=collector,
+        state_metrics=_state_metrics(host, driver, devices, publisher) if config.metrics_address else None,
+        telemetry=(
+            _telemetry(
+                config,
+                backend=backend,
+                driver=driver,
+                reservations=reservations,
+                devices=devices,
+                node_events=node_events,
+            )
+            if reservations is not None
+            else None
+        ),
+        # Its view of the profile file is taken now, before the first rescan reads the file: a
+        # rewrite after that read is seen by the trigger, one before it by the rescan.
+        rescan_trigger=backend.rescan_trigger(rescan.set),
+    )
 
-    taint_effect = (config.health or HealthConfig()).taint_effect
 
-    def resync() -> None:
-        if publisher is not None:
-            publisher.resync()
-
-    taints = effects.TaintSink(config.driver_name, taint_effect, on_change=resync)
-
-    def desired() -> list[dict[str, Any]]:
-        return render_node_slices(
-            with_taints(devices.get().devices, taints.taints()),
-            node_name=config.node_name,
-            driver_name=config.driver_name,
-        )
-
+def start_parts(parts: Parts, host: Host) -> None:
+    """Start what `build_parts` made, in order, each recorded with the daemon to be stopped."""
+    config = host.config
+    if parts.node_events is not None:
+        parts.node_events.start()
+        host.started("node-events", parts.node_events.close)
+        if parts.client is not None and config.pod_uid:
+            _check_kubelet(host, parts.client, parts.node_events)
     # Every device starts healthy, so publishing need not wait for the health monitor: the
     # taints are read at each sync, and a change of health triggers a resync.
-    publisher = _publish(host, client, desired) if client is not None else None
-
-    latest: list[NodeInventory] = []
-
-    def rescan() -> DeviceSet:
-        # With no MIG device half-made, so that one we made is never taken for an operator's.
-        with driver.mig_settled():
-            now = _scan(config, frozenset(driver.created_instances()), component=None)
-        latest[:] = [now.inventory]
-        return now.devices
-
-    def held() -> Set[str]:
-        return driver.held_devices()
-
-    def apply(published: LiveDevices) -> None:
-        devices.set(published)
-        current = published.devices.devices
-        host.board.set_devices([(config.node_name, d.name) for d in current])
-        if latest:
-            driver.set_devices(
-                {d.name: d.hardware for d in current if d.name not in published.gone},
-                common_edits=_common_edits(config, latest[0]),
-                caps_major=latest[0].nvidia_caps_major,
-            )
-        if health is not None:
-            gone = {
-                name: Problem(DEVICE_GONE, f"{reason}; kept until its claim is unprepared")
-                for name, reason in published.gone.items()
-            }
-            health.retarget(current, gone)
-        resync()
-
-    # Started last, once `driver` and `health` exist; a kick before that only makes its first
-    # scan come at once.
-    inventory = InventoryWatcher(
-        scan=rescan,
-        held=held,
-        apply=apply,
-        published=devices.get(),
-        interval=config.rescan_interval,
-    )
-    targets = HealthTargets(scan.devices.devices)
-    health = _start_health(
-        host,
-        backend=scan.backend,
-        targets=targets,
-        taints=taints,
-        node_events=node_events,
-        inventory_changed=inventory.kick,
-    )
-    driver, reservations = _driver(host, scan, client)
-    targets.created = driver.created_instances
-    if driver.claims.authoritative:
-        collector = StaleClaimCollector(driver, driver.claims, grace=config.stale_claim_grace)
-        collector.start()
-        host.started("stale-claims", collector.stop)
-    if config.metrics_address:
-        _install_metrics(host, driver, devices, publisher)
-    if reservations is not None:
-        _start_telemetry(
-            host,
-            backend=scan.backend,
-            driver=driver,
-            reservations=reservations,
-            devices=devices,
-            node_events=node_events,
-        )
-    _follow_inventory(host, driver, inventory)
-    return Parts(driver, devices, inventory, publisher, health)
+    if parts.publisher is not None:
+        parts.publisher.start()
+        host.started("publisher", parts.publisher.stop)
+    if parts.health is not None:
+        parts.health.start()
+        host.started("health", parts.health.stop)
+    host.started("driver", parts.driver.close)
+    _recover(parts.driver, parts.devices, config)
+    if parts.collector is not None:
+        parts.collector.start()
+        host.started("stale-claims", parts.collector.stop)
+    if parts.state_metrics is not None:
+        metrics.REGISTRY.register(parts.state_metrics)
+    if parts.telemetry is not None:
+        metrics.append_exposition(parts.telemetry.exposition)
+        parts.telemetry.start()
+        host.started("telemetry", parts.telemetry.stop)
+    # A first rescan at once: the node may have changed while the driver was being built.
+    parts.inventory.kick()
+    parts.inventory.start()
+    host.started("inventory", parts.inventory.stop)
+    if parts.rescan_trigger is not None:
+        parts.rescan_trigger.start()
+        host.started("profile-trigger", parts.rescan_trigger.stop)
 
 
 def _scan(config: ServeConfig, created: frozenset[tuple[str, int]], component: str | None) -> NodeScan:
@@ -228,21 +278,6 @@ def _scan(config: ServeConfig, created: frozenset[tuple[str, int]], component: s
         shares=config.shares,
         component=component,
     )
-
-
-def _created_gpu_instances(state_dir: Path) -> frozenset[tuple[str, int]]:
-    """MIG devices an earlier run made for claims, from the checkpoint (recovery settles them).
-
-    An unreadable checkpoint names none: the MIG devices it named then count as an operator's
-    and are published and kept as they are, never removed.
-    """
-    try:
-        loaded = CheckpointStore(state_dir).load()
-    except (CheckpointError, OSError):
-        return frozenset()
-    if loaded is None or (loaded.boot_id and loaded.boot_id != read_boot_id()):
-        return frozenset()  # MIG devices do not survive a reboot
-    return frozenset(loaded.created_gpu_instances())
 
 
 def _connect(kubeconfig: str | None) -> KubeClient | None:
@@ -286,9 +321,19 @@ def _check_kubelet(host: Host, client: KubeClient, node_events: NodeEventSender)
         host.server.legacy_kubelet()
 
 
-def _publish(host: Host, client: KubeClient, desired: Callable[[], list[dict[str, Any]]]) -> SliceController:
+def _publisher(
+    host: Host, client: KubeClient, devices: CurrentDevices, taints: effects.Taints
+) -> SliceController:
     config = host.config
-    publisher = SliceController(
+
+    def desired() -> list[dict[str, Any]]:
+        return render_node_slices(
+            with_taints(devices.published().devices, taints.taints()),
+            node_name=config.node_name,
+            driver_name=config.driver_name,
+        )
+
+    return SliceController(
         client,
         driver_name=config.driver_name,
         node_name=config.node_name,
@@ -296,21 +341,19 @@ def _publish(host: Host, client: KubeClient, desired: Callable[[], list[dict[str
         marker=Marker(host.started_ns, config.pod_uid),
         instance_alive=lambda instance: instance_alive(config.registry_dir, config.driver_name, instance),
     )
-    publisher.start()
-    host.started("publisher", publisher.stop)
-    return publisher
 
 
-def _start_health(
+def _health(
     host: Host,
     *,
     backend: GpuBackend,
     targets: HealthTargets,
-    taints: effects.TaintSink,
+    sinks: list[HealthSink],
     node_events: NodeEventSender | None,
     inventory_changed: Callable[[], None],
 ) -> HealthMonitor | None:
-    """Start watching the devices' health; None when the health config disables it."""
+    """What watches the devices' health (with `sinks` among its effects); None when the health
+    config disables it."""
     serve = host.config
     config = serve.health or HealthConfig()
     if not config.enabled:
@@ -321,16 +364,64 @@ def _start_health(
         targets,
         SourceOptions(serve.state_dir, config.thresholds, counters, inventory_changed=inventory_changed),
     )
-    sinks: list[HealthSink] = [
+    sinks = [
         effects.BoardSink(host.board, serve.node_name),
         effects.HealthFileSink(serve.state_dir, host.board, source.name),
+        *sinks,
     ]
     if node_events is not None:
-        sinks += [taints, effects.NodeEventSink(node_events, serve.driver_name, config.taint_effect)]
-    monitor = HealthMonitor(source=source, targets=targets, config=config, sinks=sinks, metrics=counters)
-    monitor.start()
-    host.started("health", monitor.stop)
-    return monitor
+        sinks.append(effects.NodeEventSink(node_events, serve.driver_name, config.taint_effect))
+    return HealthMonitor(source=source, targets=targets, config=config, sinks=sinks, metrics=counters)
+
+
+class _Follower:
+    """What the live inventory scans, and where a change of the node's devices goes: the
+    devices' holder, the health board and monitor, the publisher."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        mig: MigManager,
+        ledger: Ledger,
+        board: HealthBoard,
+        devices: CurrentDevices,
+        health: HealthMonitor | None,
+        publisher: SliceController | None,
+    ) -> None:
+        self._config = config
+        self._mig = mig
+        self._ledger = ledger
+        self._board = board
+        self._devices = devices
+        self._health = health
+        self._publisher = publisher
+        #: What the last scan found (the host driver's facts every spec's edits come from).
+        self._latest: NodeInventory | None = None
+
+    def scan(self) -> DeviceSet:
+        # With no MIG device half-made, so that one we made is never taken for an operator's.
+        with self._mig.settled():
+            now = _scan(self._config, frozenset(self._ledger.created_instances()), component=None)
+        self._latest = now.inventory
+        return now.devices
+
+    def apply(self, published: LiveDevices) -> None:
+        current = published.devices.devices
+        prepare = self._devices.for_prepare()
+        if self._latest is not None:
+            usable = [d for d in current if d.name not in published.gone]
+            prepare = _for_prepare(self._config, usable, self._latest)
+        self._devices.set(published, prepare)
+        self._board.set_devices([(self._config.node_name, d.name) for d in current])
+        if self._health is not None:
+            gone = {
+                name: Problem(DEVICE_GONE, f"{reason}; kept until its claim is unprepared")
+                for name, reason in published.gone.items()
+            }
+            self._health.retarget(current, gone)
+        if self._publisher is not None:
+            self._publisher.resync()
 
 
 def _claim_source(config: ServeConfig, client: KubeClient | None) -> ClaimSource:
@@ -339,44 +430,11 @@ def _claim_source(config: ServeConfig, client: KubeClient | None) -> ClaimSource
     return ApiClaimSource(client) if client is not None else NoClaimSource()
 
 
-def _driver(
-    host: Host, scan: NodeScan, client: KubeClient | None
-) -> tuple[GpuDriver, ReservationsTap | None]:
-    """The GPU driver, recovered; with telemetry, the tap that sees what each claim is reserved for."""
-    config = host.config
-    mig_metrics: MigMetrics = metrics.MigCounters() if config.metrics_address else NoMigMetrics()
-    claims = _claim_source(config, client)
-    # What each fetched claim is reserved for: the pods the telemetry names beside its devices.
-    reservations = None
-    if config.metrics_address and config.telemetry_interval:
-        claims = reservations = ReservationsTap(claims)
-    backend = scan.backend
-    driver = GpuDriver(
-        driver_name=config.driver_name,
-        pool_name=config.node_name,
-        devices={d.name: d.hardware for d in scan.devices.devices},
-        claims=claims,
-        cdi_dir=CdiDirectory(config.cdi_dir, config.driver_name),
-        store=CheckpointStore(config.state_dir),
-        common_edits=_common_edits(config, scan.inventory),
-        caps_major=scan.inventory.nvidia_caps_major,
-        sharing=backend.sharing(config.state_dir, config.driver_root_mount),
-        boot_id=read_boot_id(),
-        mig=MigManager(lambda: backend.mig_control(config.state_dir), mig_metrics),
-        serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
-        host_nodes=None if config.fake_gpus else HostDeviceNodes(config.host_dev, config.proc_root),
-        shares=share_daemons(
-            config.shares,
-            fake=bool(config.fake_gpus),
-            driver_root=config.driver_root_mount,
-            state_dir=config.state_dir,
-        ),
-    )
-    host.started("driver", driver.close)
+def _recover(driver: GpuDriver, devices: CurrentDevices, config: ServeConfig) -> None:
     recovery = driver.recover()
     log.info(
         "driver ready",
-        devices=len(scan.devices.devices),
+        devices=len(devices.published().devices.devices),
         prepared_claims=len(driver.records()),
         rolled_back=recovery.rolled_back,
         rollback_failed=recovery.rollback_failed,
@@ -386,21 +444,24 @@ def _driver(
         cleared_after_reboot=recovery.cleared_after_reboot,
         rescan_interval_seconds=config.rescan_interval,
     )
-    return driver, reservations
 
 
-def _common_edits(config: ServeConfig, inventory: NodeInventory) -> ContainerEdits:
-    return common_edits(
+def _for_prepare(
+    config: ServeConfig, devices: Iterable[PublishedDevice], inventory: NodeInventory
+) -> NodeDevices:
+    """What claims are prepared on: these devices, with the host driver's files every spec mounts."""
+    edits = common_edits(
         inventory.nvidia_uvm_major,
         driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
     )
+    return NodeDevices({d.name: d.hardware for d in devices}, edits, inventory.nvidia_caps_major)
 
 
-def _install_metrics(
+def _state_metrics(
     host: Host, driver: GpuDriver, devices: CurrentDevices, publisher: SliceController | None
-) -> None:
+) -> metrics.StateCollector:
     def device_health() -> list[tuple[str, str]]:
-        current = devices.get().devices
+        current = devices.published().devices
         types = {d.name: str(d.json["attributes"]["type"]["string"]) for d in current.devices}
         return [
             (types.get(d.device_name, "unknown"), d.health.name.lower()) for d in host.board.snapshot()[1]
@@ -412,40 +473,35 @@ def _install_metrics(
         writes = publisher.status.writes
         return {"create": writes.creates, "update": writes.updates, "delete": writes.deletes}
 
-    host.service.recorder = metrics.CallMetrics()
-    metrics.REGISTRY.register(
-        metrics.StateCollector(
-            devices=device_health,
-            prepared_claims=lambda: len(driver.records()),
-            registered=lambda: host.registration.status.registered is True,
-            slice_writes=slice_writes,
-            shares=lambda: shares_by_enforcement(driver.records()),
-        )
+    return metrics.StateCollector(
+        devices=device_health,
+        prepared_claims=lambda: len(driver.records()),
+        registered=lambda: host.registration.status.registered is True,
+        slice_writes=slice_writes,
+        shares=lambda: shares_by_enforcement(driver.records()),
     )
 
 
-def _start_telemetry(
-    host: Host,
+def _telemetry(
+    config: ServeConfig,
     *,
     backend: GpuBackend,
     driver: GpuDriver,
     reservations: ReservationsTap,
     devices: CurrentDevices,
     node_events: NodeEventSender | None,
-) -> None:
-    """Device telemetry on /metrics; with --idle-threshold, idle claims reported."""
-    config = host.config
+) -> TelemetrySampler:
+    """Device telemetry for /metrics; with --idle-threshold, idle claims reported."""
     idle = None
     if config.idle_threshold is not None and config.idle_window is not None:
         policy = IdlePolicy(config.idle_threshold, config.idle_window)
         idle = telemetry.IdleReporter(policy, node_events)
 
     def published() -> list[PublishedDevice]:
-        return list(devices.get().devices.devices)
+        return list(devices.published().devices.devices)
 
-    sampler = telemetry.start(
+    return telemetry.build_sampler(
         backend.telemetry(config.state_dir),
-        serve=metrics.append_exposition,
         published=published,
         records=driver.records,
         reservations=reservations,
@@ -453,22 +509,3 @@ def _start_telemetry(
         interval=config.telemetry_interval,
         idle=idle,
     )
-    host.started("telemetry", sampler.stop)
-
-
-def _follow_inventory(host: Host, driver: GpuDriver, inventory: InventoryWatcher) -> None:
-    """Keep the published devices equal to the node's (see `inventory`)."""
-    driver.on_released = inventory.released
-    # The profile file's state is taken before the first rescan reads it: a rewrite after that
-    # read is then seen by the trigger, one before it by the rescan (either way, none is missed).
-    profile = host.config.fake_gpus
-    trigger = (
-        ProfileFileTrigger(Path(profile), inventory.kick) if profile and Path(profile).is_file() else None
-    )
-    # A first rescan at once: the node may have changed while the driver was being built.
-    inventory.kick()
-    inventory.start()
-    host.started("inventory", inventory.stop)
-    if trigger is not None:
-        trigger.start()
-        host.started("profile-trigger", trigger.stop)

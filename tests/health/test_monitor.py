@@ -12,7 +12,7 @@ from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
 from dradriver.health.board import Health, HealthBoard
 from dradriver.health.config import HealthConfig
-from dradriver.health.effects import BoardSink, HealthFileSink, NodeEventSink, TaintSink
+from dradriver.health.effects import BoardSink, HealthFileSink, NodeEventSink, Taints, TaintSink
 from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, XidEvent
 from dradriver.health.monitor import HealthMonitor
 from dradriver.health.targets import HealthTargets
@@ -86,7 +86,7 @@ class Rig:
         self.resyncs = 0
         self.sent = Sent()
         self.counters = Counters()
-        self.taints = TaintSink(DRIVER, config.taint_effect, on_change=self._resync)
+        self.taints = Taints(DRIVER, config.taint_effect)
         self.file = HealthFileSink(tmp_path, self.board, source.name)
         self.monitor = HealthMonitor(
             source=source,
@@ -94,7 +94,7 @@ class Rig:
             config=config,
             sinks=[
                 BoardSink(self.board, "node-1"),
-                self.taints,
+                TaintSink(self.taints, on_change=self._resync),
                 self.file,
                 NodeEventSink(self.sent, DRIVER, config.taint_effect),
             ],

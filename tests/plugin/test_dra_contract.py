@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,9 @@ import grpc
 import pytest
 
 from dradriver import logs
-from dradriver.daemon import DeferredDriver
 from dradriver.health.board import Health, HealthBoard
 from dradriver.kubeletclient import DRAClient
-from dradriver.plugin.dra import DRAService
+from dradriver.plugin.dra import BuiltParts, DRAService, built
 from dradriver.plugin.driver import CallError, ClaimRef, Driver, PreparedDevice, PrepareResult
 from dradriver.plugin.registration import RegistrationState
 from dradriver.plugin.server import PluginPaths, PluginServer
@@ -55,7 +55,7 @@ class InProcessPlugin:
         self.server = PluginServer(
             self.paths,
             "gpu.dradriver.dev",
-            DRAService(driver),
+            DRAService(built(driver)),
             self.board,
             RegistrationState(),
             watch_interval=0.1,
@@ -199,19 +199,18 @@ def test_health_stream_follows_the_board_and_ends_on_stop(driver: ScriptedDriver
         client.close()
 
 
-def test_deferred_driver_waits_for_initialization_and_reports_failure() -> None:
-    deferred = DeferredDriver(wait_seconds=5)
+def test_calls_wait_for_the_node_to_be_built_and_answer_its_failure() -> None:
+    parts: Future[BuiltParts] = Future()
     real = ScriptedDriver()
     real.prepare_results = {A.uid: PrepareResult()}
-    threading.Timer(0.2, deferred.set, args=(real,)).start()
-    assert deferred.prepare([A]) == {A.uid: PrepareResult()}
-    failed = DeferredDriver(wait_seconds=5)
-    failed.fail("NVML: driver not loaded")
+    threading.Timer(0.2, parts.set_result, args=(BuiltParts(real),)).start()
+    assert DRAService(parts, wait_seconds=5).prepare([A]) == {A.uid: PrepareResult()}
+    failed: Future[BuiltParts] = Future()
+    failed.set_exception(CallError("driver failed to initialize: NVML: driver not loaded"))
     with pytest.raises(CallError, match="driver failed to initialize: NVML: driver not loaded"):
-        failed.unprepare([A])
-    slow = DeferredDriver(wait_seconds=0.1)
+        DRAService(failed, wait_seconds=5).unprepare([A])
     with pytest.raises(CallError, match="still initializing"):
-        slow.prepare([A])
+        DRAService(Future(), wait_seconds=0.1).prepare([A])
 
 
 class RecordStream(io.StringIO):

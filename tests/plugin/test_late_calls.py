@@ -16,7 +16,16 @@ import yaml
 
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import ServeProcess, allocated_claim, free_port, scrape, short_tmpdir, uid, wait_for
+from tests.helpers import (
+    ServeProcess,
+    allocated_claim,
+    free_port,
+    http_get,
+    scrape,
+    short_tmpdir,
+    uid,
+    wait_for,
+)
 
 POD_UID = "0f3a5a54-5d9c-4d3e-9b1a-000000000028"
 FAILED = 'dradriver_dra_call_failures_total{code="DEADLINE_EXCEEDED",method="NodePrepareResources"} 1.0'
@@ -54,6 +63,9 @@ def test_a_call_that_outlives_its_deadline_is_logged_and_counted() -> None:
             kubeletclient.register(serve.registration_socket)
             with kubeletclient.DRAClient(serve.dra_socket) as client:
                 client.wait_ready(30)
+                # Built and idle first: a call whose deadline passes before grpcio hands it to a
+                # thread (its start-up holding the interpreter) never reaches any Python code.
+                wait_for(lambda: http_get(port, "/readyz")[0] == 200, 30, "readiness")
                 with Path(serve.paths.serialize_lock).open("a") as held:
                     fcntl.flock(held, fcntl.LOCK_EX)
                     with pytest.raises(grpc.RpcError) as late:

@@ -206,7 +206,7 @@ class _NoDRA:
 def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves() -> None:
     """A kubelet < 1.33 forgets the driver when the replaced instance removes its socket: the
     remaining instance re-creates its registration socket, so the kubelet registers it anew."""
-    from dradriver.plugin.dra import DRAService
+    from dradriver.plugin.dra import DRAService, built
 
     with short_tmpdir() as root:
         registry = root / "registry"
@@ -216,7 +216,7 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
         server = PluginServer(
             paths,
             DRIVER,
-            DRAService(_NoDRA()),
+            DRAService(built(_NoDRA())),
             HealthBoard(),
             registration,
             watch_interval=0.05,

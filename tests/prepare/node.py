@@ -19,7 +19,9 @@ from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.gpu_driver import GpuDriver
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
+from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.preparer import NodeDevices
 from tests.helpers import DRIVER
 
 
@@ -79,20 +81,22 @@ class Node:
         shares: ShareDaemons | None = None,
     ) -> GpuDriver:
         """`uvm_scanned` False: the nvidia-uvm module was not loaded when the node was scanned."""
+        node = NodeDevices(
+            {d.name: d.hardware for d in self.devices.devices},
+            common_edits(self.inventory.nvidia_uvm_major if uvm_scanned else None, []),
+            self.inventory.nvidia_caps_major,
+        )
         driver = GpuDriver(
             driver_name=DRIVER,
             pool_name="node-1",
-            devices={d.name: d.hardware for d in self.devices.devices},
+            ledger=Ledger(self.store, self.boot_id),
+            node=lambda: node,
             claims=claims or DirectoryClaimSource(self.claims_dir),  # type: ignore[arg-type]
             cdi_dir=self.cdi,
-            store=self.store,
-            common_edits=common_edits(self.inventory.nvidia_uvm_major if uvm_scanned else None, []),
-            caps_major=self.inventory.nvidia_caps_major,
             sharing=self.sharing,
-            boot_id=self.boot_id,
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
             host_nodes=host_nodes,
-            shares=shares,
+            shares=shares or ShareDaemons(),
         )
         if recover:
             driver.recover()

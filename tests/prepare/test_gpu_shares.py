@@ -21,7 +21,7 @@ from dradriver.devicemodel.shares import SharePolicy
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
 from dradriver.prepare.gpu_driver import GpuDriver
-from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY, ShareDaemons, daemon_key, share_daemons
+from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY, ShareDaemons, daemon_key, host_share_daemons
 from dradriver.prepare.sharing_settings import MPS_STANDIN, MpsDaemons
 from tests.helpers import (
     DRIVER,
@@ -244,8 +244,8 @@ def test_a_crash_after_the_reservation_is_rolled_back_with_its_daemon(node: Node
 
 
 def test_without_mps_on_the_host_a_share_fails_with_one_line(node: Node) -> None:
-    shares = share_daemons(
-        SharePolicy("mps"), fake=False, driver_root=node.root / "no-driver", state_dir=node.root / "state"
+    shares = host_share_daemons(
+        SharePolicy("mps"), driver_root=node.root / "no-driver", state_dir=node.root / "state"
     )
     driver = node.driver(shares=shares)
     ref = _share(node, 1)

@@ -19,6 +19,7 @@ from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord, MigRecord
 from dradriver.prepare.claims import ClaimNotFoundError
 from dradriver.prepare.gpu_driver import GpuDriver
+from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.sharing_settings import SharingError
 from dradriver.prepare.stale import StaleClaimCollector
 from tests.helpers import allocated_claim, opaque, uid
@@ -74,7 +75,7 @@ def test_prepare_creates_the_mig_device_and_unprepare_destroys_it(node: Node, dr
     assert record.mig is not None
     assert (record.mig.gi_id, record.mig.ci_id, record.mig.placement_start) == (gi, 0, 4)
     assert stored.created_gpu_instances() == {(node.inventory.gpus[0].uuid, gi): "gpu-0-mig-3g40gb-4"}
-    assert driver.created_instances() == stored.created_gpu_instances()
+    assert Ledger(node.store, node.boot_id).created_on_disk() == stored.created_gpu_instances()
     assert driver.prepare([ref])[ref.uid] == result  # idempotent: nothing created twice
     assert len(gpu_instances(node)) == 1
 

@@ -26,7 +26,9 @@ from dradriver.prepare.claims import DirectoryClaimSource
 from dradriver.prepare.edits import common_edits
 from dradriver.prepare.gpu_driver import GpuDriver
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
+from dradriver.prepare.ledger import Ledger
 from dradriver.prepare.mig import MigManager
+from dradriver.prepare.preparer import NodeDevices
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
 from tests.prepare.node import CountingStore
 
@@ -50,17 +52,19 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
     inventory = library.discover()
     devices = build_devices(inventory, driver_name=DRIVER)
     store = CountingStore(tmp_path / "state")
+    node = NodeDevices(
+        {d.name: d.hardware for d in devices.devices},
+        common_edits(inventory.nvidia_uvm_major, []),
+        inventory.nvidia_caps_major,
+    )
     driver = GpuDriver(
         driver_name=DRIVER,
         pool_name="node-1",
-        devices={d.name: d.hardware for d in devices.devices},
+        ledger=Ledger(store, "boot"),
+        node=lambda: node,
         claims=DirectoryClaimSource(tmp_path / "claims"),
         cdi_dir=CdiDirectory(tmp_path / "cdi", DRIVER),
-        store=store,
-        common_edits=common_edits(inventory.nvidia_uvm_major, []),
-        caps_major=inventory.nvidia_caps_major,
         sharing=FakeSharing(tmp_path / "state"),
-        boot_id="boot",
         mig=MigManager(lambda: library.mig_control(tmp_path / "state")),
         shares=ShareDaemons(SharePolicy("unenforced")),
     )

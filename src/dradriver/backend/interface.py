@@ -1,18 +1,30 @@
-"""What every GPU backend offers: discovery, health events, MIG control, sharing and telemetry."""
+"""What every GPU backend offers: discovery, health events, MIG control, sharing, shares,
+telemetry, the host's device nodes and what kicks a rescan. Where fake and real GPUs differ, the
+backend decides; nothing else asks which one it has."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from dradriver.discovery.model import NodeInventory
 
 if TYPE_CHECKING:  # annotations only; the parts' modules are loaded by the backends that make them
+    from dradriver.devicemodel.shares import SharePolicy
     from dradriver.health.events import HealthSource, SourceOptions
     from dradriver.health.targets import HealthTargets
     from dradriver.mig import MigControl
+    from dradriver.prepare.devnodes import HostDeviceNodes
+    from dradriver.prepare.gpu_share_daemons import ShareDaemons
     from dradriver.prepare.sharing_settings import SharingControl
     from dradriver.telemetry.sampler import TelemetryReader
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class GpuBackend(Protocol):
@@ -33,6 +45,18 @@ class GpuBackend(Protocol):
     def sharing(self, state_dir: Path, driver_root: Path) -> SharingControl:
         """Time-slicing and MPS for shared claims; `driver_root` is where the host driver's
         files (nvidia-smi, the MPS control daemon) are seen."""
+        ...
+
+    def share_daemons(self, policy: SharePolicy | None, state_dir: Path, driver_root: Path) -> ShareDaemons:
+        """The per-GPU MPS daemons that hold GPU shares (--gpu-shares) to their limits."""
+        ...
+
+    def host_nodes(self, host_dev: Path, proc_root: Path) -> HostDeviceNodes | None:
+        """The host's /dev, where the device nodes a spec names must exist (None: no host's)."""
+        ...
+
+    def rescan_trigger(self, kick: Callable[[], None]) -> Startable | None:
+        """What calls `kick` when the GPUs change outside NVML's events (None: nothing)."""
         ...
 
     def telemetry(self, state_dir: Path) -> TelemetryReader:

@@ -49,7 +49,9 @@ def open_backend(
         return FakeBackend(load_builtin_profile(fake_gpus), name=fake_gpus)
     path = Path(fake_gpus)
     if path.is_file() or _looks_like_path(fake_gpus):
-        return FakeBackend(load_profile_file(path), name=path.stem)
+        return FakeBackend(
+            load_profile_file(path), name=path.stem, profile_file=path if path.is_file() else None
+        )
     raise DiscoveryError(
         f"unknown fake GPU profile {fake_gpus!r}: not a built-in profile "
         f"({', '.join(builtin_profile_names())}) and no such file"

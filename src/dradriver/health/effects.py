@@ -37,13 +37,12 @@ class BoardSink:
             self._board.update(self._pool, change.device, change.health, change.message)
 
 
-class TaintSink:
-    """The taints the published slices should carry; `on_change` republishes them."""
+class Taints:
+    """The taints the published slices should carry, as the last health change left them."""
 
-    def __init__(self, driver_name: str, effect: str, on_change: Callable[[], None]) -> None:
+    def __init__(self, driver_name: str, effect: str) -> None:
         self._driver = driver_name
         self._effect = effect
-        self._on_change = on_change
         self._lock = threading.Lock()
         self._taints: dict[str, Json] = {}
 
@@ -52,15 +51,28 @@ class TaintSink:
         with self._lock:
             return dict(self._taints)
 
-    def apply(self, changes: Sequence[Transition], problems: Mapping[str, Problem]) -> None:
+    def set(self, problems: Mapping[str, Problem]) -> bool:
+        """Taint the devices with these problems (and no other); whether that changed anything."""
         wanted = {
             device: device_taint(self._driver, problem, self._effect) for device, problem in problems.items()
         }
         with self._lock:
             if wanted == self._taints:
-                return
+                return False
             self._taints = wanted
-        self._on_change()
+            return True
+
+
+class TaintSink:
+    """Sets the taints; `on_change` republishes them."""
+
+    def __init__(self, taints: Taints, on_change: Callable[[], None]) -> None:
+        self._taints = taints
+        self._on_change = on_change
+
+    def apply(self, changes: Sequence[Transition], problems: Mapping[str, Problem]) -> None:
+        if self._taints.set(problems):
+            self._on_change()
 
 
 class HealthFileSink:

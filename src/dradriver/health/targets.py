@@ -54,11 +54,11 @@ class HealthTargets:
     """The node's published devices, indexed by the hardware under them.
 
     `update` swaps in a new device list (live inventory) in one step, for every reader at once;
-    `created` is read at each lookup (prepare sets it once it exists): MIG devices come and go.
+    `created` is read at each lookup (the ledger's): MIG devices come and go.
     """
 
     def __init__(self, devices: Iterable[PublishedDevice], created: CreatedInstances = dict) -> None:
-        self.created = created
+        self._created = created
         self._index = _Index(devices)
 
     def update(self, devices: Iterable[PublishedDevice]) -> None:
@@ -84,7 +84,7 @@ class HealthTargets:
         """The devices an event at `where` concerns, in publishing order (empty if none)."""
         made = None
         if where.gpu_instance is not None:
-            made = self.created().get((where.gpu_uuid, where.gpu_instance))
+            made = self._created().get((where.gpu_uuid, where.gpu_instance))
         return tuple(d.name for d in self._devices if _concerns(where, d) or (d.uncreated and d.name == made))
 
     def devices_on(self, gpu_uuid: str) -> tuple[str, ...]:
@@ -102,7 +102,7 @@ class HealthTargets:
         placed = self._by_name.get(device_name)
         if placed is None or not placed.uncreated:
             return placed.where if placed is not None else None
-        made = [key for key, name in self.created().items() if name == device_name]
+        made = [key for key, name in self._created().items() if name == device_name]
         return HardwareRef(made[0][0], made[0][1]) if made else None
 
 

@@ -1,10 +1,11 @@
 """The live inventory: the node's devices followed while serve runs, without a restart.
 
 `effective` decides (pure) what is published after a scan; `watcher` decides when to scan
-(NVML's MIG events, a changed fake profile file, a periodic rescan) and hands changes on.
+(a kick: NVML's MIG events, a changed fake profile file, an unprepare; or a periodic rescan) and
+hands changes on.
 """
 
 from dradriver.inventory.effective import LiveDevices, effective_devices
-from dradriver.inventory.watcher import InventoryWatcher, ProfileFileTrigger
+from dradriver.inventory.watcher import InventoryWatcher
 
-__all__ = ["InventoryWatcher", "ProfileFileTrigger", "LiveDevices", "effective_devices"]
+__all__ = ["InventoryWatcher", "LiveDevices", "effective_devices"]

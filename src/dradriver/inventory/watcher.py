@@ -8,19 +8,13 @@ half-written) keeps what is published and is retried at the next kick or interva
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dradriver import logs
 from dradriver.devicemodel import DeviceSet
 from dradriver.inventory.effective import LiveDevices, effective_devices
-
-#: How often a profile file is looked at (a stat: nothing is read unless it changed).
-FILE_POLL_SECONDS = 0.25
 
 log = logs.get_logger(component="inventory")
 
@@ -33,18 +27,19 @@ class InventoryWatcher:
     #: What is published now: replaced by each scan that changes it.
     published: LiveDevices
     interval: float
-    _kicked: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    #: Set to scan now, by `kick` or by whoever was handed it before the watcher was made.
+    kicked: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def kick(self) -> None:
         """Scan now (from any thread)."""
-        self._kicked.set()
+        self.kicked.set()
 
     def released(self) -> None:
         """A claim was unprepared: scan now if a vanished device was kept for one (it may go)."""
         if self.published.gone:
-            self._kicked.set()
+            self.kicked.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="inventory", daemon=True)
@@ -52,7 +47,7 @@ class InventoryWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        self._kicked.set()
+        self.kicked.set()
         if self._thread is not None:
             self._thread.join(10)
 
@@ -77,8 +72,8 @@ class InventoryWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._kicked.wait(self.interval if self.interval > 0 else None)
-            self._kicked.clear()
+            self.kicked.wait(self.interval if self.interval > 0 else None)
+            self.kicked.clear()
             if self._stop.is_set():
                 return
             try:
@@ -87,38 +82,3 @@ class InventoryWatcher:
                 log.warning(
                     "rescanning the node's devices failed; keeping the published devices", error=str(err)
                 )
-
-
-class ProfileFileTrigger:
-    """Kicks when a fake GPU profile file is replaced or rewritten (also through a ConfigMap's
-    symlink swap: the file is stat'ed through its links)."""
-
-    def __init__(self, path: Path, kick: Callable[[], None], poll: float = FILE_POLL_SECONDS) -> None:
-        self._path = path
-        self._kick = kick
-        self._poll = poll
-        self._stop = threading.Event()
-        self._seen = self._identity()
-        self._thread = threading.Thread(target=self._run, name="profile-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _identity(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll):
-            current = self._identity()
-            if current != self._seen:
-                self._seen = current
-                log.info("fake GPU profile file changed", path=str(self._path), at=time.time())
-                self._kick()

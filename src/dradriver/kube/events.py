@@ -99,6 +99,9 @@ class NodeEventSender:
         )
         self._log = get_logger(component="events", node=node_name)
         self._thread = threading.Thread(target=self._run, name="node-events", daemon=True)
+
+    def start(self) -> None:
+        """Send what is queued, and what comes, from now on."""
         self._thread.start()
 
     def send(self, reason: str, message: str, event_type: EventType) -> None:
@@ -118,6 +121,8 @@ class NodeEventSender:
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (within `timeout`), then stop."""
+        if not self._thread.is_alive():
+            return
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:

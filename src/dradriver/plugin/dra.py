@@ -8,10 +8,12 @@ base request names, whole-call failures only through `CallError`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -39,6 +41,12 @@ SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResource
 #: Per-claim errors end up in Pod events; one that echoes a huge input is cut to this length.
 MAX_ERROR_CHARS = 1024
 
+#: How long a prepare/unprepare that arrives during start-up waits for the node to be built.
+INIT_WAIT_SECONDS = 30.0
+
+#: How close to its deadline a call may end and still have ended by it (see `_unanswered`).
+DEADLINE_SLACK_SECONDS = 0.05
+
 #: How long the kubelet may trust a health report; it marks unreported devices Unknown after it.
 HEALTH_TIMEOUT_SECONDS = 60
 #: Streams re-send the full list this often, well inside the timeout, even when nothing changed.
@@ -59,28 +67,81 @@ class _NoRecorder:
     def record(
         self, method: str, api: str, seconds: float, claim_errors: Sequence[str], failure: str | None
     ) -> None:
-        """Until the daemon installs metrics (after the sockets are up) calls are not recorded."""
+        """Without metrics (or before the node is built) calls are not recorded."""
+
+
+NO_RECORDER: CallRecorder = _NoRecorder()
+
+
+class NodeParts(Protocol):
+    """What the service calls once the node is built (the daemon's parts)."""
+
+    @property
+    def driver(self) -> Driver: ...
+
+    @property
+    def recorder(self) -> CallRecorder: ...
+
+
+class PendingParts(Protocol):
+    """The node's parts to come: a `Future` of them (of any type with `NodeParts`' fields)."""
+
+    def done(self) -> bool: ...
+
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+
+    def result(self, timeout: float | None = None) -> NodeParts: ...
+
+
+@dataclass(frozen=True)
+class BuiltParts:
+    """A node built already: a driver and how its calls are recorded."""
+
+    driver: Driver
+    recorder: CallRecorder = NO_RECORDER
+
+
+def built(driver: Driver, recorder: CallRecorder = NO_RECORDER) -> PendingParts:
+    """The parts of a node built already (tests, and anything without a start-up phase)."""
+    parts: Future[BuiltParts] = Future()
+    parts.set_result(BuiltParts(driver, recorder))
+    return parts
 
 
 class DRAService:
-    """Version-independent prepare/unprepare that always answers the kubelet's contract."""
+    """Version-independent prepare/unprepare that always answers the kubelet's contract.
 
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-        self.recorder: CallRecorder = _NoRecorder()
+    The sockets come up before the node is built (`daemon`): `parts` is resolved once it is, or
+    fails with the CallError that every call then answers. A call that arrives before then waits
+    for it up to `wait_seconds`."""
+
+    def __init__(self, parts: PendingParts, *, wait_seconds: float = INIT_WAIT_SECONDS) -> None:
+        self._parts = parts
+        self._wait = wait_seconds
+
+    @property
+    def recorder(self) -> CallRecorder:
+        done = self._parts.done() and self._parts.exception() is None
+        return self._parts.result().recorder if done else NO_RECORDER
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        results = self._driver.prepare(claims)
+        results = self._driver().prepare(claims)
         return {claim.uid: _normalized(results.get(claim.uid), claim) for claim in claims}
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        errors = self._driver.unprepare(claims)
+        errors = self._driver().unprepare(claims)
         return {
             claim.uid: _clipped(
                 errors.get(claim.uid, f"internal error: driver returned no result for claim {claim}")
             )
             for claim in claims
         }
+
+    def _driver(self) -> Driver:
+        try:
+            return self._parts.result(self._wait).driver
+        except TimeoutError:
+            raise CallError(f"driver is still initializing after {self._wait:.0f}s; retry later") from None
 
 
 def _normalized(result: PrepareResult | None, claim: ClaimRef) -> PrepareResult:
@@ -98,6 +159,9 @@ def _clipped(error: str) -> str:
 def _with_base_request_names(device: PreparedDevice) -> PreparedDevice:
     names = tuple(dict.fromkeys(base_request_name(n) for n in device.request_names))
     return PreparedDevice(device.pool_name, device.device_name, names, device.cdi_device_ids, device.share_id)
+
+
+_Answer = TypeVar("_Answer")
 
 
 class _DRAPluginAdapter:
@@ -121,7 +185,7 @@ class _DRAPluginAdapter:
         claims = _claim_refs(request)
         self._trace("NodePrepareResources request", request)
         started = time.perf_counter()
-        results = self._call(context, "NodePrepareResources", started, lambda: self._service.prepare(claims))
+        results = self._call(context, "NodePrepareResources", started, self._service.prepare, claims)
         response = self._pb.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
@@ -143,9 +207,7 @@ class _DRAPluginAdapter:
         claims = _claim_refs(request)
         self._trace("NodeUnprepareResources request", request)
         started = time.perf_counter()
-        errors = self._call(
-            context, "NodeUnprepareResources", started, lambda: self._service.unprepare(claims)
-        )
+        errors = self._call(context, "NodeUnprepareResources", started, self._service.unprepare, claims)
         response = self._pb.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             response.claims[uid].error = error
@@ -153,10 +215,17 @@ class _DRAPluginAdapter:
         self._trace("NodeUnprepareResources response", response)
         return response
 
-    def _call(self, context: grpc.ServicerContext, method: str, started: float, body: Any) -> Any:
+    def _call(
+        self,
+        context: grpc.ServicerContext,
+        method: str,
+        started: float,
+        body: Callable[[Sequence[ClaimRef]], _Answer],
+        claims: Sequence[ClaimRef],
+    ) -> _Answer:
         """Run the driver; CallError fails the whole call as the Go helper does, anything else is a bug."""
         try:
-            return body()
+            return body(claims)
         except CallError as err:
             self._service.recorder.record(method, self._version, time.perf_counter() - started, (), "UNKNOWN")
             log.warning(f"{method} failed", error=str(err))
@@ -173,9 +242,9 @@ class _DRAPluginAdapter:
     ) -> None:
         seconds = time.perf_counter() - started
         failed = [error_of(o) for o in outcomes if error_of(o)]
-        unanswered = _unanswered(context)
 
-        def done() -> None:
+        def done(ended_before_the_answer: bool = False) -> None:
+            unanswered = _unanswered(context, ended_before_the_answer)
             self._service.recorder.record(method, self._version, seconds, failed, unanswered)
             (log.warning if unanswered else log.info)(
                 method,
@@ -188,7 +257,10 @@ class _DRAPluginAdapter:
                 **({"unanswered": unanswered} if unanswered else {}),
             )
 
-        logs.later(done)
+        # When the call ends (after its held records): only then is it known whether the answer
+        # reached the kubelet, however late the handler was.
+        if not context.add_callback(done):
+            done(ended_before_the_answer=True)
 
     def _trace(self, what: str, message: Any) -> None:
         if logs.verbosity() >= logs.VERBOSITY_TRACE_GRPC:
@@ -209,12 +281,16 @@ def _logged_after_answer(context: grpc.ServicerContext) -> Iterator[None]:
         yield
 
 
-def _unanswered(context: grpc.ServicerContext) -> str | None:
-    """Why the kubelet gets no answer to a call that is done: DEADLINE_EXCEEDED or CANCELLED."""
-    if context.is_active():
-        return None
+def _unanswered(context: grpc.ServicerContext, ended_before_the_answer: bool) -> str | None:
+    """Why the kubelet got no answer to a call that has ended: DEADLINE_EXCEEDED or CANCELLED.
+
+    The kubelet gives up at its deadline and the server learns of it as a cancellation, a
+    moment before the deadline it was sent reaches zero here: a call that ended that close to
+    its deadline ended by it."""
     remaining = context.time_remaining()
-    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    if remaining is not None and remaining <= DEADLINE_SLACK_SECONDS:
+        return "DEADLINE_EXCEEDED"
+    return "CANCELLED" if ended_before_the_answer else None
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:

@@ -351,6 +351,8 @@ class PluginServer:
     _: KW_ONLY
     watch_interval: float = WATCH_INTERVAL_SECONDS
     node: NodeScope | None = None
+    #: Told when another instance took a lock whose file was removed under us (the daemon stops).
+    on_lock_lost: Callable[[str], None] = lambda _message: None
 
     def __post_init__(self) -> None:
         guards, flag = "share its state directory", "--state-dir"
@@ -364,8 +366,6 @@ class PluginServer:
                 else []
             ),
         ]
-        #: Told when another instance took a lock whose file was removed under us (the daemon stops).
-        self.on_lock_lost: Callable[[str], None] = lambda _message: None
         self._dra: _SocketServer | None = None
         self._reg: _SocketServer | None = None
         self._stopping = threading.Event()

@@ -39,11 +39,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from dradriver import logs
-from dradriver.devicemodel import Hardware
 from dradriver.names import dns_label_error, dns_subdomain_error, uid_error
 from dradriver.plugin.driver import ClaimRef, PrepareResult
 from dradriver.prepare import cdi
-from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore, ClaimRecord
+from dradriver.prepare.checkpoint import CheckpointError, ClaimRecord
 from dradriver.prepare.claims import ClaimSource
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
@@ -75,34 +74,36 @@ def claim_ref_error(ref: ClaimRef) -> str | None:
 
 
 class GpuDriver:
+    """Prepares and unprepares claims on the node's devices, as `node()` says they are at each
+    call (the live inventory replaces them); `on_released` is told after an unprepare (the
+    inventory then drops devices that vanished while a claim held them)."""
+
     def __init__(
         self,
         *,
         driver_name: str,
         pool_name: str,
-        devices: Mapping[str, Hardware],
+        ledger: Ledger,
+        node: Callable[[], NodeDevices],
         claims: ClaimSource,
         cdi_dir: cdi.CdiDirectory,
-        store: CheckpointStore,
-        common_edits: cdi.ContainerEdits,
-        caps_major: int | None,
         sharing: SharingControl,
-        boot_id: str,
         mig: MigManager,
+        shares: ShareDaemons,
         serialize: SerializeLock | None = None,
         host_nodes: HostDeviceNodes | None = None,
-        shares: ShareDaemons | None = None,
+        on_released: Callable[[], None] = lambda: None,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
         self.claims = claims
-        self._node = NodeDevices(devices, common_edits, caps_major)
+        self._node = node
         self._mig = mig
         self._serialize = serialize
+        self._on_released = on_released
         #: One prepare, unprepare or recovery at a time in this process (see `_exclusive`).
         self._calls = threading.Lock()
-        self._ledger = ledger = Ledger(store, boot_id)
-        self._shares = shares = shares or ShareDaemons()
+        self._ledger = ledger
         release = Release(sharing, mig, cdi_dir, shares, ledger)
         self._fetcher = ClaimFetcher(claims, route_for(claims))
         context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares)
@@ -115,30 +116,17 @@ class GpuDriver:
             stale_holders=StaleHolders(claims, ledger, self._unpreparer, driver_name),
             host_nodes=host_nodes,
         )
-        #: Called after an unprepare released devices (the live inventory drops vanished ones).
-        self.on_released: Callable[[], None] = lambda: None
-
-    def set_devices(
-        self, devices: Mapping[str, Hardware], *, common_edits: cdi.ContainerEdits, caps_major: int | None
-    ) -> None:
-        """The node's devices changed (live inventory, a host driver upgrade): later claims are
-        planned and their specs written on these."""
-        self._node = NodeDevices(devices, common_edits, caps_major)
 
     def held_devices(self) -> set[str]:
         """Names of the devices prepared claims hold (or are being prepared with)."""
         return self._ledger.held_devices()
-
-    def mig_settled(self) -> contextlib.AbstractContextManager[None]:
-        """While it is held, no MIG device is being made or removed (a rescan of the node)."""
-        return self._mig.settled()
 
     def recover(self) -> Recovery:
         """Make the checkpoint and the CDI directory agree again after a restart or a crash.
 
         With rolling updates the other instance may be mid-prepare: the lock waits for it."""
         with self._exclusive():
-            return self._recovery.run(self._node.devices)
+            return self._recovery.run(self._node().devices)
 
     # --- the Driver interface ---------------------------------------------------------------
 
@@ -157,21 +145,17 @@ class GpuDriver:
             else:
                 fetched.append((ref, claim))
         with self._exclusive():
-            results.update(self._preparer.run(fetched, self._node))
+            results.update(self._preparer.run(fetched, self._node()))
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         with self._exclusive():
             errors = self._unpreparer.run(claims)
-        self.on_released()
+        self._on_released()
         return errors
 
     def records(self) -> list[ClaimRecord]:
         return self._ledger.records()
-
-    def created_instances(self) -> dict[tuple[str, int], str]:
-        """(GPU UUID, GPU instance id) -> placement device, for each MIG device made for a claim."""
-        return self._ledger.created_instances()
 
     def close(self) -> None:
         self._fetcher.close()

@@ -26,12 +26,13 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.devicemodel.shares import SharePolicy
+from dradriver.discovery.driverroot import find_binary
 from dradriver.prepare.cdi import CdiDevice, ContainerEdits
 from dradriver.prepare.checkpoint import ClaimRecord, ShareRecord
 from dradriver.prepare.config import Sharing
 from dradriver.prepare.gpu_shares import ShareLimits, share_edits, unenforced_edits
 from dradriver.prepare.plan import PlannedDevice
-from dradriver.prepare.sharing_settings import MPS_CONTROL_SOCKET, MPS_STANDIN, MpsDaemons, SharingError
+from dradriver.prepare.sharing_settings import MPS_CONTROL_SOCKET, MpsDaemons, SharingError
 
 #: The sharing setting a GPU's daemon starts with: no defaults, each client brings its limits.
 _DAEMON = Sharing(strategy="MPS")
@@ -204,18 +205,11 @@ def _shares_by_gpu(records: Iterable[ClaimRecord]) -> dict[str, dict[str, ShareR
     return shares
 
 
-def share_daemons(
-    policy: SharePolicy | None, *, fake: bool, driver_root: Path, state_dir: Path
-) -> ShareDaemons:
-    """The node's shares: the stand-in daemon on fake GPUs, else the host driver's MPS tool."""
-    from dradriver.discovery.driverroot import find_binary
-
-    directory = state_dir / SHARES_DIRECTORY
-    if fake:
-        return ShareDaemons(policy, MpsDaemons(MPS_STANDIN, directory), register=True)
+def host_share_daemons(policy: SharePolicy | None, *, driver_root: Path, state_dir: Path) -> ShareDaemons:
+    """The node's shares held by the host driver's MPS control tool (none: shares fail, saying so)."""
     found = find_binary(driver_root, "nvidia-cuda-mps-control")
     return ShareDaemons(
         policy,
-        None if found is None else MpsDaemons([str(found)], directory),
+        None if found is None else MpsDaemons([str(found)], state_dir / SHARES_DIRECTORY),
         missing=f"the host driver under {driver_root} has no nvidia-cuda-mps-control (no MPS on this node)",
     )

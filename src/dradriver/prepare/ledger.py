@@ -107,6 +107,20 @@ class Ledger:
 
     # --- start-up ---------------------------------------------------------------------------
 
+    def created_on_disk(self) -> dict[tuple[str, int], str]:
+        """The MIG devices an earlier run of this boot made for claims, as its checkpoint names
+        them (recovery settles them), before anything is loaded. An unreadable checkpoint names
+        none: the MIG devices it named then count as an operator's, published and kept as they are.
+        """
+        with self._state_lock:
+            try:
+                loaded = self._store.load()
+            except (CheckpointError, OSError):
+                return {}
+        if loaded is None or (loaded.boot_id and loaded.boot_id != self.boot_id):
+            return {}  # MIG devices do not survive a reboot
+        return loaded.created_gpu_instances()
+
     def check_writable(self) -> None:
         """StorageError unless the checkpoint can be written now."""
         with self._state_lock:

@@ -46,10 +46,9 @@ class IdleReporter:
             self._events.send_about(involved, namespace, "GPUIdle", message, "Warning")
 
 
-def start(
+def build_sampler(
     reader: TelemetryReader,
     *,
-    serve: Callable[[Callable[[], bytes]], None],
     published: Callable[[], Sequence[PublishedDevice]],
     records: Callable[[], list[ClaimRecord]],
     reservations: ReservationsTap,
@@ -57,8 +56,8 @@ def start(
     interval: float,
     idle: IdleReporter | None,
 ) -> TelemetrySampler:
-    """Start reading the devices every `interval` seconds, each reading handed to `serve` for
-    /metrics; the caller stops the sampler."""
+    """What reads the devices every `interval` seconds once started (its `exposition` is served
+    on /metrics); the caller starts and stops it."""
     tracker = IdleTracker(idle.policy) if idle is not None else None
 
     def current_targets() -> list[Target]:
@@ -73,7 +72,7 @@ def start(
             for holder, seconds in tracker.update(time.monotonic(), snapshot.readings):
                 idle.report(holder, seconds)
 
-    sampler = TelemetrySampler(
+    return TelemetrySampler(
         reader,
         targets=current_targets,
         records=records,
@@ -83,6 +82,3 @@ def start(
         on_reading=on_reading,
         idle=lambda: tracker.idle(time.monotonic()) if tracker is not None else {},
     )
-    serve(sampler.exposition)
-    sampler.start()
-    return sampler
