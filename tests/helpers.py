@@ -84,6 +84,9 @@ class ServeProcess:
             str(self.cdi_dir),
             "--node-name",
             "node-1",
+            # The node-wide lock's directory: the host's in production, one per test "node" here.
+            "--node-lock-dir",
+            str(root / "node-lock"),
             *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *(["--pod-uid", pod_uid] if pod_uid else []),

@@ -105,7 +105,7 @@ class Daemon:
             self.registration,
             node=NodeScope(
                 config.node_name,
-                config.proc_root,
+                config.node_lock_dir,
                 publishes=pick_config_source(config.kubeconfig, os.environ, Path.home()) is not None,
             ),
         )
