@@ -280,7 +280,7 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return int(resp.status), str(resp.read().decode())
     except urllib.error.HTTPError as err:
         return err.code, str(err.read().decode())
-    except urllib.error.URLError as err:
+    except (urllib.error.URLError, OSError) as err:  # refused, or reset before an answer
         return 0, str(err)
 
 

@@ -201,7 +201,8 @@ def test_rolling_instances_share_the_node_lock_and_one_with_other_directories_is
             old.kill()  # the old pod is gone: the new one alone holds the node lock
             log = refused(ServeProcess(root / "c", node_lock, env=env))
             assert f"(pid {pid(new)}, state directory {new.plugins_dir / new.driver})" in log
-            assert new.proc is not None and new.proc.poll() is None
+            assert new.proc is not None
+            assert new.proc.poll() is None
         finally:
             new.kill()
             old.kill()
