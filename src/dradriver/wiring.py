@@ -452,6 +452,7 @@ def _start_telemetry(
         proc_root=config.proc_root,
         interval=config.telemetry_interval,
         idle=idle,
+        tenant_labels=config.metrics_tenant_labels,
     )
     host.started("telemetry", sampler.stop)
 

@@ -56,6 +56,7 @@ def start(
     proc_root: Path,
     interval: float,
     idle: IdleReporter | None,
+    tenant_labels: bool = True,
 ) -> TelemetrySampler:
     """Start reading the devices every `interval` seconds, each reading handed to `serve` for
     /metrics; the caller stops the sampler."""
@@ -82,6 +83,7 @@ def start(
         interval=interval,
         on_reading=on_reading,
         idle=lambda: tracker.idle(time.monotonic()) if tracker is not None else {},
+        tenant_labels=tenant_labels,
     )
     serve(sampler.exposition)
     sampler.start()
