@@ -84,6 +84,9 @@ class ServeProcess:
             str(self.cdi_dir),
             "--node-name",
             "node-1",
+            # The node-wide lock's directory: the host's in production, one per test "node" here.
+            "--node-lock-dir",
+            str(root / "node-lock"),
             *(["--fake-gpus", fake_gpus] if fake_gpus else []),
             *(["--claims-dir", str(self.claims_dir)] if claims_from_files else []),
             *(["--pod-uid", pod_uid] if pod_uid else []),
@@ -277,7 +280,7 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return int(resp.status), str(resp.read().decode())
     except urllib.error.HTTPError as err:
         return err.code, str(err.read().decode())
-    except urllib.error.URLError as err:
+    except (urllib.error.URLError, OSError) as err:  # refused, or reset before an answer
         return 0, str(err)
 
 

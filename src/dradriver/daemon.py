@@ -70,7 +70,7 @@ class Daemon:
             self.registration,
             node=NodeScope(
                 config.node_name,
-                config.proc_root,
+                config.node_lock_dir,
                 publishes=pick_config_source(config.kubeconfig, os.environ, Path.home()) is not None,
             ),
             on_lock_lost=self._fail,

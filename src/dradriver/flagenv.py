@@ -1,8 +1,4 @@
-"""The one rule naming a flag's environment variable: `--some-flag` -> `DRADRIVER_SOME_FLAG`.
-
-The CLI reads flags from these variables; `plugin.node_instances` reads another `serve`'s
-flags from its environment by the same names.
-"""
+"""The one rule naming a flag's environment variable: `--some-flag` -> `DRADRIVER_SOME_FLAG`."""
 
 from __future__ import annotations
 

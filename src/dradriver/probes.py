@@ -1,6 +1,7 @@
 """HTTP endpoints for the kubelet's probes and Prometheus: /healthz, /readyz and /metrics.
 
-Served by `httpserver.HttpServer` (bounded threads and time per request) on
+Served by `httpserver.HttpServer` (bounded threads, connections and time per request; the
+probes on a thread of their own, answered whatever idle connections are held open) on
 `--metrics-address`; off unless configured, because a DaemonSet on the host network would
 otherwise expose it on every node address.
 """
@@ -33,7 +34,7 @@ class ProbeServer:
         self._checks = {"/healthz": liveness, "/readyz": readiness}
         self._metrics = metrics
         host, port = parse_address(address)
-        self._httpd = HttpServer(host, port, self._respond)
+        self._httpd = HttpServer(host, port, self._respond, probe_paths=self._checks)
 
     @property
     def port(self) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dradriver import logs
+from dradriver.plugin.node_instances import DEFAULT_NODE_LOCK_DIR
 
 if TYPE_CHECKING:  # pydantic: 0.2 s of imports the sockets-first start-up does not wait for
     from dradriver.devicemodel.shares import SharePolicy
@@ -36,6 +37,10 @@ class ServeConfig:
     health: HealthConfig | None = None
     #: Where the host driver's /proc files (/proc/devices, nvidia-caps) are read.
     proc_root: Path = Path("/proc")
+    #: The root-only host directory of the node-wide instance lock (`plugin.node_instances`).
+    node_lock_dir: Path = DEFAULT_NODE_LOCK_DIR
+    #: Claim and pod names as labels of /metrics (--metrics-tenant-labels).
+    metrics_tenant_labels: bool = True
     #: Where the host's /dev is seen: the device nodes a spec names are made there if missing.
     host_dev: Path = Path("/dev")
     #: The pod's UID (downward API): rolling updates on, as the Go helper's RollingUpdate(podUID).

@@ -508,4 +508,5 @@ def _telemetry(
         proc_root=config.proc_root,
         interval=config.telemetry_interval,
         idle=idle,
+        tenant_labels=config.metrics_tenant_labels,
     )

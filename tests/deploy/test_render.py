@@ -30,6 +30,7 @@ EXPECTED_OBJECTS = {
     ("ValidatingAdmissionPolicyBinding", "dradriver-own-node-slices"),
     ("ResourceQuota", "dradriver-critical-pods"),
     ("DaemonSet", "dradriver-kubelet-plugin"),
+    ("NetworkPolicy", "dradriver-kubelet-plugin-metrics"),
 }
 
 #: The plugin's whole API access: (api group, resource) -> verbs. Widening it is a decision
@@ -149,6 +150,29 @@ def test_probes_and_metrics_port_agree(kustomization: str) -> None:
         assert container[probe]["exec"]["command"] == ["dradriver", "healthcheck"]
     assert container["command"] == ["dradriver"]
     assert container["args"] == ["serve"]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_only_labelled_namespaces_reach_the_metrics_port(kustomization: str) -> None:
+    """The NetworkPolicy selects the plugin's pods and lets in, on the metrics port only, pods of
+    namespaces an admin labelled; nothing a tenant can set (its own pods' labels) opens it."""
+    objects = render(kustomization)
+    policy = one(objects, "NetworkPolicy")["spec"]
+    pod_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    [port] = plugin_container(objects)["ports"]
+    assert rule["ports"] == [{"port": port["name"], "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"metrics.dradriver.dev/scrape": "true"}}}]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_instance_locks_the_same_host_directory(kustomization: str) -> None:
+    """The node-wide instance lock works across DaemonSets only if all mount one host path."""
+    objects = render(kustomization)
+    lock_dir = container_env(plugin_container(objects))["DRADRIVER_NODE_LOCK_DIR"]
+    assert host_paths(objects)[lock_dir] == "/run/dradriver"
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

@@ -4,21 +4,21 @@ also after the plugins directory was removed under the first (real serve process
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import yaml
 
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
-from dradriver.plugin.node_instances import ServeIdentity, flock_holders, parent_pid, serve_identity
 from tests.helpers import ServeProcess, allocated_claim, short_tmpdir, uid, wait_for
 from tests.robustness.common import snapshot
 
 OLD_POD = "7d0e1c52-1111-4c3b-9a55-000000000001"
 NEW_POD = "7d0e1c52-2222-4c3b-9a55-000000000002"
+OTHER_POD = "7d0e1c52-3333-4c3b-9a55-000000000003"
 UNREACHABLE_KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
@@ -111,34 +111,43 @@ def test_rolling_instances_share_the_state_dir_and_a_plain_instance_is_refused()
             old.kill()
 
 
+def publishing(root: Path) -> dict[str, str]:
+    """Cluster access for a serve: a kubeconfig naming an API server that never answers, which it
+    keeps retrying in the background."""
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
+    return {"KUBECONFIG": str(kubeconfig)}
+
+
 def test_a_second_instance_with_directories_all_its_own_exits_1_with_the_first_ones_pid() -> None:
-    """A second DaemonSet with other hostPaths shares no file with the first, only the node and
-        the pool both would publish: found in the process table (/proc here, the host's /proc in the
-        DaemonSet). Both have cluster access: a kubeconfig naming an API server that never answers,
-    which they keep retrying in the background."""
+    """A second DaemonSet with other hostPaths shares no file with the first but the node-wide
+    lock in the fixed host directory every DaemonSet mounts (--node-lock-dir)."""
     with short_tmpdir() as root:
-        kubeconfig = root / "kubeconfig"
-        kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
-        publishing = {"KUBECONFIG": str(kubeconfig)}
-        first = apart(root / "a").start()  # node-only: publishes nothing, so clashes with none
+        env = publishing(root)
+        node_lock = ["--node-lock-dir", str(root / "run-dradriver")]
+        first = apart(root / "a", *node_lock).start()  # node-only: publishes nothing, so clashes with none
         for name in "bcde":
             (root / name).mkdir()
-        second = ServeProcess(root / "b", env=publishing)
+        second = ServeProcess(root / "b", node_lock, env=env)
         try:
             second.start()
-            third = ServeProcess(root / "c", env=publishing)
+            third = ServeProcess(root / "c", node_lock, env=env)
             log = refused(third)
+            line = next(line for line in log.splitlines() if "refusing" in line)
             assert (
-                f"another dradriver serve of {first.driver} runs on node node-1 (pid {pid(second)}) "
-                f"with a state directory other than {third.paths.state_lock.parent}; "
+                f"another dradriver serve of {first.driver} runs on node node-1 (pid {pid(second)}, "
+                f"state directory {second.paths.state_lock.parent}) with a state directory other than "
+                f"{third.paths.state_lock.parent}: it holds {node_lock[1]}/{first.driver}_node-1.lock; "
                 "refusing to run a second instance on one node"
-            ) in log
+            ) in line
             assert not third.registration_socket.exists()
             assert not third.paths.state_lock.exists()  # its locks released
             # Another node's pool (a fleet simulated on one machine) or driver is no conflict.
             for other in (
-                ServeProcess(root / "d", ["--node-name", "node-2"], env=publishing),
-                ServeProcess(root / "e", ["--driver-name", "other.dev"], env=publishing, driver="other.dev"),
+                ServeProcess(root / "d", [*node_lock, "--node-name", "node-2"], env=env),
+                ServeProcess(
+                    root / "e", [*node_lock, "--driver-name", "other.dev"], env=env, driver="other.dev"
+                ),
             ):
                 other.start()
                 other.kill()
@@ -149,33 +158,63 @@ def test_a_second_instance_with_directories_all_its_own_exits_1_with_the_first_o
             first.kill()
 
 
-def test_flock_holders_reads_the_kernels_lock_table(tmp_path: Path) -> None:
-    path = tmp_path / "state.lock"
-    with path.open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_SH)
-        st = os.stat(path)
-        locks = Path("/proc/locks").read_text()
-        assert os.getpid() in flock_holders(locks, (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
-        assert flock_holders(locks, (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino + 1) == set()
+def test_a_decoy_process_named_dradriver_serve_does_not_stop_serve() -> None:
+    """Any user can start a process whose command line reads `dradriver serve` with the node's
+    NODE_NAME and cluster access: it holds no lock in the root-only directory, so it is nobody."""
+    with short_tmpdir() as root:
+        env = publishing(root)
+        decoy_program = root / "bin" / "dradriver"
+        decoy_program.parent.mkdir()
+        decoy_program.write_text("#!/bin/sh\nsleep 600\n")
+        decoy_program.chmod(0o755)
+        decoy_env = env | {"NODE_NAME": "node-1", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+        decoy = subprocess.Popen(
+            ["/bin/sh", str(decoy_program), "serve", "--node-name", "node-1"], env=decoy_env
+        )
+        serve = ServeProcess(root, env=env)
+        try:
+            serve.start()
+            kubeletclient.register(serve.registration_socket)
+            assert decoy.poll() is None  # the decoy ran throughout
+        finally:
+            serve.kill()
+            decoy.kill()
+            decoy.wait(10)
 
 
-def test_parent_pid_reads_a_stat_line_whose_command_has_spaces() -> None:
-    assert parent_pid(Path("/proc/self/stat").read_text()) == os.getppid()
-    assert parent_pid("42 (a) b (c) S 7 42 42 0 -1") == 7
+def test_rolling_instances_share_the_node_lock_and_one_with_other_directories_is_refused() -> None:
+    with short_tmpdir() as root:
+        env = publishing(root)
+        old = ServeProcess(root, env=env, pod_uid=OLD_POD).start()
+        # It registers only once it has taken the slices over (never, here): its DRA socket is
+        # up once it holds its locks.
+        new = ServeProcess(root, env=env, pod_uid=NEW_POD).start(wait=False)
+        try:
+            wait_for(new.dra_socket.exists, 20, f"{new.dra_socket} (log: {new.log()})")
+            node_lock = ["--node-lock-dir", str(root / "node-lock")]  # the rollout's, on its "host"
+            for name in "bc":
+                (root / name).mkdir()
+            # Another DaemonSet's rollout: its own state directory, held shared as well.
+            log = refused(ServeProcess(root / "b", node_lock, env=env, pod_uid=OTHER_POD))
+            assert f"state directory {old.plugins_dir / old.driver}) with a state directory other than" in log
+            assert "refusing to run a second instance on one node" in log
+            old.kill()  # the old pod is gone: the new one alone holds the node lock
+            log = refused(ServeProcess(root / "c", node_lock, env=env))
+            assert f"(pid {pid(new)}, state directory {new.plugins_dir / new.driver})" in log
+            assert new.proc is not None
+            assert new.proc.poll() is None
+        finally:
+            new.kill()
+            old.kill()
 
 
-def test_serve_identity_reads_flags_then_variables() -> None:
-    env = {"DRADRIVER_DRIVER_NAME": "env.dev", "NODE_NAME": "n-env"}
-    assert serve_identity(["/usr/bin/dradriver", "serve"], {}) == ServeIdentity(
-        "gpu.dradriver.dev", None, False
-    )
-    in_pod = env | {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
-    by_module = ["python3", "-m", "dradriver", "serve", "--driver-name=a.dev"]
-    assert serve_identity(by_module, in_pod) == ServeIdentity("a.dev", "n-env", True)
-    by_flags = ["dradriver", "serve", "--node-name", "n1", "--kubeconfig", "k"]
-    assert serve_identity(by_flags, env) == ServeIdentity("env.dev", "n1", True)
-    assert serve_identity(["dradriver", "status"], env) is None
-    assert serve_identity(["python3", "-m", "pytest", "serve"], env) is None
+def test_a_node_lock_directory_of_another_user_is_refused_in_one_line() -> None:
+    with short_tmpdir() as root:
+        lock_dir = root / "node-lock"
+        lock_dir.mkdir()
+        os.chown(lock_dir, 65534, 65534)
+        log = refused(ServeProcess(root, env=publishing(root)))
+        assert f"--node-lock-dir {lock_dir}: owned by uid 65534, not by this process's" in log
 
 
 def test_no_lock_is_left_behind() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import selectors
 import socket
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,46 @@ def test_recovery_reads_are_bounded() -> None:
 def _threads(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
+
+
+def open_idle_connections(port: int, count: int) -> list[socket.socket]:
+    """`count` connections that send nothing, all opened at once (within milliseconds)."""
+    conns = []
+    for _ in range(count):
+        conn = socket.socket()
+        conn.setblocking(False)
+        conn.connect_ex(("127.0.0.1", port))
+        conns.append(conn)
+    with selectors.DefaultSelector() as selector:
+        for conn in conns:
+            selector.register(conn, selectors.EVENT_WRITE)
+        connected = 0
+        while connected < count:
+            events = selector.select(timeout=10)
+            assert events, f"{connected} of {count} idle connections made"
+            for key, _ in events:
+                selector.unregister(key.fileobj)
+                connected += 1
+    return conns
+
+
+def test_readyz_answers_every_time_with_1000_idle_connections_open() -> None:
+    """Idle connections (open, sending nothing) cannot hold the probe out: a new connection takes
+    the oldest idle one's slot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    port = free_port()
+    with running_serve(["--metrics-address", f"127.0.0.1:{port}"]) as serve:
+        kubeletclient.register(serve.registration_socket)
+        wait_for(lambda: http_get(port, "/readyz") == (200, "ok\n"), HANG_SECONDS, "readiness")
+        idle = open_idle_connections(port, 1000)
+        try:
+            assert [http_get(port, "/readyz") for _ in range(20)] == [(200, "ok\n")] * 20
+            assert http_get(port, "/metrics")[0] == 200
+        finally:
+            for conn in idle:
+                conn.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_200_half_open_connections_do_not_make_200_threads() -> None:

@@ -122,6 +122,14 @@ def test_durations_must_be_finite_and_in_range(value: str) -> None:
         )
 
 
+def test_a_switch_flag_takes_true_or_false_only() -> None:
+    assert_one_line_failure(
+        dradriver("serve", "--fake-gpus", "t4x4", "--metrics-tenant-labels=maybe"),
+        "--metrics-tenant-labels",
+        "invalid value 'maybe': use true or false",
+    )
+
+
 @pytest.mark.parametrize("xid", ["-1", "2147483648", "99999999999999999999", "seventy"])
 def test_out_of_range_xids_are_refused(xid: str) -> None:
     with short_tmpdir() as root:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dradriver.cli.top import DeviceRow, PodRow, render, rows_from_metrics
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, DeviceRecord, ShareRecord
+from dradriver.telemetry import sampler
 from dradriver.telemetry.exposition import families
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import (
@@ -89,6 +91,27 @@ def test_series_carry_the_claim_and_its_pods_and_unheld_devices_none() -> None:
     }
     assert {r for r, v in reasons.items() if v} == {"sw_power_cap", "hw_thermal_slowdown"}
     assert not by_name["dradriver_gpu_power_watts"].samples  # unknown: no series, not a zero
+
+
+def test_without_tenant_labels_no_series_names_a_claim_pod_or_namespace() -> None:
+    """Two claims sharing a device alike: one series for the device, no per-pod or per-claim ones."""
+    first = Holder("ml", "shared", "uid-1", (POD_A,), "timeslicing")
+    second = Holder("other-team", "mine", "uid-2", (POD_B,), "timeslicing")
+    reading = Reading(GPU, DeviceSample(sm_util_percent=40), [first, second])
+    reading.shares = pod_shares(
+        DeviceSample(processes=(ProcessSample(11, 1024**3, 40.0),)), [first, second], {11: POD_A.uid}.get
+    )
+    assert reading.shares  # with tenant labels, a per-pod series
+    snapshot = sampler.Snapshot(1.0, 0.01, [reading])
+    text = sampler.render(snapshot, {"uid-1": (first, 120.0)}, tenant_labels=False).decode()
+    series = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    sm = [s for s in series if s.name == "dradriver_gpu_sm_utilization_ratio"]
+    assert [s.labels for s in sm] == [
+        {"device": "gpu-3", "uuid": "GPU-3", "gpu_uuid": "GPU-3", "sharing": "timeslicing"}
+    ]
+    assert not [s for s in series if s.name.startswith(("dradriver_pod_", "dradriver_claim_idle"))]
+    for name in ("ml", "other-team", "shared", "mine", "uid-1", "uid-2", "train-a", "train-b"):
+        assert f'"{name}' not in text
 
 
 def test_idle_claims_are_reported_once_per_idle_spell() -> None:

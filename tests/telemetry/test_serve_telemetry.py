@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from dradriver import kubeletclient
 from dradriver.health import HEALTH_FILE
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import allocated_claim, free_port, http_get, short_tmpdir, uid, wait_for
+from tests.helpers import ServeProcess, allocated_claim, free_port, http_get, short_tmpdir, uid, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend, create_allocated_claim
 from tests.publish.test_serve_cluster import serve_on
 
@@ -162,5 +164,41 @@ def test_a_claims_load_shows_in_its_series_split_per_pod_and_an_idle_claim_gets_
             assert idle_seconds >= 1
             assert value(port, "dradriver_claim_idle_seconds", claim_name="busy") is None
             assert "claim idle" in serve.log()
+        finally:
+            serve.kill()
+
+
+def test_without_tenant_labels_metrics_name_no_claim_pod_or_namespace() -> None:
+    """`DRADRIVER_METRICS_TENANT_LABELS=false` (the flag's variable): a prepared claim's device
+    is reported, under no claim, pod or namespace name."""
+    port = free_port()
+    claim = allocated_claim(
+        "secret-claim", uid(7), [{"request": "gpu", "device": "gpu-0"}], namespace="team-x"
+    )
+    args = ["--metrics-address", f"127.0.0.1:{port}", "--telemetry-interval", "0.2"]
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, args, env={"DRADRIVER_METRICS_TENANT_LABELS": "false"})
+        (serve.claims_dir / "secret-claim.yaml").write_text(yaml.safe_dump(claim))
+        serve.start()
+        try:
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                ref = ClaimRef("team-x", "secret-claim", uid(7))
+                assert client.prepare([ref]).claims[ref.uid].error == ""
+            prepared_at = time.time()
+            wait_for(
+                lambda: (value(port, "dradriver_telemetry_timestamp_seconds") or 0) > prepared_at,
+                10,
+                f"a reading after the prepare (log: {serve.log()})",
+            )
+            (gpu0,) = [
+                s
+                for s in samples(port, "dradriver_gpu_sm_utilization_ratio")
+                if s.labels["device"] == "gpu-0"
+            ]
+            assert set(gpu0.labels) == {"device", "uuid", "gpu_uuid", "sharing"}
+            text = http_get(port, "/metrics")[1]
+            assert "secret-claim" not in text
+            assert "team-x" not in text
+            assert uid(7) not in text
         finally:
             serve.kill()

@@ -104,6 +104,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def boolean(value: str) -> bool:
+    """A flag's `true` or `false` (also 1/0, yes/no, on/off), as env switches read them."""
+    word = value.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise argparse.ArgumentTypeError(f"invalid value {_clip(value)!r}: use true or false")
+    return word in _TRUE
+
+
 def env_flag(
     parser: argparse.ArgumentParser,
     *flags: str,

@@ -16,6 +16,7 @@ from dradriver.cli._common import (
     add_plugins_dir_flag,
     add_pod_uid_flag,
     add_state_dir_flag,
+    boolean,
     driver_root_mount,
     duration,
     env_flag,
@@ -24,6 +25,7 @@ from dradriver.cli._common import (
     share_policy,
     state_dir,
 )
+from dradriver.plugin.node_instances import DEFAULT_NODE_LOCK_DIR
 
 #: Default of --rescan-interval.
 DEFAULT_RESCAN_SECONDS = 30.0
@@ -68,6 +70,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "(node-only set-ups, the demo and tests)",
     )
     add_device_flags(parser)
+    env_flag(
+        parser,
+        "--node-lock-dir",
+        type=absolute_path,
+        default=DEFAULT_NODE_LOCK_DIR,
+        metavar="DIR",
+        help="the host directory (root-only, made 0700) of the node-wide lock that keeps a second "
+        "instance of the driver with cluster access off the node whatever its other directories; "
+        "every DaemonSet of the driver must mount the same host directory here",
+    )
     env_flag(
         parser,
         "--proc-root",
@@ -116,6 +128,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         type=probe_address,
         metavar="[HOST]:PORT",
         help="serve /healthz and /readyz (and /metrics) here, e.g. 127.0.0.1:8080; off when unset",
+    )
+    env_flag(
+        parser,
+        "--metrics-tenant-labels",
+        type=boolean,
+        default=True,
+        metavar="true|false",
+        help="label device series with the claim and pods holding the device (claim_namespace, "
+        "claim_name, claim_uid, pods) and serve per-pod and per-claim series; false leaves every "
+        "tenant's names out of /metrics",
     )
     env_flag(
         parser,
@@ -240,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
         stale_claim_grace=args.stale_claim_grace,
         health=health,
         proc_root=args.proc_root,
+        node_lock_dir=args.node_lock_dir,
+        metrics_tenant_labels=args.metrics_tenant_labels,
         host_dev=args.host_dev,
         pod_uid=args.pod_uid,
         rescan_interval=args.rescan_interval,

@@ -33,7 +33,7 @@ from dradriver import logs
 from dradriver.files.write import MAX_SOCKET_PATH_BYTES, ensure_directory, error_text
 from dradriver.health.board import HealthBoard
 from dradriver.plugin.dra import SUPPORTED_SERVICES, DRAService, add_dra_services
-from dradriver.plugin.node_instances import other_instances
+from dradriver.plugin.node_instances import NodeLock, NodeLockError
 from dradriver.plugin.registration import RegistrationServicer, RegistrationState, add_registration_service
 
 #: sun_path is 108 bytes including the terminating NUL. Each socket is first bound as `s` in a
@@ -135,16 +135,13 @@ class PluginPaths:
 
 @dataclass(frozen=True)
 class NodeScope:
-    """The node an instance serves, and its process table (`proc_root`: the host's /proc in the
-    DaemonSet): a second instance of the driver there is refused whatever its directories."""
+    """The node an instance serves, and the root-only directory of its node-wide lock
+    (`node_instances`): a second instance of the driver there is refused whatever its directories."""
 
     name: str
-    proc_root: Path
+    lock_dir: Path
     #: This instance publishes the node's pool (has cluster access); a node-only one clashes with none.
     publishes: bool
-
-    def others(self, driver_name: str, state_lock: Path) -> list[int]:
-        return other_instances(self.proc_root, driver_name, self.name, state_lock) if self.publishes else []
 
 
 class InstanceLock:
@@ -357,7 +354,7 @@ class PluginServer:
     def __post_init__(self) -> None:
         guards, flag = "share its state directory", "--state-dir"
         rolling = self.paths.instance_state_lock is not None
-        self._locks = [
+        self._locks: list[InstanceLock | NodeLock] = [
             InstanceLock(self.paths.lock_file),
             InstanceLock(self.paths.state_lock, guards, shared=rolling, flag=flag),
             *(
@@ -366,6 +363,12 @@ class PluginServer:
                 else []
             ),
         ]
+        if self.node is not None and self.node.publishes:
+            # Last: it names the state lock its holders share, which must be ours by then.
+            node = NodeLock(
+                self.node.lock_dir, self.driver_name, self.node.name, self.paths.state_lock, shared=rolling
+            )
+            self._locks.append(node)
         self._dra: _SocketServer | None = None
         self._reg: _SocketServer | None = None
         self._stopping = threading.Event()
@@ -393,16 +396,9 @@ class PluginServer:
         for i, lock in enumerate(self._locks):
             try:
                 lock.acquire()
-            except StartupError:
+            except (StartupError, NodeLockError) as err:
                 self._release_locks(self._locks[:i])
-                raise
-        if self.node is not None and (others := self.node.others(self.driver_name, self.paths.state_lock)):
-            self._release_locks(self._locks)
-            raise StartupError(
-                f"another dradriver serve of {self.driver_name} runs on node {self.node.name} "
-                f"(pid {', '.join(map(str, others))}) with a state directory other than "
-                f"{self.paths.state_lock.parent}; refusing to run a second instance on one node"
-            )
+                raise StartupError(str(err)) from None
         try:
             self._dra = self._serve_dra()
             if register:
@@ -437,7 +433,7 @@ class PluginServer:
         self._release_locks(self._locks)
 
     @staticmethod
-    def _release_locks(locks: list[InstanceLock]) -> None:
+    def _release_locks(locks: list[InstanceLock | NodeLock]) -> None:
         for lock in reversed(locks):
             lock.release()
 
@@ -485,7 +481,7 @@ class PluginServer:
             try:
                 self._restore_locks()
                 self._restore_sockets()
-            except StartupError as err:
+            except (StartupError, NodeLockError) as err:
                 log.error("another instance took a lock removed under us: stopping", error=str(err))
                 self.on_lock_lost(str(err))
                 return

@@ -5,6 +5,9 @@ GPU itself), and while the device is prepared `claim_namespace`, `claim_name`, `
 `pods` (the pods its ResourceClaim is reserved for, `namespace/name`, comma-separated) and
 `sharing`; a device held by several claims (shares) has one series per claim. Per-pod series
 (`dradriver_pod_gpu_*`) exist where a device's processes map to the pods of its holders.
+
+Without tenant labels (`--metrics-tenant-labels=false`) no series names a claim, a pod or a
+namespace: a device has one series per distinct `sharing`, and the per-pod families are empty.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ DEVICE_LABELS = [
 ]
 #: A pod series: the pod, then the device and claim labels (not `pods` and `sharing`).
 POD_LABELS = ["namespace", "pod", *DEVICE_LABELS[:6]]
+#: The labels that name other tenants' objects.
+TENANT_LABELS = frozenset({"claim_namespace", "claim_name", "claim_uid", "pods"})
 
 #: (metric name, help, value of a sample or None, scale)
 _GAUGES: list[tuple[str, str, str, float]] = [
@@ -49,8 +54,14 @@ _GAUGES: list[tuple[str, str, str, float]] = [
 ]
 
 
-def _labels(reading: Reading, holder: Holder | None) -> list[str]:
+def device_labels(tenant_labels: bool) -> list[str]:
+    return DEVICE_LABELS if tenant_labels else [n for n in DEVICE_LABELS if n not in TENANT_LABELS]
+
+
+def _labels(reading: Reading, holder: Holder | None, tenant_labels: bool = True) -> list[str]:
     target = reading.target
+    if not tenant_labels:
+        return [target.device, target.uuid, target.gpu_uuid, holder.sharing if holder else ""]
     if holder is None:
         return [target.device, target.uuid, target.gpu_uuid, "", "", "", "", ""]
     pods = ",".join(str(pod) for pod in holder.pods)
@@ -66,47 +77,61 @@ def _labels(reading: Reading, holder: Holder | None) -> list[str]:
     ]
 
 
-def _series(reading: Reading) -> Iterator[tuple[list[str], DeviceSample]]:
-    """Label values and sample of each series a device has: one per holder, or one unheld."""
+def _series(reading: Reading, tenant_labels: bool) -> Iterator[tuple[list[str], DeviceSample]]:
+    """Label values and sample of each series a device has: one per holder (per distinct label
+    values: holders differ only in tenant labels), or one unheld."""
     if reading.sample is None:
         return
     holders: list[Holder | None] = [*reading.holders] or [None]
+    seen: set[tuple[str, ...]] = set()
     for holder in holders:
-        yield _labels(reading, holder), reading.sample
+        labels = _labels(reading, holder, tenant_labels)
+        if tuple(labels) not in seen:
+            seen.add(tuple(labels))
+            yield labels, reading.sample
 
 
-def families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMetricFamily]:
-    return [*_gauges(readings), *_labelled_families(readings), *_pod_families(readings)]
+def families(
+    readings: Sequence[Reading], *, tenant_labels: bool = True
+) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    return [
+        *_gauges(readings, tenant_labels),
+        *_labelled_families(readings, tenant_labels),
+        *(_pod_families(readings) if tenant_labels else []),
+    ]
 
 
-def _gauges(readings: Sequence[Reading]) -> Iterator[GaugeMetricFamily]:
+def _gauges(readings: Sequence[Reading], tenant_labels: bool) -> Iterator[GaugeMetricFamily]:
     """One family per plain device gauge."""
     for name, help_text, attribute, scale in _GAUGES:
-        family = GaugeMetricFamily(name, help_text, labels=DEVICE_LABELS)
+        family = GaugeMetricFamily(name, help_text, labels=device_labels(tenant_labels))
         for reading in readings:
-            for labels, sample in _series(reading):
+            for labels, sample in _series(reading, tenant_labels):
                 value = getattr(sample, attribute)
                 if value is not None:
                     family.add_metric(labels, value * scale)
         yield family
 
 
-def _labelled_families(readings: Sequence[Reading]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+def _labelled_families(
+    readings: Sequence[Reading], tenant_labels: bool
+) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """Device families with one more label: clock, clock event reason, ECC error type, NVLink."""
-    clocks = GaugeMetricFamily("dradriver_gpu_clock_hertz", "Current clock", labels=[*DEVICE_LABELS, "clock"])
+    names = device_labels(tenant_labels)
+    clocks = GaugeMetricFamily("dradriver_gpu_clock_hertz", "Current clock", labels=[*names, "clock"])
     throttle = GaugeMetricFamily(
         "dradriver_gpu_clock_event_reason",
         "1 while this reason holds the clocks down (NVML clock event reasons)",
-        labels=[*DEVICE_LABELS, "reason"],
+        labels=[*names, "reason"],
     )
     ecc = CounterMetricFamily(
-        "dradriver_gpu_ecc_errors", "ECC errors since the host driver loaded", labels=[*DEVICE_LABELS, "type"]
+        "dradriver_gpu_ecc_errors", "ECC errors since the host driver loaded", labels=[*names, "type"]
     )
     nvlink = GaugeMetricFamily(
-        "dradriver_gpu_nvlink_link_up", "1 while the NVLink link is up", labels=[*DEVICE_LABELS, "link"]
+        "dradriver_gpu_nvlink_link_up", "1 while the NVLink link is up", labels=[*names, "link"]
     )
     for reading in readings:
-        for labels, sample in _series(reading):
+        for labels, sample in _series(reading, tenant_labels):
             for clock, hertz in (("sm", sample.sm_clock_hz), ("memory", sample.memory_clock_hz)):
                 if hertz is not None:
                     clocks.add_metric([*labels, clock], hertz)

@@ -86,9 +86,11 @@ class TelemetrySampler:
     interval: float
     on_reading: Callable[[Snapshot], None] = lambda _snapshot: None
     idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict
+    #: Claim, pod and namespace names as labels (see `exposition`).
+    tenant_labels: bool = True
 
     def __post_init__(self) -> None:
-        self._snapshot = Snapshot(exposition=render(Snapshot(), {}))
+        self._snapshot = Snapshot(exposition=render(Snapshot(), {}, tenant_labels=self.tenant_labels))
         self._lock = threading.Lock()  # guards _snapshot only; held for an assignment or a read
         self._loop = Periodic(
             step=self.read_once,
@@ -110,7 +112,9 @@ class TelemetrySampler:
             readings=readings(targets, samples, held, self.pod_of_pid),
         )
         self.on_reading(snapshot)
-        snapshot = replace(snapshot, exposition=render(snapshot, self.idle()))
+        snapshot = replace(
+            snapshot, exposition=render(snapshot, self.idle(), tenant_labels=self.tenant_labels)
+        )
         with self._lock:
             self._snapshot = snapshot
         return snapshot
@@ -139,9 +143,12 @@ class _Fixed(Collector):
         yield from self._families
 
 
-def render(snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]]) -> bytes:
-    """A reading, its age and cost and the idle claims in the Prometheus text format."""
-    out = families(snapshot.readings)
+def render(
+    snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]], *, tenant_labels: bool = True
+) -> bytes:
+    """A reading, its age and cost and the idle claims (a series per claim: none without tenant
+    labels, the log lines and Events still tell) in the Prometheus text format."""
+    out = families(snapshot.readings, tenant_labels=tenant_labels)
     out.append(
         GaugeMetricFamily(
             "dradriver_telemetry_read_duration_seconds",
@@ -161,7 +168,7 @@ def render(snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]]) -> byte
         "How long a prepared claim's devices have stayed below the idle threshold (--idle-threshold)",
         labels=["claim_namespace", "claim_name", "claim_uid", "pods"],
     )
-    for holder, seconds in idle.values():
+    for holder, seconds in idle.values() if tenant_labels else ():
         pods = ",".join(map(str, holder.pods))
         idle_seconds.add_metric([holder.claim_namespace, holder.claim_name, holder.claim_uid, pods], seconds)
     out.append(idle_seconds)

@@ -55,6 +55,7 @@ def build_sampler(
     proc_root: Path,
     interval: float,
     idle: IdleReporter | None,
+    tenant_labels: bool = True,
 ) -> TelemetrySampler:
     """What reads the devices every `interval` seconds once started (its `exposition` is served
     on /metrics); the caller starts and stops it."""
@@ -81,4 +82,5 @@ def build_sampler(
         interval=interval,
         on_reading=on_reading,
         idle=lambda: tracker.idle(time.monotonic()) if tracker is not None else {},
+        tenant_labels=tenant_labels,
     )
