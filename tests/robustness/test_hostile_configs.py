@@ -14,9 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare import config
 from tests.helpers import ServeProcess, allocated_claim, opaque, running_serve, short_tmpdir, uid, wait_for
 from tests.robustness.common import HANG_SECONDS
 from tests.robustness.test_serve_lifecycle import api_server
@@ -228,3 +231,59 @@ def test_deeply_nested_claims_from_the_api_server_are_that_claims_error() -> Non
         finally:
             serve.kill()
         assert "Traceback" not in serve.log()
+
+
+# -- a fuzzer over the config models: every answer bounded in time and size -------------------------
+
+digits = st.text("0123456789", min_size=1, max_size=6000)
+quantities = st.one_of(
+    st.builds(
+        lambda sign, whole, fraction, suffix: f"{sign}{whole}{fraction}{suffix}",
+        st.sampled_from(["", "+", "-"]),
+        digits,
+        st.sampled_from(["", "."]) | digits.map(lambda d: f".{d}"),
+        st.sampled_from(["", "n", "m", "k", "Ki", "Mi", "Gi", "Ei", "E"])
+        | st.builds(
+            lambda e, sign, exponent: f"{e}{sign}{exponent}",
+            st.sampled_from(["e", "E"]),
+            st.sampled_from(["", "+", "-"]),
+            st.integers(min_value=0, max_value=10**30) | digits,
+        ),
+    ),
+    st.text(max_size=200),
+)
+settings_values = st.one_of(
+    quantities, st.integers(min_value=-(10**4000), max_value=10**4000), st.none(), st.booleans()
+)
+configs = st.fixed_dictionaries(
+    {
+        "apiVersion": st.sampled_from(["gpu.dradriver.dev/v1alpha1", "v1"]) | st.text(max_size=100_000),
+        "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig"]) | st.text(max_size=100_000),
+        "sharing": st.fixed_dictionaries(
+            {"strategy": st.sampled_from(["MPS", "TimeSlicing", "Other"])},
+            optional={
+                "mps": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "defaultActiveThreadPercentage": settings_values,
+                        "defaultPinnedDeviceMemoryLimit": settings_values,
+                        "perDevicePinnedMemoryLimit": st.dictionaries(
+                            st.text(max_size=300), settings_values, max_size=20
+                        ),
+                    },
+                ),
+                "timeSlicing": st.fixed_dictionaries({"interval": st.text(max_size=50)}),
+            },
+        ),
+    }
+)
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(configs)
+def test_any_config_is_answered_in_bounded_time_and_size(parameters: dict[str, Any]) -> None:
+    start = time.perf_counter()
+    found = config.problems(parameters)
+    assert time.perf_counter() - start < ANSWER_SECONDS
+    assert len(found) <= config.MAX_PROBLEMS + 1
+    assert all(len(path) + len(message) < 1000 for path, message in found), found
