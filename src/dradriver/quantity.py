@@ -9,6 +9,14 @@ visible from CEL: `asInteger()`/`isInteger()` only succeed on the int64 form wit
 non-negative scale, so `quantity("1000m").isInteger()` is false and so is
 `quantity("1.5Gi").isInteger()`. We keep the same representation, ported from
 `quantity.go` (ParseQuantity, Add, Sub, Cmp, AsInt64, AsApproximateFloat64) and `amount.go`.
+
+Parsing is bounded, as the Go code is not (kubernetes#141166): a quantity costs work in
+proportion to its length, whatever its exponent. A value below one nano rounds up to `1n`
+without building the divisor (kubernetes#141306), a value too large for a float keeps its
+exponent instead of being scaled to nanos, and comparisons look at magnitudes first. Three
+deviations keep it so: an exponent beyond int32 is refused (Kubernetes 1.36 truncates it, newer
+releases refuse it: kubernetes#141203), so is a mantissa of more than MAX_DIGITS significant
+digits, and `exact()` refuses values of more than about a thousand digits.
 """
 
 from __future__ import annotations
@@ -22,12 +30,24 @@ _NANO = -9
 _MAX_INT64_FACTORS = 18
 # The largest value a BinarySI quantity is clamped to (maxAllowed in quantity.go).
 _MAX_ALLOWED = _INT64_MAX
+_MAX_INT32 = 2**31 - 1
+#: Significant digits a mantissa may have (Python's int() refuses more than 4,300).
+MAX_DIGITS = 1000
+# A value more than this many digits above a nano keeps its exponent rather than being scaled to
+# nanos: Go's AsApproximateFloat64 is infinite for it either way.
+_COMPACT_ABOVE = 330
+# Ei (2**60) has fewer than 19 decimal digits.
+_BINARY_DIGITS = 19
+#: Quantities a tenant writes (opaque configs, claims) longer than this are refused unparsed.
+MAX_TENANT_LENGTH = 64
 
 ERR_FORMAT_WRONG = (
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 )
 ERR_NUMERIC = "unable to parse numeric part of quantity"
 ERR_SUFFIX = "unable to parse quantity's suffix"
+ERR_DIGITS = f"more than {MAX_DIGITS} significant digits"
+ERR_TOO_LARGE = f"too large to use (more than {MAX_DIGITS + _COMPACT_ABOVE} digits)"
 
 _DECIMAL_SI = "DecimalSI"
 _BINARY_SI = "BinarySI"
@@ -42,6 +62,7 @@ _SUFFIX_OF = {
 }
 _SUFFIX_CHARS = frozenset("eEinumkKMGTP")
 _DIGITS = frozenset("0123456789")
+_LOG10_2 = math.log10(2)
 
 
 class QuantityError(ValueError):
@@ -100,35 +121,38 @@ def _interpret_suffix(suffix: str) -> tuple[int, int, str]:
     if len(suffix) > 1 and suffix[0] in "eE":
         exponent_text = suffix[1:]
         body = exponent_text[1:] if exponent_text[0] in "+-" else exponent_text
-        if body and all(ch in _DIGITS for ch in body):
-            exponent = int(exponent_text)
-            if _fits_int64(exponent):
-                # Go truncates the parsed int64 to int32.
-                exponent = (exponent + 2**31) % 2**32 - 2**31
+        # Ten digits hold any int32: longer ones are out of range without converting them.
+        significant = body.lstrip("0")
+        if body and all(ch in _DIGITS for ch in body) and len(significant) <= 10:
+            exponent = -int(significant or "0") if exponent_text[0] == "-" else int(significant or "0")
+            if -_MAX_INT32 <= exponent <= _MAX_INT32:
                 return 10, exponent, _DECIMAL_EXPONENT
     raise QuantityError(ERR_SUFFIX)
 
 
-def _parse_decimal(text: str) -> tuple[int, int]:
-    """inf.Dec.SetString for the numeric part: (unscaled, exponent) with value = unscaled * 10**exponent."""
-    sign = 1
-    if text and text[0] in "+-":
-        sign = -1 if text[0] == "-" else 1
-        text = text[1:]
+def _parse_decimal(text: str) -> tuple[bool, str, int]:
+    """inf.Dec.SetString for the numeric part, left as text: (negative, significant digits,
+    exponent) with value = digits * 10**exponent; no digits for zero."""
+    negative = text[:1] == "-"
+    text = text.removeprefix("-").removeprefix("+")
     whole, dot, fraction = text.partition(".")
     digits = whole + fraction
     if not digits or not all(ch in _DIGITS for ch in digits) or (dot and not fraction and not whole):
         raise QuantityError(ERR_NUMERIC)
-    return sign * int(digits), -len(fraction)
+    significant = digits.strip("0")
+    trailing_zeros = len(digits.lstrip("0")) - len(significant)
+    return negative, significant, trailing_zeros - len(fraction)
 
 
 def _ceil_to_nano(unscaled: int, exponent: int) -> tuple[int, int]:
-    """inf.Dec.Round(x, 9, RoundUp) of a positive value: the result always has scale 9."""
+    """inf.Dec.Round(x, 9, RoundUp) of a positive value: scale 9, except for a value more than
+    _COMPACT_ABOVE digits above a nano (a multiple of a nano already), which keeps its exponent."""
     shift = exponent - _NANO
+    if shift > _COMPACT_ABOVE:
+        return unscaled, exponent
     if shift >= 0:
         return unscaled * 10**shift, _NANO
-    divisor = 10**-shift
-    return -(-unscaled // divisor), _NANO
+    return -(-unscaled // 10**-shift), _NANO
 
 
 class Quantity:
@@ -189,14 +213,18 @@ class Quantity:
 
     @classmethod
     def _parse_big(cls, value: str, base: int, exponent: int, fmt: str) -> Quantity:
-        unscaled, exp = _parse_decimal(value)
+        negative, digits, exp = _parse_decimal(value)
+        if not digits:
+            return cls(0, 0, dec=True, fmt=fmt)
         if base == 10:
             exp += exponent
+        # digits * 10**exp < 10**(len(digits) + exp): below a nano, even times 2**60 for base 2.
+        if len(digits) + exp <= _NANO - (0 if base == 10 else _BINARY_DIGITS):
+            unscaled, exp = 1, _NANO
+        elif len(digits) > MAX_DIGITS:
+            raise QuantityError(ERR_DIGITS)
         else:
-            unscaled *= 1 << exponent
-        negative = unscaled < 0
-        unscaled = abs(unscaled)
-        if unscaled:
+            unscaled = int(digits) << (0 if base == 10 else exponent)
             unscaled, exp = _ceil_to_nano(unscaled, exp)
         if fmt == _BINARY_SI and _compare_exact(unscaled, exp, _MAX_ALLOWED, 0) > 0:
             unscaled, exp = _MAX_ALLOWED, 0
@@ -221,6 +249,10 @@ class Quantity:
 
     def compare(self, other: Quantity) -> int:
         return _compare_exact(self._unscaled, self._exp, other._unscaled, other._exp)
+
+    def within(self, limit: int) -> bool:
+        """Whether -limit <= value <= limit, decided without building a large number."""
+        return _compare_exact(abs(self._unscaled), self._exp, limit, 0) <= 0
 
     def sign(self) -> int:
         return (self._unscaled > 0) - (self._unscaled < 0)
@@ -251,20 +283,26 @@ class Quantity:
         """Quantity.AsInt64: the value if the int64 form holds it exactly with scale >= 0."""
         if self._dec:
             return None
-        if self._exp == 0:
-            return self._unscaled
-        if self._exp < 0:
+        if self._exp == 0 or not self._unscaled:
+            return self._unscaled if self._exp >= 0 else None
+        if not 0 < self._exp <= _MAX_INT64_FACTORS:
             return None
         value = self._unscaled * 10**self._exp
         return value if _fits_int64(value) else None
 
     def exact(self) -> Fraction:
-        """The exact value, for arithmetic the Go type does not offer (steps, modulo)."""
+        """The exact value, for arithmetic the Go type does not offer (steps, modulo); QuantityError
+        for a value too large to build."""
+        if self._unscaled and self._exp > _COMPACT_ABOVE:
+            raise QuantityError(ERR_TOO_LARGE)
         return Fraction(self._unscaled) * Fraction(10) ** self._exp
 
     def as_approximate_float(self) -> float:
         """Quantity.AsApproximateFloat64: float(unscaled) * 10**exponent."""
-        base = float(self._unscaled)
+        try:
+            base = float(self._unscaled)
+        except OverflowError:  # big.Float.Float64 gives an infinity
+            base = math.copysign(math.inf, self._unscaled)
         if self._exp == 0:
             return base
         return base * _pow10(self._exp)
@@ -293,6 +331,8 @@ class Quantity:
         return f"{number}{_SUFFIX_OF.get((10, exponent), '')}"
 
     def __str__(self) -> str:
+        if self._unscaled and self._exp > _COMPACT_ABOVE:
+            return f"{self._unscaled}e{self._exp}"
         value = self._unscaled * 10**self._exp if self._exp >= 0 else None
         if value is not None:
             return str(value)
@@ -315,6 +355,14 @@ def _pow10(exponent: int) -> float:
 
 
 def _compare_exact(a: int, a_exp: int, b: int, b_exp: int) -> int:
+    sign_a, sign_b = (a > 0) - (a < 0), (b > 0) - (b < 0)
+    if sign_a != sign_b or not sign_a:
+        return (sign_a > sign_b) - (sign_a < sign_b)
+    # Same sign: digits of magnitude first (bit_length * log10(2) is within one digit of it),
+    # so that values far apart never scale to a common exponent.
+    gap = (a_exp + abs(a).bit_length() * _LOG10_2) - (b_exp + abs(b).bit_length() * _LOG10_2)
+    if abs(gap) > 2:
+        return sign_a if gap > 0 else -sign_a
     low = min(a_exp, b_exp)
     left = a * _ten_to(a_exp - low)
     right = b * _ten_to(b_exp - low)
@@ -345,6 +393,18 @@ def _int64_amount_add(a: int, a_scale: int, b: int, b_scale: int) -> tuple[int, 
             return None
         total, scale = a + scaled, a_scale
     return (total, scale) if _fits_int64(total) else None
+
+
+def tenant_quantity(text: str, maximum: int = _INT64_MAX) -> Quantity:
+    """A quantity a tenant wrote (opaque config, claim): at most MAX_TENANT_LENGTH characters,
+    accepted by Kubernetes, at most `maximum` either side of zero (int64: what any amount here
+    fits). QuantityError otherwise; all of it checked before any arithmetic."""
+    if len(text) > MAX_TENANT_LENGTH:
+        raise QuantityError(f"longer than {MAX_TENANT_LENGTH} characters")
+    quantity = Quantity.parse(text)
+    if not quantity.within(maximum):
+        raise QuantityError(f"must be within ±{maximum}")
+    return quantity
 
 
 def quantity_error(value: object) -> str | None:

@@ -108,6 +108,9 @@ class FakeApiServer:
         self._watchers: list[_Watcher] = []
         self._faults: list[tuple[int, float | None]] = []
         self._stalls: list[tuple[str, threading.Event]] = []
+        #: Verbatim answers to GETs of these paths: objects nested deeper than Python can copy or
+        #: encode.
+        self.raw_answers: dict[str, bytes] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._scheme = "https" if tls is not None else "http"
@@ -378,6 +381,9 @@ class FakeApiServer:
                     fault[0], "InternalError" if fault[0] >= 500 else "TooManyRequests", "injected", headers
                 )
             body = json.loads(raw) if raw else None
+            if method == "GET" and url.path in self.raw_answers:
+                _send_bytes(h, 200, self.raw_answers[url.path])
+                return
             if request.watch:
                 self._watch(h, url.path, query, metadata_only="as=PartialObjectMetadata" in request.accept)
                 return
@@ -534,7 +540,12 @@ def _status(code: int, reason: str, message: str) -> Json:
 
 
 def _send(h: BaseHTTPRequestHandler, status: int, body: Json, headers: dict[str, str] | None = None) -> None:
-    data = json.dumps(body).encode()
+    _send_bytes(h, status, json.dumps(body).encode(), headers)
+
+
+def _send_bytes(
+    h: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict[str, str] | None = None
+) -> None:
     h.send_response(status)
     h.send_header("Content-Type", "application/json")
     h.send_header("Content-Length", str(len(data)))

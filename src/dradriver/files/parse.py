@@ -41,6 +41,8 @@ from yaml.events import (
 from yaml.nodes import ScalarNode
 from yaml.resolver import Resolver
 
+from dradriver.nesting import MAX_DEPTH, too_deep
+
 try:
     from yaml._yaml import CParser as _Parser
 except ImportError:  # PyYAML without libyaml: the pure-Python parser, also iterative
@@ -52,7 +54,7 @@ class Limits:
     """What one input file may hold. Nodes are scalars, lists and maps, aliases expanded."""
 
     max_bytes: int
-    max_depth: int = 100
+    max_depth: int = MAX_DEPTH
     max_nodes: int = 250_000
 
 
@@ -391,14 +393,8 @@ def parse_json(text: str, limits: Limits = JSON_LIMITS) -> Any:
 
 
 def _check_depth(data: Any, limits: Limits) -> None:
-    """Nesting of parsed JSON, walked iteratively (containers only)."""
-    pending = [(data, 1)] if isinstance(data, dict | list) else []
-    while pending:
-        value, depth = pending.pop()
-        if depth > limits.max_depth:
-            raise ParseError(f"nested deeper than {limits.max_depth} levels (the limit)")
-        items = value.values() if isinstance(value, dict) else value
-        pending.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+    if too_deep(data, limits.max_depth) is not None:
+        raise ParseError(f"nested deeper than {limits.max_depth} levels (the limit)")
 
 
 def looks_like_json(text: str) -> bool:

@@ -20,6 +20,7 @@ from dradriver.kube.errors import (
     GoneError,
     KubeError,
     NotFoundError,
+    UndecodableError,
     UnreachableError,
     UnsupportedServerError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "NotFoundError",
     "RetryPolicy",
     "Timeouts",
+    "UndecodableError",
     "UnreachableError",
     "UnsupportedServerError",
     "WatchEvent",

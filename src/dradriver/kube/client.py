@@ -38,6 +38,7 @@ from dradriver.kube.errors import (
     ApiError,
     KubeError,
     NotFoundError,
+    UndecodableError,
     UnreachableError,
     UnsupportedServerError,
     api_error,
@@ -179,7 +180,7 @@ class WatchStream:
                 if kind == "ERROR":
                     raise api_error(int(obj.get("code") or 500), json.dumps(obj))
                 yield WatchEvent(kind, obj)
-        except (HTTPError, OSError, ValueError) as err:
+        except (HTTPError, OSError, ValueError, RecursionError) as err:
             if not self._closed:
                 log.debug("watch stream ended", error=str(err))
         finally:
@@ -321,7 +322,10 @@ class KubeClient:
             raise api_error(
                 response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
             )
-        result: Json = json.loads(data) if data else {}
+        try:
+            result: Json = json.loads(data) if data else {}
+        except (ValueError, RecursionError) as err:
+            raise UndecodableError(f"{method} {path}: cannot decode the answer: {err}") from None
         return result
 
     def _watch(

@@ -41,6 +41,11 @@ class UnreachableError(KubeError):
     """No answer at all: connection refused or reset, DNS failure, or a timeout."""
 
 
+class UndecodableError(KubeError):
+    """The answer is not JSON we can decode (nested deeper than Python recurses, an integer of
+    more than 4,300 digits): a fact about that object, not about the server."""
+
+
 class UnsupportedServerError(KubeError):
     """The server does not serve an API version we need."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dradriver.files import FileInputError, load_documents
-from dradriver.kube import KubeClient, KubeError, NotFoundError
+from dradriver.kube import KubeClient, KubeError, NotFoundError, UndecodableError
 
 
 class ClaimSourceError(Exception):
@@ -201,6 +201,8 @@ class ApiClaimSource:
             claim: Mapping[str, Any] = self._client.get_resource_claim(namespace, name)
         except NotFoundError as err:
             raise ClaimNotFoundError(str(err)) from err
+        except UndecodableError as err:  # this claim's content, not the server
+            raise ClaimUnusableError(f"ResourceClaim {namespace}/{name}: {err}") from None
         except KubeError as err:
             raise ClaimSourceError(str(err)) from err
         return claim

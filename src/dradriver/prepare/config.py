@@ -3,7 +3,10 @@
 They arrive in DeviceClasses and ResourceClaims as `config[].opaque.parameters` for our driver and
 reach us, class entries first, in the claim's `status.allocation.devices.config`. Decoding is
 strict: an unknown field, a wrong type or a value out of range is an error naming the field, so a
-typo fails the claim instead of silently doing nothing.
+typo fails the claim instead of silently doing nothing. Anything a tenant writes is bounded
+before it is used: quantities by `quantity.tenant_quantity`, names and map sizes here, nesting
+where the claim is decoded. A config is checked once: its result, an error included, is kept by
+the hash of its JSON for the kubelet's retries.
 
     apiVersion: gpu.dradriver.dev/v1alpha1
     kind: GpuConfig                     # or MigDeviceConfig
@@ -16,6 +19,10 @@ typo fails the claim instead of silently doing nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
@@ -23,6 +30,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -31,23 +39,33 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from dradriver.prepare.resourceclaim import AllocatedConfig
-from dradriver.quantity import Quantity, QuantityError
+from dradriver.fieldpath import clip
+from dradriver.prepare.resourceclaim import AllocatedConfig, Name, TenantQuantity
+from dradriver.quantity import Quantity
 
 API_VERSION = "gpu.dradriver.dev/v1alpha1"
+#: Entries of a per-device map: more than the devices of any node.
+MAX_DEVICE_ENTRIES = 1024
+#: Problems reported of one config; the rest are counted.
+MAX_PROBLEMS = 5
+#: Configs whose result is kept (a few hundred bytes each).
+CACHE_SIZE = 1024
 
 
-def _check_quantity(value: str) -> str:
-    try:
-        quantity = Quantity.parse(value)
-    except QuantityError as err:
-        raise ValueError(str(err)) from None
-    if quantity.sign() <= 0:
+def _positive(value: str) -> str:
+    if Quantity.parse(value).sign() <= 0:
         raise ValueError("must be greater than zero")
     return value
 
 
-QuantityString = Annotated[str, AfterValidator(_check_quantity)]
+QuantityString = Annotated[TenantQuantity, AfterValidator(_positive)]
+
+
+def _few_entries(value: Any) -> Any:
+    """Counted before any entry is checked (pydantic checks a map's length after its entries)."""
+    if isinstance(value, dict) and len(value) > MAX_DEVICE_ENTRIES:
+        raise ValueError(f"more than {MAX_DEVICE_ENTRIES} entries")
+    return value
 
 
 class _Strict(BaseModel):
@@ -68,7 +86,9 @@ class Mps(_Strict):
     default_active_thread_percentage: Annotated[int, Field(ge=1, le=100)] | None = None
     default_pinned_device_memory_limit: QuantityString | None = None
     #: Keyed by our device name (gpu-0) or GPU UUID.
-    per_device_pinned_memory_limit: dict[str, QuantityString] | None = None
+    per_device_pinned_memory_limit: Annotated[
+        dict[Name, QuantityString] | None, BeforeValidator(_few_entries)
+    ] = None
 
 
 class Sharing(_Strict):
@@ -118,32 +138,59 @@ class ConfigError(ValueError):
     """A config that cannot be decoded; the message names the field path."""
 
 
-def problems(parameters: Any, where: str = "parameters") -> list[tuple[str, str]]:
-    """(field path, message) for everything wrong with one `opaque.parameters` object."""
+#: A decoded config, or (field path below `parameters`, message) of what is wrong with it.
+_Checked = DeviceConfig | tuple[tuple[str, str], ...]
+_checked: OrderedDict[bytes, _Checked] = OrderedDict()
+_checked_lock = threading.Lock()
+
+
+def _check(parameters: Any) -> _Checked:
+    """The result for these parameters, from the cache when they were checked before."""
+    key = hashlib.sha256(json.dumps(parameters, sort_keys=True, default=repr).encode()).digest()
+    with _checked_lock:
+        if (known := _checked.get(key)) is not None:
+            _checked.move_to_end(key)
+            return known
+    result = _validate(parameters)
+    with _checked_lock:
+        _checked[key] = result
+        if len(_checked) > CACHE_SIZE:
+            _checked.popitem(last=False)
+    return result
+
+
+def _validate(parameters: Any) -> _Checked:
     try:
-        _adapter.validate_python(parameters)
+        return _adapter.validate_python(parameters)
     except ValidationError as err:
         found = []
-        for e in err.errors(include_url=False):
+        for e in err.errors(include_url=False)[:MAX_PROBLEMS]:
             loc = e["loc"][1:] if e["loc"] and e["loc"][0] in {"GpuConfig", "MigDeviceConfig"} else e["loc"]
             if e["type"] == "union_tag_invalid":
-                found.append(
-                    (f"{where}.kind", f"must be GpuConfig or MigDeviceConfig, not {e['input'].get('kind')!r}")
-                )
+                kind = clip(repr(e["input"].get("kind")))
+                found.append((".kind", f"must be GpuConfig or MigDeviceConfig, not {kind}"))
             elif e["type"] == "union_tag_not_found":
-                found.append((f"{where}.kind", "required (GpuConfig or MigDeviceConfig)"))
+                found.append((".kind", "required (GpuConfig or MigDeviceConfig)"))
             else:
-                found.append((".".join([where, *(str(p) for p in loc)]), e["msg"]))
-        return found
-    return []
+                found.append(("".join(f".{clip(str(p))}" for p in loc), e["msg"]))
+        if err.error_count() > MAX_PROBLEMS:
+            found.append(("", f"and {err.error_count() - MAX_PROBLEMS} more problems"))
+        return tuple(found)
+
+
+def problems(parameters: Any, where: str = "parameters") -> list[tuple[str, str]]:
+    """(field path, message) for what is wrong with one `opaque.parameters` object (the first
+    MAX_PROBLEMS, then how many more)."""
+    checked = _check(parameters)
+    return [] if isinstance(checked, GpuConfig | MigDeviceConfig) else [(where + p, m) for p, m in checked]
 
 
 def parse(parameters: Any, where: str = "parameters") -> DeviceConfig:
     """Decode one `opaque.parameters` object; `where` prefixes field paths in errors."""
-    found = problems(parameters, where)
-    if found:
-        raise ConfigError("; ".join(f"{path}: {message}" for path, message in found))
-    return _adapter.validate_python(parameters)
+    checked = _check(parameters)
+    if isinstance(checked, GpuConfig | MigDeviceConfig):
+        return checked
+    raise ConfigError("; ".join(f"{where}{path}: {message}" for path, message in checked))
 
 
 @dataclass(frozen=True)

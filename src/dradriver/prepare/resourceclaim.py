@@ -3,7 +3,9 @@
 A claim from the API server always has the right shapes, but one from a file (--claims-dir)
 may have anything anywhere; decoding here turns a wrong type into that claim's error, naming
 the field, instead of an exception that would fail the whole NodePrepareResources call.
-Unknown fields are ignored, as a client built against an older API would.
+Unknown fields are ignored, as a client built against an older API would. What a tenant may
+write is bounded before anything walks or computes with it: nesting (MAX_DEPTH), names (the API
+server's longest, 253 characters) and quantities (`quantity.tenant_quantity`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+)
 
 from dradriver.fieldpath import field_path
+from dradriver.nesting import MAX_DEPTH, too_deep
+from dradriver.quantity import QuantityError, tenant_quantity
 
 
 def _null_is_empty(value: Any) -> Any:
@@ -25,38 +39,52 @@ def _null_is_default(value: Any) -> Any:
     return {} if value is None else value
 
 
+def _bounded_quantity(text: str) -> str:
+    try:
+        tenant_quantity(text)
+    except QuantityError as err:
+        raise ValueError(str(err)) from None
+    return text
+
+
+#: A Kubernetes name (DNS subdomain, label, UID, `request/subrequest`): 253 characters at most.
+Name = Annotated[StrictStr, StringConstraints(max_length=253)]
+#: A quantity string a tenant wrote, bounded (length, exponent, magnitude) as it is decoded.
+TenantQuantity = Annotated[StrictStr, AfterValidator(_bounded_quantity)]
+
+
 class _Part(BaseModel):
     # Scalars are strict (5 is not a string); lists may come as JSON arrays.
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
 
 class ObjectMeta(_Part):
-    name: StrictStr = ""
-    namespace: StrictStr = ""
-    uid: StrictStr = ""
+    name: Name = ""
+    namespace: Name = ""
+    uid: Name = ""
 
 
 class AllocationResult(_Part):
-    request: StrictStr = ""
-    driver: StrictStr = ""
-    pool: StrictStr = ""
-    device: StrictStr = ""
+    request: Name = ""
+    driver: Name = ""
+    pool: Name = ""
+    device: Name = ""
     admin_access: StrictBool | None = Field(default=None, alias="adminAccess")
-    share_id: StrictStr | None = Field(default=None, alias="shareID")
-    consumed_capacity: Annotated[dict[StrictStr, StrictStr], BeforeValidator(_null_is_default)] = Field(
+    share_id: Name | None = Field(default=None, alias="shareID")
+    consumed_capacity: Annotated[dict[Name, TenantQuantity], BeforeValidator(_null_is_default)] = Field(
         default_factory=dict, alias="consumedCapacity"
     )
 
 
 class OpaqueConfig(_Part):
-    driver: StrictStr = ""
+    driver: Name = ""
     #: Decoded by `prepare.config` when the driver is ours; anything JSON otherwise.
     parameters: Any = None
 
 
 class AllocatedConfig(_Part):
-    source: StrictStr = ""
-    requests: Annotated[tuple[StrictStr, ...], BeforeValidator(_null_is_empty)] = ()
+    source: Name = ""
+    requests: Annotated[tuple[Name, ...], BeforeValidator(_null_is_empty)] = ()
     opaque: OpaqueConfig | None = None
 
 
@@ -80,6 +108,10 @@ class ResourceClaim(_Part):
     status: Annotated[ClaimStatus, BeforeValidator(_null_is_default)] = Field(default_factory=ClaimStatus)
 
 
+#: How much of a too-deep location an error shows: enough to name the field that holds it.
+_SHOWN_PARTS = 8
+
+
 class ClaimFormatError(ValueError):
     """The claim object has a field of the wrong type; the message names the field."""
 
@@ -88,6 +120,9 @@ def decode_claim(raw: Any) -> ResourceClaim:
     """The typed claim; ClaimFormatError naming the first bad field (and how many more)."""
     if not isinstance(raw, Mapping):
         raise ClaimFormatError(f"must be an object, not {type(raw).__name__}")
+    if (deep := too_deep(dict(raw))) is not None:
+        shown = field_path(deep[:_SHOWN_PARTS]) + ("…" if len(deep) > _SHOWN_PARTS else "")
+        raise ClaimFormatError(f"{shown}: nested deeper than {MAX_DEPTH} levels (the limit)")
     try:
         return ResourceClaim.model_validate(raw)
     except ValidationError as err:
