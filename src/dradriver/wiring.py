@@ -56,6 +56,7 @@ from dradriver.prepare.shared import SerializeLock
 from dradriver.prepare.shares import shares_by_enforcement
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
+from dradriver.publish.admission import check_slice_admission
 from dradriver.publish.handover import Marker
 from dradriver.serve_config import ServeConfig
 from dradriver.slices import render_node_slices
@@ -125,6 +126,13 @@ def build_parts(host: Host) -> Parts:
     if client is not None:
         node_events = NodeEventSender(client, node_name=config.node_name, component=config.driver_name)
         host.started("node-events", node_events.close)
+        check_slice_admission(
+            client,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            events=node_events,
+            required=config.require_admission_policy,
+        )
         if config.pod_uid:
             _check_kubelet(host, client, node_events)
 

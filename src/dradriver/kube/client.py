@@ -224,6 +224,11 @@ class KubeClient:
     def host(self) -> str:
         return self._access.server
 
+    @property
+    def namespace(self) -> str:
+        """Where this client's own objects go (Events about the Node): see Access.namespace."""
+        return self._access.namespace
+
     def close(self) -> None:
         self._pool.clear()
 
