@@ -420,10 +420,16 @@ class FakeApiServer:
                 raise _FailError(404, "NotFound", f'{plural} "{name}" not found')
             return 200, copy.deepcopy(obj)
         if method == "POST" and name is None:
-            denied = self.slice_admission(body or {}) if plural == "resourceslices" and self.slice_admission else None
+            denied = (
+                self.slice_admission(body or {})
+                if plural == "resourceslices" and self.slice_admission
+                else None
+            )
             if denied:
                 raise _FailError(
-                    422, "Invalid", f"ValidatingAdmissionPolicy 'fake' with binding 'fake' denied request: {denied}"
+                    422,
+                    "Invalid",
+                    f"ValidatingAdmissionPolicy 'fake' with binding 'fake' denied request: {denied}",
                 )
             return 201, self.create(plural, namespace, body or {}, dry_run=query.get("dryRun") == "All")
         if method == "PUT" and name is not None:
@@ -580,7 +586,9 @@ def _no_invalid_nodes(slice_: Json) -> str | None:
     """Refuse slices of `*.invalid` nodes: what no test's node is called, and what serve's
     admission check probes with (a real policy refuses every node but the caller's)."""
     node = str((slice_.get("spec") or {}).get("nodeName", ""))
-    return f"may only write ResourceSlices of its own node, not {node!r}" if node.endswith(".invalid") else None
+    return (
+        f"may only write ResourceSlices of its own node, not {node!r}" if node.endswith(".invalid") else None
+    )
 
 
 def _now() -> str:

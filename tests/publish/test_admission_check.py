@@ -31,7 +31,9 @@ def serve_on(fake: FakeApiServer, kubeconfig: Path, root: Path, *extra: str) -> 
 
 
 def probes(fake: FakeApiServer) -> list[str]:
-    return [r.query.get("dryRun", "") for r in fake.requests if r.method == "POST" and "resourceslices" in r.path]
+    return [
+        r.query.get("dryRun", "") for r in fake.requests if r.method == "POST" and "resourceslices" in r.path
+    ]
 
 
 def test_a_refused_probe_means_enforced_and_stores_nothing(fake_api: FakeApiServer, tmp_path: Path) -> None:
@@ -56,7 +58,9 @@ def test_a_refused_probe_means_enforced_and_stores_nothing(fake_api: FakeApiServ
     assert probe(client, TEST_DRIVER, sleep=waits.append).outcome == "unknown"
 
 
-def test_serve_warns_loudly_without_the_policy_and_keeps_serving(fake_api: FakeApiServer, tmp_path: Path) -> None:
+def test_serve_warns_loudly_without_the_policy_and_keeps_serving(
+    fake_api: FakeApiServer, tmp_path: Path
+) -> None:
     fake_api.slice_admission = None
     port = free_port()
     with short_tmpdir() as root:
@@ -64,9 +68,7 @@ def test_serve_warns_loudly_without_the_policy_and_keeps_serving(fake_api: FakeA
         serve.start()
         try:
             wait_for(lambda: NOT_ENFORCED in serve.log(), 15, f"the warning (log: {serve.log()})")
-            wait_for(
-                lambda: fake_api.list_objects("events", None, [])["items"], 10, "the Event on the Node"
-            )
+            wait_for(lambda: fake_api.list_objects("events", None, [])["items"], 10, "the Event on the Node")
             (event,) = fake_api.list_objects("events", None, [])["items"]
             assert event["reason"] == "SliceAdmissionPolicyNotEnforced"
             assert event["type"] == "Warning"
@@ -75,7 +77,8 @@ def test_serve_warns_loudly_without_the_policy_and_keeps_serving(fake_api: FakeA
             assert status == 200
             assert 'dradriver_slice_admission_policy{outcome="not-enforced"} 1.0' in body
             assert len([line for line in serve.log().splitlines() if NOT_ENFORCED in line]) == 1
-            assert serve.proc is not None and serve.proc.poll() is None
+            assert serve.proc is not None
+            assert serve.proc.poll() is None  # a warning: it keeps serving
         finally:
             serve.stop(signal.SIGTERM)
 
@@ -96,7 +99,9 @@ def test_serve_with_the_policy_says_so_once(fake_api: FakeApiServer, tmp_path: P
     with short_tmpdir() as root:
         serve = serve_on(fake_api, tmp_path / "kubeconfig", root, "--require-admission-policy").start()
         try:
-            wait_for(lambda: "keeps this node's token to its own ResourceSlices" in serve.log(), 15, "the check")
+            wait_for(
+                lambda: "keeps this node's token to its own ResourceSlices" in serve.log(), 15, "the check"
+            )
             assert probes(fake_api) == ["All"]
             assert NOT_ENFORCED not in serve.log()
         finally:
