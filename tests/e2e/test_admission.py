@@ -86,7 +86,7 @@ def node_token(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFacto
     that account bound to a pod on TOKEN_NODE, as the kubelet gives the plugin's pod."""
     objects = [o for o in render("overlays/fake") if o["kind"] != "DaemonSet"]
     account = one(objects, "ServiceAccount")["metadata"]
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "dradriver-e2e-token-holder", "namespace": account["namespace"]},
