@@ -9,8 +9,9 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from dradriver.kube import load_client
-from dradriver.publish.admission import PROBE_NODE, RETRY_SECONDS, probe
+from dradriver.kube import KubeClient, load_client
+from dradriver.kube.access import Access
+from dradriver.publish.admission import PROBE_NODE, RETRY_SECONDS, check_slice_admission, probe
 from tests.helpers import ServeProcess, free_port, http_get, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER
 from tests.publish.kubefake import FakeApiServer
@@ -106,3 +107,23 @@ def test_serve_with_the_policy_says_so_once(fake_api: FakeApiServer, tmp_path: P
             assert NOT_ENFORCED not in serve.log()
         finally:
             serve.stop(signal.SIGTERM)
+
+
+def test_credentials_that_are_no_service_accounts_are_not_probed_unless_required() -> None:
+    """A developer's or a benchmark's user (certificates, here none at all) is not what the policy
+    constrains: no probe, no warning; --require-admission-policy probes whoever runs."""
+    fake = FakeApiServer(allow_anonymous=True).start()
+    try:
+        client = KubeClient(Access(server=fake.url))
+
+        def check(required: bool) -> str:
+            return check_slice_admission(
+                client, driver_name=TEST_DRIVER, node_name="node-1", events=None, required=required
+            ).outcome
+
+        assert check(required=False) == "unknown"
+        assert probes(fake) == []
+        assert check(required=True) == "enforced"
+        assert probes(fake) == ["All"]
+    finally:
+        fake.stop()
