@@ -4,8 +4,8 @@ Debian bookworm's essential packages plus python3 (mmdebstrap), and a virtual en
 /opt/dradriver holding this tree's wheel (or the one given) and exactly the dependencies that
 requirements.lock pins, hash-checked — the same content as deploy/Dockerfile's image. The result
 is an OCI image layout in one tar file that `ctr -n k8s.io images import` (or `podman load`)
-takes; the image is named `docker.io/library/dradriver:<version>`, which is what the manifests
-in deploy/ refer to.
+takes; the image is named `ghcr.io/dradriver/dradriver:<version>` (IMAGE_REPOSITORY), which is what
+the manifests in deploy/ refer to.
 
 Usage: build_image.py [--out DIR] [--tag NAME:TAG] [--constraints LOCK] [--wheel FILE] [--mirror URL]
 Prints the archive's path. Needs root or unprivileged user namespaces (mmdebstrap), network access
@@ -32,6 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 #: Every runtime dependency pinned with hashes (`make lock` writes it for the interpreter below).
 LOCK = REPO / "requirements.lock"
+#: Where the project publishes its image: a name of its own, so that a node that lacks the image
+#: never pulls a stranger's from a public namespace (deploy/base/kustomization.yaml: newName).
+IMAGE_REPOSITORY = "ghcr.io/dradriver/dradriver"
 SUITE = "bookworm"
 #: The image's interpreter and platform (bookworm's python3 on x86_64, glibc 2.36).
 PYTHON_VERSION = "3.11"
@@ -235,7 +238,7 @@ def _json(value: object) -> bytes:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "build/image", help="output directory")
-    parser.add_argument("--tag", default=f"dradriver:{version()}", help="image name and tag")
+    parser.add_argument("--tag", default=f"{IMAGE_REPOSITORY}:{version()}", help="image name and tag")
     parser.add_argument(
         "--constraints",
         type=Path,

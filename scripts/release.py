@@ -12,7 +12,7 @@
       release.json                             version, commit, image reference and digest, file names
       SHA256SUMS                               `sha256sum -c SHA256SUMS`
 
-The image reference in the manifests is `docker.io/library/dradriver:<version>@sha256:<digest>`,
+The image reference in the manifests is `ghcr.io/dradriver/dradriver:<version>@sha256:<digest>`,
 the digest of the image manifest in the archive: `ctr -n k8s.io images import --digests` makes
 it resolvable on a node without a registry. VERSION must be the package's version, and
 CHANGELOG.md must have its section. Timestamps come from the last commit (SOURCE_DATE_EPOCH).
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.build_image import LOCK, REPO, image_reference, source_date_epoch, version
+from scripts.build_image import IMAGE_REPOSITORY, LOCK, REPO, image_reference, source_date_epoch, version
 
 #: Kustomization (under deploy/) -> the file its rendering is written to.
 KUSTOMIZATIONS = {
@@ -47,8 +47,6 @@ KUSTOMIZATIONS = {
     "overlays/gpu-operator": "deploy-gpu-operator.yaml",
 }
 DEVICECLASSES = "deviceclasses.yaml"
-#: The image name the manifests in deploy/ use (their `images:` entry).
-IMAGE_NAME = "dradriver"
 
 
 class ReleaseError(Exception):
@@ -122,7 +120,7 @@ def render(kustomization: str, reference: str, digest: str, work: Path) -> str:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [resource],
-                "images": [{"name": IMAGE_NAME, "newName": name, "newTag": tag, "digest": digest}],
+                "images": [{"name": IMAGE_REPOSITORY, "newName": name, "newTag": tag, "digest": digest}],
             }
         )
     )
@@ -162,7 +160,7 @@ def release(wanted: str, out: Path) -> Path:
     sdist, wheel = build_dists(out, env)
     archive = build_image(out, wheel, env)
     reference, digest = image_digest(archive)
-    expected = image_reference(f"{IMAGE_NAME}:{wanted}")
+    expected = image_reference(f"{IMAGE_REPOSITORY}:{wanted}")
     if reference != expected:
         raise ReleaseError(f"{archive.name}: image {reference}, not {expected}")
     with tempfile.TemporaryDirectory(dir=REPO / "build") as work:

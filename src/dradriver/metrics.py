@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -58,6 +58,13 @@ MIG_FAILURES = Counter(
     "dradriver_mig_failures_total",
     "MIG creations and destructions NVML refused, by operation and reason",
     ["operation", "reason"],
+    registry=REGISTRY,
+)
+SLICE_ADMISSION = Gauge(
+    "dradriver_slice_admission_policy",
+    "1 for what the start-up check found: enforced (another node's slice refused to this node's "
+    "token), not-enforced (accepted: any node's token can rewrite any node's devices) or unknown",
+    ["outcome"],
     registry=REGISTRY,
 )
 XID_EVENTS = Counter(

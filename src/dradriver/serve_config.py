@@ -52,5 +52,7 @@ class ServeConfig:
     #: Report a claim idle below this SM utilisation (percent) for idle_window seconds; None: off.
     idle_threshold: float | None = None
     idle_window: float | None = None
+    #: Exit at start when the API server lets this node's token write another node's slices.
+    require_admission_policy: bool = False
     #: Which GPUs are published shareable and how shares are enforced (--gpu-shares); None: off.
     shares: SharePolicy | None = None

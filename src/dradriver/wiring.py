@@ -65,6 +65,7 @@ from dradriver.prepare.preparer import NodeDevices
 from dradriver.prepare.serialize import SerializeLock
 from dradriver.prepare.stale import StaleClaimCollector
 from dradriver.publish import SliceController
+from dradriver.publish.admission import check_slice_admission
 from dradriver.publish.handover import Marker
 from dradriver.serve_config import ServeConfig
 from dradriver.slices import render_node_slices
@@ -236,7 +237,15 @@ def start_parts(parts: Parts, host: Host) -> None:
     if parts.node_events is not None:
         parts.node_events.start()
         host.started("node-events", parts.node_events.close)
-        if parts.client is not None and config.pod_uid:
+    if parts.client is not None and parts.node_events is not None:
+        check_slice_admission(
+            parts.client,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            events=parts.node_events,
+            required=config.require_admission_policy,
+        )
+        if config.pod_uid:
             _check_kubelet(host, parts.client, parts.node_events)
     # Every device starts healthy, so publishing need not wait for the health monitor: the
     # taints are read at each sync, and a change of health triggers a resync.

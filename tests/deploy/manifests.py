@@ -6,6 +6,7 @@ Everything is read from the working tree; rendering runs the real `kubectl kusto
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -53,15 +54,31 @@ def kubectl() -> str:
 @functools.cache
 def render(kustomization: str) -> tuple[Manifest, ...]:
     """The objects `kubectl kustomize deploy/<kustomization>` renders."""
+    return kustomize(DEPLOY / kustomization)
+
+
+def kustomize(directory: Path) -> tuple[Manifest, ...]:
     result = subprocess.run(
-        [kubectl(), "kustomize", str(DEPLOY / kustomization)],
+        [kubectl(), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert result.returncode == 0, f"kubectl kustomize deploy/{kustomization} failed:\n{result.stderr}"
+    assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render_overlay(tmp_path_factory: pytest.TempPathFactory, kustomization: Manifest) -> tuple[Manifest, ...]:
+    """What an operator's own overlay renders: `kustomization` with its resources and components
+    given relative to deploy/ (kustomize takes other kustomizations only by relative path)."""
+    directory = tmp_path_factory.mktemp("overlay")
+    spec = dict(kustomization)
+    for field in ("resources", "components"):
+        if field in spec:
+            spec[field] = [os.path.relpath(DEPLOY / entry, directory) for entry in spec[field]]
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    return kustomize(directory)
 
 
 def load_documents(path: Path) -> list[Manifest]:

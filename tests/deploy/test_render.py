@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from scripts.build_image import IMAGE_REPOSITORY, version
 from tests.deploy.manifests import (
     KUSTOMIZATIONS,
     Manifest,
@@ -19,6 +20,7 @@ from tests.deploy.manifests import (
     one,
     plugin_container,
     render,
+    render_overlay,
 )
 
 EXPECTED_OBJECTS = {
@@ -26,6 +28,8 @@ EXPECTED_OBJECTS = {
     ("ServiceAccount", "dradriver-kubelet-plugin"),
     ("ClusterRole", "dradriver-kubelet-plugin"),
     ("ClusterRoleBinding", "dradriver-kubelet-plugin"),
+    ("Role", "dradriver-kubelet-plugin-events"),
+    ("RoleBinding", "dradriver-kubelet-plugin-events"),
     ("ValidatingAdmissionPolicy", "dradriver-own-node-slices"),
     ("ValidatingAdmissionPolicyBinding", "dradriver-own-node-slices"),
     ("ResourceQuota", "dradriver-critical-pods"),
@@ -39,6 +43,9 @@ EXPECTED_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
     ("resource.k8s.io", "resourceclaims"): {"get"},
     ("", "nodes"): {"get"},
+}
+#: ... and in its own namespace only: Events about the Node.
+EXPECTED_NAMESPACED_RBAC = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -94,7 +101,6 @@ def test_identity_is_consistent(kustomization: str) -> None:
     """The admission policy matches the service account the DaemonSet actually runs as."""
     objects = render(kustomization)
     account = one(objects, "ServiceAccount")["metadata"]
-    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
     assert daemonset_pod(objects)["serviceAccountName"] == account["name"]
     subjects = one(objects, "ClusterRoleBinding")["subjects"]
     assert subjects == [
@@ -104,11 +110,54 @@ def test_identity_is_consistent(kustomization: str) -> None:
         one(objects, "ClusterRoleBinding")["roleRef"]["name"]
         == one(objects, "ClusterRole")["metadata"]["name"]
     )
+    role_binding = one(objects, "RoleBinding")
+    assert role_binding["metadata"]["namespace"] == account["namespace"]
+    assert role_binding["subjects"] == subjects
+    assert role_binding["roleRef"]["name"] == one(objects, "Role")["metadata"]["name"]
+    assert_policy_constrains(objects)
+
+
+def assert_policy_constrains(objects: tuple[Manifest, ...]) -> None:
+    """The policy's binding selects the ClusterRoleBinding that grants the DaemonSet's account its
+    slice access, and the policy constrains exactly the accounts that binding names."""
+    pod = daemonset_pod(objects)
+    namespace = one(objects, "DaemonSet")["metadata"]["namespace"]
+    username = f"system:serviceaccount:{namespace}:{pod['serviceAccountName']}"
     policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["paramKind"] == {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+    }
+    param_ref = binding["spec"]["paramRef"]
+    assert set(param_ref) == {"selector", "parameterNotFoundAction"}  # by label: survives renames
+    selected = [
+        o
+        for o in objects
+        if o["kind"] == "ClusterRoleBinding"
+        and param_ref["selector"]["matchLabels"].items() <= o["metadata"].get("labels", {}).items()
+    ]
+    assert len(selected) == 1, "the policy's parameter must be exactly one ClusterRoleBinding"
+    [crb] = selected
+    [role] = [
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == crb["roleRef"]["name"]
+    ]
+    assert any("resourceslices" in rule["resources"] and "create" in rule["verbs"] for rule in role["rules"])
     [condition] = policy["spec"]["matchConditions"]
-    assert condition["expression"] == f'request.userInfo.username == "{username}"'
-    binding = one(objects, "ValidatingAdmissionPolicyBinding")["spec"]
-    assert binding == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    matched = [
+        f"system:serviceaccount:{s['namespace']}:{s['name']}"
+        for s in crb["subjects"]
+        if s["kind"] == "ServiceAccount"
+    ]
+    assert matched == [username]
+    # The condition compares the request's username with those subjects, as built here.
+    assert 'params.subjects.exists(s, s.kind == "ServiceAccount"' in condition["expression"]
+    assert '"system:serviceaccount:" + s.namespace + ":" + s.name' in condition["expression"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    driver = container_env(plugin_container(objects))["DRADRIVER_DRIVER_NAME"]
+    assert variables["driver"] == f'"{driver}"'
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -121,19 +170,87 @@ def test_admission_policy_guards_every_slice_write(kustomization: str) -> None:
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert "authentication.kubernetes.io/node-name" in variables["callerNode"]
-    assert "oldObject" in variables["sliceNode"]  # DELETE has no object, only oldObject
+    assert "oldObject" in variables["slices"]  # DELETE has no object, only oldObject
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    for pinned in ("variables.foreignNodes", "s.spec.driver == variables.driver", "s.spec.pool.name"):
+        assert pinned in checks
 
 
-@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
-def test_rbac_is_exactly_what_the_code_uses(kustomization: str) -> None:
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in one(render(kustomization), "ClusterRole")["rules"]:
+def granted(role: Manifest) -> dict[tuple[str, str], set[str]]:
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
         assert "resourceNames" not in rule
         assert "nonResourceURLs" not in rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    assert granted == EXPECTED_RBAC
+                verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return verbs
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_rbac_is_exactly_what_the_code_uses(kustomization: str) -> None:
+    objects = render(kustomization)
+    assert granted(one(objects, "ClusterRole")) == EXPECTED_RBAC
+    assert granted(one(objects, "Role")) == EXPECTED_NAMESPACED_RBAC
+
+
+def test_an_operators_overlay_keeps_the_policy_on_its_account(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A `namespace:` and `namePrefix:` overlay of an operator's (plus the idle-events component):
+    the policy follows the renamed account, the Events Role moves with it."""
+    objects = render_overlay(
+        tmp_path_factory,
+        {
+            "resources": ["overlays/fake"],
+            "components": ["components/idle-events"],
+            "namespace": "gpu-system",
+            "namePrefix": "acme-",
+        },
+    )
+    pod = daemonset_pod(objects)
+    assert pod["serviceAccountName"] == "acme-dradriver-kubelet-plugin"
+    assert one(objects, "Role")["metadata"]["namespace"] == "gpu-system"
+    assert_policy_constrains(objects)
+    idle = [o for o in objects if o["metadata"]["name"] == "acme-dradriver-kubelet-plugin-idle-events"]
+    assert {o["kind"] for o in idle} == {"ClusterRole", "ClusterRoleBinding"}
+    [idle_binding] = [o for o in idle if o["kind"] == "ClusterRoleBinding"]
+    assert idle_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "acme-dradriver-kubelet-plugin", "namespace": "gpu-system"}
+    ]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_token_is_short_lived_and_projected(kustomization: str) -> None:
+    objects = render(kustomization)
+    pod = daemonset_pod(objects)
+    assert pod["automountServiceAccountToken"] is False
+    [mount] = [
+        m
+        for m in plugin_container(objects)["volumeMounts"]
+        if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    ]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    [token] = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
+    # 3607 is the one lifetime the API server stretches to a year; at most an hour otherwise.
+    assert token == {"path": "token", "expirationSeconds": 3600}
+    paths = {
+        item["path"]
+        for s in sources
+        for part in s.values()
+        if isinstance(part, dict)
+        for item in part.get("items", [])
+    }
+    assert paths == {"ca.crt", "namespace"}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_image_is_named_in_the_projects_registry(kustomization: str) -> None:
+    image = plugin_container(render(kustomization))["image"]
+    assert image == f"{IMAGE_REPOSITORY}:{version()}"
+    assert not image.startswith("docker.io/")
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

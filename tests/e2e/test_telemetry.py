@@ -13,12 +13,14 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.plugin import DRIVER, NAMESPACE, Deployment, wait
+from tests.e2e.plugin import DRIVER, NAMESPACE, REPO, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import pods_of, wait_pods, wait_unprepared
 
 pytestmark = pytest.mark.cluster
 
+#: deploy/components/idle-events: what --idle-threshold needs to put Events on claims and pods.
+IDLE_EVENTS_RBAC = REPO / "deploy/components/idle-events/rbac.yaml"
 GIB = 1024**3
 SLEEPER = {
     "image": "busybox:1.37",
@@ -112,6 +114,7 @@ def test_a_pods_load_shows_in_its_claims_series_split_per_pod_and_an_idle_claim_
         DRADRIVER_TELEMETRY_INTERVAL="1", DRADRIVER_IDLE_THRESHOLD="5", DRADRIVER_IDLE_WINDOW="3"
     )
     documents = workloads()
+    real_cluster.kubectl("apply", "-f", str(IDLE_EVENTS_RBAC))  # Events in the tenants' namespaces
     real_cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
     try:
         running = wait_pods(
@@ -176,4 +179,5 @@ def test_a_pods_load_shows_in_its_claims_series_split_per_pod_and_an_idle_claim_
         assert "default/telemetry-shared" in row
     finally:
         real_cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=yaml.safe_dump_all(documents))
+        real_cluster.kubectl("delete", "-f", str(IDLE_EVENTS_RBAC))
         wait_unprepared(fake_deployment)

@@ -142,6 +142,10 @@ def test_in_cluster_reads_the_service_account(tmp_path: Path) -> None:
         "CA",
         tmp_path / "token",
     )
+    assert access.namespace == "default"  # no namespace file: as client-go
+    (tmp_path / "namespace").write_text("gpu-system")  # where Events about the Node go
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert in_cluster(env, tmp_path).namespace == "gpu-system"
     with pytest.raises(AccessError, match=r"^in-cluster service account: KUBERNETES_SERVICE_HOST"):
         in_cluster({}, tmp_path)
 
@@ -166,6 +170,33 @@ def test_token_file_is_read_again_when_it_changes(api: FakeApiServer, tmp_path: 
     os.utime(token, ns=(1, 1))  # a new mtime even within the file system's timestamp granularity
     client.check_resource_v1()
     assert api.requests[-1].user_agent == f"dradriver/{__version__}"
+
+
+def test_a_projected_token_is_used_as_soon_as_the_kubelet_swaps_it(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The kubelet's atomic writer: `token` -> `..data/token`, and `..data` re-pointed at a new
+    directory; the new file may carry the old one's timestamps. The first request after the swap
+    already carries the new token (no 401 first: the old one may have expired)."""
+    first, second = tmp_path / "..2026_01_01", tmp_path / "..2026_01_02"
+    first.mkdir()
+    (first / "token").write_text("first\n")
+    (tmp_path / "..data").symlink_to(first.name)
+    token = tmp_path / "token"
+    token.symlink_to("..data/token")
+    client = KubeClient(Access(server=api.url, token_file=token))
+    assert client.server_version() is not None
+
+    second.mkdir()
+    (second / "token").write_text("second\n")
+    old = (first / "token").stat()
+    os.utime(second / "token", ns=(old.st_atime_ns, old.st_mtime_ns))
+    (tmp_path / "..data_tmp").symlink_to(second.name)
+    (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+    api.token = "second"
+    sent = len(api.requests)
+    client.check_resource_v1()
+    assert len(api.requests) == sent + 1
 
 
 def exec_plugin(tmp_path: Path, expires_in: float) -> Path:

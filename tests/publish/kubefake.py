@@ -23,7 +23,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,6 +99,9 @@ class FakeApiServer:
         self.token = token
         self.allow_anonymous = allow_anonymous
         self.max_watch_seconds = max_watch_seconds
+        #: An admission policy on ResourceSlice creates: the reason to refuse one, or None. The
+        #: default stands in for dradriver's own policy as serve's start check sees it.
+        self.slice_admission: Callable[[Json], str | None] | None = _no_invalid_nodes
         self.requests: list[Request] = []
         self._lock = threading.RLock()
         self._rv = 100
@@ -200,7 +203,8 @@ class FakeApiServer:
             if watcher.plural == plural and _matches(obj, watcher.namespace, watcher.selector):
                 watcher.events.put({"type": kind, "object": copy.deepcopy(obj)})
 
-    def create(self, plural: str, namespace: str | None, obj: Json) -> Json:
+    def create(self, plural: str, namespace: str | None, obj: Json, *, dry_run: bool = False) -> Json:
+        """Store a new object (`dry_run`: only answer what would be stored, as dryRun=All)."""
         with self._lock:
             obj = copy.deepcopy(obj)
             meta = obj.setdefault("metadata", {})
@@ -216,10 +220,13 @@ class FakeApiServer:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
             meta["generation"] = 1
-            meta["resourceVersion"] = str(self._next_rv())
+            if not dry_run:  # a dry run takes no resourceVersion
+                meta["resourceVersion"] = str(self._next_rv())
             obj["apiVersion"], obj["kind"] = _api_version(plural), RESOURCES[plural][1]
             if plural == "resourceslices":
                 self._prepare_slice(obj, None)
+            if dry_run:
+                return obj
             self._objects[key] = obj
             self._notify(plural, "ADDED", obj)
             return copy.deepcopy(obj)
@@ -419,7 +426,18 @@ class FakeApiServer:
                 raise _FailError(404, "NotFound", f'{plural} "{name}" not found')
             return 200, copy.deepcopy(obj)
         if method == "POST" and name is None:
-            return 201, self.create(plural, namespace, body or {})
+            denied = (
+                self.slice_admission(body or {})
+                if plural == "resourceslices" and self.slice_admission
+                else None
+            )
+            if denied:
+                raise _FailError(
+                    422,
+                    "Invalid",
+                    f"ValidatingAdmissionPolicy 'fake' with binding 'fake' denied request: {denied}",
+                )
+            return 201, self.create(plural, namespace, body or {}, dry_run=query.get("dryRun") == "All")
         if method == "PUT" and name is not None:
             return 200, self.update(plural, namespace, name, body or {})
         if method == "DELETE" and name is not None:
@@ -573,6 +591,15 @@ def _matches(obj: Json, namespace: str | None, selector: list[tuple[str, str]]) 
     if namespace and obj["metadata"].get("namespace") != namespace:
         return False
     return all(str(_get(obj, tuple(field.split("."))) or "") == value for field, value in selector)
+
+
+def _no_invalid_nodes(slice_: Json) -> str | None:
+    """Refuse slices of `*.invalid` nodes: what no test's node is called, and what serve's
+    admission check probes with (a real policy refuses every node but the caller's)."""
+    node = str((slice_.get("spec") or {}).get("nodeName", ""))
+    return (
+        f"may only write ResourceSlices of its own node, not {node!r}" if node.endswith(".invalid") else None
+    )
 
 
 def _now() -> str:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
-from scripts.build_image import VENV, version
+from scripts.build_image import IMAGE_REPOSITORY, VENV, version
 from scripts.release import DEVICECLASSES, KUSTOMIZATIONS, ReleaseError, check_version
 from tests.deploy.manifests import deviceclasses, render
 from tests.release.release import (
@@ -127,7 +127,7 @@ def test_release_json_names_the_commit_and_the_image(release: Release) -> None:
     m = release.manifest
     assert m["version"] == VERSION
     assert m["commit"] == git(release.clone, "rev-parse", "HEAD").strip()
-    assert m["image"]["reference"] == f"docker.io/library/dradriver:{VERSION}"
+    assert m["image"]["reference"] == f"{IMAGE_REPOSITORY}:{VERSION}"
     with tarfile.open(release.out / m["image"]["archive"]) as archive:
         member = archive.extractfile("index.json")
         assert member is not None

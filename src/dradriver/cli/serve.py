@@ -20,6 +20,7 @@ from dradriver.cli._common import (
     driver_root_mount,
     duration,
     env_flag,
+    env_switch,
     existing_directory,
     percent,
     share_policy,
@@ -163,6 +164,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a claim must stay below --idle-threshold to be reported idle",
     )
+    env_switch(
+        parser,
+        "--require-admission-policy",
+        help="exit at start when the API server lets this node's token write another node's "
+        "ResourceSlices (the admission policy is missing); without it that is a loud warning",
+    )
     env_flag(
         parser,
         "--health-config",
@@ -271,5 +278,6 @@ def run(args: argparse.Namespace) -> int:
         idle_threshold=args.idle_threshold,
         idle_window=args.idle_window,
         shares=shares,
+        require_admission_policy=args.require_admission_policy,
     )
     return Daemon(config).run()

@@ -225,6 +225,17 @@ class KubeClient:
     def host(self) -> str:
         return self._access.server
 
+    @property
+    def service_account_like(self) -> bool:
+        """Whether the credentials could be a service account's: a bearer token or token file
+        (client certificates and exec plugins never are)."""
+        return self._access.token is not None or self._access.token_file is not None
+
+    @property
+    def namespace(self) -> str:
+        """Where this client's own objects go (Events about the Node): see Access.namespace."""
+        return self._access.namespace
+
     def close(self) -> None:
         self._pool.clear()
 

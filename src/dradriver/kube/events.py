@@ -1,7 +1,8 @@
 """Kubernetes Events about this node's Node object: what `kubectl describe node` shows.
 
-Events of a cluster-scoped object go to the `default` namespace, as the kubelet's do. The
-involved object carries the Node's UID, which `kubectl describe node` matches on.
+Events of the cluster-scoped Node go to the client's namespace (the plugin pod's own, the only
+one its RBAC lets it write Events to); `kubectl describe node` searches every namespace and
+matches the involved object's UID.
 """
 
 from __future__ import annotations
@@ -20,20 +21,26 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 EventType = Literal["Normal", "Warning"]
 
-#: Namespace for Events about the (cluster-scoped) Node.
-EVENT_NAMESPACE = "default"
 #: The API server keeps Event messages of any length, but kubectl and the events.k8s.io view cut
 #: at 1024 characters; longer ones are cut here, visibly.
 MAX_MESSAGE = 1024
 
 
 def node_event(
-    *, node_name: str, node_uid: str | None, component: str, reason: str, message: str, event_type: EventType
+    *,
+    namespace: str,
+    node_name: str,
+    node_uid: str | None,
+    component: str,
+    reason: str,
+    message: str,
+    event_type: EventType,
 ) -> Json:
-    """A core/v1 Event about Node `node_name`, reported by `component` from that node."""
+    """A core/v1 Event about Node `node_name`, kept in `namespace`, reported by `component` from
+    that node."""
     return object_event(
         _node_reference(node_name, node_uid),
-        namespace=EVENT_NAMESPACE,
+        namespace=namespace,
         node_name=node_name,
         component=component,
         reason=reason,
@@ -151,4 +158,4 @@ class NodeEventSender:
         """The Node as an Event's involvedObject (its UID looked up once) and where its Events go."""
         if self._uid is None:
             self._uid = self._client.node_uid(self._node)
-        return _node_reference(self._node, self._uid), EVENT_NAMESPACE
+        return _node_reference(self._node, self._uid), self._client.namespace
