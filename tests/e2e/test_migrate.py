@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import json
 import os
 import re
@@ -93,15 +94,29 @@ PINNED_LIMITS = {"10Gi": "10240M"}
 UNSATISFIABLE = "cannot allocate all claims"
 
 
-def selected(row: Case) -> bool:
-    return bool(os.environ.get(ALL_ENV)) or row_id(row) in CI_ROWS
+def runs(every_row: bool) -> list[Case]:
+    """The rows to run (the CI rows, or every row), those of one profile (with its serve flags)
+    together: the profiles of PROFILE_ORDER first, in its order, then the others by name."""
+
+    def order(row: Case) -> tuple[int, str]:
+        profile = row["profile"]
+        return (PROFILE_ORDER.index(profile) if profile in PROFILE_ORDER else len(PROFILE_ORDER), profile)
+
+    chosen = [r for r in cases() if r["expected"] != "migrate-error" and (every_row or row_id(r) in CI_ROWS)]
+    return sorted(chosen, key=order)
 
 
-RUNS = sorted(
-    (r for r in cases() if r["expected"] != "migrate-error" and selected(r)),
-    key=lambda r: PROFILE_ORDER.index(r["profile"]),
-)
+RUNS = runs(bool(os.environ.get(ALL_ENV)))
 REFUSED = [r for r in cases() if r["expected"] == "migrate-error"]
+
+
+def test_every_row_of_the_table_can_be_run() -> None:
+    every = runs(every_row=True)
+    assert len(every) == len([r for r in cases() if r["expected"] != "migrate-error"])
+    profiles = [r["profile"] for r in every]
+    assert profiles[0] == PROFILE_ORDER[0]  # the fake overlay's own profile first
+    # A profile's rows are run together: the cluster's node is set up once for each.
+    assert len(list(itertools.groupby(profiles))) == len(set(profiles))
 
 
 def test_every_ci_row_is_in_the_table() -> None:

@@ -92,6 +92,11 @@ def _host_image(root: Path) -> None:
     root.mkdir(exist_ok=True)
     _mount("--rbind", "/", str(root))
     _mount("-t", "tmpfs", "tmpfs", str(root / "tmp"))  # scratch, and the image's own /tmp
+    # The checkout (and its .venv) stays where it is, also when it was cloned under /tmp.
+    if REPO.is_relative_to("/tmp"):
+        inside = root / REPO.relative_to("/")
+        inside.mkdir(parents=True)
+        _mount("--bind", str(REPO), str(inside))
     (root / "tmp/usr-upper").mkdir()
     (root / "tmp/usr-work").mkdir()
     options = f"lowerdir=/usr,upperdir={root}/tmp/usr-upper,workdir={root}/tmp/usr-work"
