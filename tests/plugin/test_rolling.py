@@ -180,8 +180,6 @@ def test_concurrent_calls_on_both_instances_lose_no_checkpoint_record() -> None:
 def test_serialize_lock_excludes_other_holders(tmp_path: Path) -> None:
     lock = SerializeLock(tmp_path / "serialize.lock")
     with lock:
-        with lock:  # re-entrant within a thread
-            pass
         other = os.open(lock.path, os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):

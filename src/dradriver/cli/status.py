@@ -45,7 +45,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dradriver.prepare.cdi import spec_state
-    from dradriver.prepare.checkpoint import CheckpointError, CheckpointStore
+    from dradriver.prepare.checkpoint import FILE_NAME, CheckpointError
+    from dradriver.prepare.ledger import read_checkpoint
 
     directory = state_dir(args)
     if not directory.is_dir():
@@ -55,13 +56,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"{where} {directory}: no such directory; has dradriver serve run on this node with these flags?"
         )
-    store = CheckpointStore(directory)
     try:
-        checkpoint = store.load()
+        checkpoint = read_checkpoint(directory)
     except CheckpointError as err:
-        raise CLIError(f"{store.path}: {err}") from None
+        raise CLIError(f"{directory / FILE_NAME}: {err}") from None
     except PermissionError as err:
-        raise CLIError(f"{store.path}: {err.strerror} (the checkpoint is root-only)") from None
+        raise CLIError(f"{directory / FILE_NAME}: {err.strerror} (the checkpoint is root-only)") from None
     claims = sorted(checkpoint.claims.values(), key=lambda c: (c.namespace, c.name)) if checkpoint else []
     report = _health_report(directory)
     health = {str(d["device"]): str(d.get("health", "UNKNOWN")).lower() for d in report.get("devices", [])}

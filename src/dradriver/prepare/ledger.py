@@ -62,6 +62,12 @@ def overlaps(a: Hardware | None, b: Hardware) -> bool:
     return slices_a is None or slices_b is None or bool(set(slices_a) & set(slices_b))
 
 
+def read_checkpoint(state_dir: Path) -> CheckpointData | None:
+    """The checkpoint as it is on disk, for a reader outside `serve` (`dradriver status`); None
+    when there is none. Raises CheckpointError or OSError."""
+    return CheckpointStore(state_dir).load()
+
+
 @dataclass(frozen=True)
 class OnDisk:
     """What start-up found in the state directory."""
