@@ -7,29 +7,10 @@
 - the preparer (`prepare.preparer`): plan → reserve → MIG → sharing → CDI → complete, and its
   reverse, `prepare.unprepare`.
 
-A claim's hops from the gRPC call to its CDI file (11) and its record (12), over 8 files (10 with
-MIG devices or sharing):
- 1. `_DRAPluginAdapter.NodePrepareResources` (plugin/dra.py) turns the request into `ClaimRef`s;
- 2. `DRAService.prepare` (plugin/dra.py) holds the answer to the kubelet's contract;
- 3. `GpuDriver.prepare` (here) checks each reference;
- 4. `ClaimFetcher.fetch_all` (prepare/fetch.py) GETs and decodes each claim, before any lock;
- 5. `GpuDriver.prepare` takes `serialize.lock` and the claims' locks (`Ledger.claim_locks`);
- 6. `Preparer.run` (prepare/preparer.py) runs the pipeline and commits it;
- 7. `Preparer._plan_all` → `plan_claim` (prepare/plan.py): the devices, their configuration and
-    CDI entries;
- 8. `StaleHolders.free` (prepare/holders.py) frees devices held by claims that no longer use them;
- 9. `Ledger.reserve` (prepare/ledger.py) records the claim PrepareStarted unless its devices are
-    held;
-10. the claim's steps in `Preparer`: make its MIG devices (`MigManager`, prepare/mig.py), apply
-    sharing (`SharingControl`, prepare/sharing_settings.py, which each backend implements), render the spec;
-11. `CdiDirectory.write_many` (prepare/cdi.py) writes the CDI file;
-12. `Ledger.complete` and `Ledger.persist` record it PrepareCompleted before the call answers.
-
-Calls for the same claim are serialized, different claims proceed concurrently (MIG
-reconfiguration is serialized by the `MigManager`). With rolling updates two instances share the
-node's checkpoint: every prepare and unprepare (after the claims are fetched) then holds
-`serialize.lock` across instances and starts from the checkpoint as the other instance may have
-left it (see `prepare.serialize`).
+A claim's walk through them is in the package's docstring (`dradriver.prepare`). Calls are
+serialized (`_exclusive`); with rolling updates two instances share the node's checkpoint, and
+every call (after its claims are fetched) also holds `serialize.lock` across instances and starts
+from the checkpoint as the other instance may have left it (see `prepare.serialize`).
 """
 
 from __future__ import annotations

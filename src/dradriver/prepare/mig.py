@@ -1,8 +1,8 @@
 """Creating a claim's MIG devices at their allocated placements, and removing them, crash-safely.
 
-Each step is recorded before the next one happens (see `MigRecord`), and NVML is reconfigured
-one GPU at a time: prepares and unprepares of different claims on one GPU wait for each other,
-different GPUs proceed in parallel. A GPU instance is removed only when it is the one recorded:
+Each step is recorded before the next one happens (see `MigRecord`). Calls are serialized (the
+driver's), so one MIG device at a time is made or removed; `settled` keeps a rescan of the node
+from seeing one half-made. A GPU instance is removed only when it is the one recorded:
 found at the recorded profile and placement, and with the recorded id once that is known, so a
 MIG device an operator made (even at a placement we used before) is never touched.
 """
@@ -62,17 +62,16 @@ class MigManager:
         self._open_control = open_control
         self._control: MigControl | None = None
         self.metrics: MigMetrics = metrics or NoMigMetrics()
-        self._guard = threading.Lock()
-        #: Held for every creation and removal, and by `settled`: MIG reconfiguration is one at a
-        #: time on a node, and a rescan never sees a GPU instance we made but have not recorded.
+        #: Held for every creation and removal (which the driver's calls make one at a time), and
+        #: by `settled`: a rescan never sees a GPU instance we made but have not recorded.
         self._reconfigure = threading.Lock()
 
     def _get_control(self) -> MigControl:
-        """Opened on first use: a node that never creates MIG devices never reconfigures them."""
-        with self._guard:
-            if self._control is None:
-                self._control = self._open_control()
-            return self._control
+        """Opened on first use (within a call): a node that never creates MIG devices never
+        reconfigures them."""
+        if self._control is None:
+            self._control = self._open_control()
+        return self._control
 
     @contextlib.contextmanager
     def settled(self) -> Iterator[None]:
@@ -159,7 +158,7 @@ class MigManager:
             raise
 
     def close(self) -> None:
-        with self._guard:
+        with self._reconfigure:  # not in the middle of a reconfiguration
             if self._control is not None:
                 self._control.close()
                 self._control = None
