@@ -99,7 +99,6 @@ class ShareDaemons:
 
         Raises SharingError (one line) when a share cannot be held to its limits, or its GPU
         holds shares of another namespace."""
-        others = [r for r in prepared if r.uid != claim.uid and r.namespace != claim.namespace]
         out = list(cdi_devices)
         for index, device in enumerate(devices):
             if device.share is None or device.share_id is None:
@@ -113,7 +112,7 @@ class ShareDaemons:
             if not self.policy.enforced:
                 edits = unenforced_edits(limits)
             else:
-                _check_tenant(device, others)
+                _check_tenant(claim, device, prepared)
                 edits = self._enforce(share_id, device, limits)
             out[index] = replace(out[index], edits=out[index].edits + edits)
         return tuple(out)
@@ -205,9 +204,11 @@ class _Gpu:
         self.name = uuid
 
 
-def _check_tenant(device: PlannedDevice, others: Iterable[ClaimRecord]) -> None:
+def _check_tenant(claim: ClaimRef, device: PlannedDevice, prepared: Iterable[ClaimRecord]) -> None:
     """Refuse a share of a GPU whose enforced shares belong to claims of another namespace."""
-    for record in others:
+    for record in prepared:
+        if record.namespace == claim.namespace:
+            continue
         if any(d.uuid == device.uuid and d.share is not None and d.share.enforced for d in record.devices):
             holder = record.namespace or "unknown (a claim recovered without the checkpoint)"
             raise SharingError(
