@@ -4,6 +4,7 @@ with the last; over real files, real daemon processes and the checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -395,3 +396,81 @@ def test_kill_9_of_serve_keeps_the_shares_and_their_daemon() -> None:
             assert [p for p in (state_dir / SHARES_DIRECTORY).rglob("*") if p.name != "mps"] == []
         finally:
             serve.kill()
+
+
+def _stop_standins(state_dir: Path) -> None:
+    """What a failed test leaves: the stand-in daemons outlive a killed serve (their own session)."""
+    for state_file in (state_dir / SHARES_DIRECTORY).rglob(STATE_FILE):
+        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
+            os.kill(json.loads(state_file.read_text())["pid"], signal.SIGTERM)
+
+
+def test_a_real_serve_keeps_the_shares_of_a_gpu_to_one_namespace() -> None:
+    """Two tenants' shares never share a GPU's MPS daemon: a share of a GPU that holds another
+    namespace's shares fails naming both, another GPU takes it, and once the first tenant's
+    shares are released the kubelet's retry prepares it."""
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, ["--gpu-shares", "mps:0,1"]).start()
+        try:
+            capacity = {"memory": "10Gi", "computePercent": "10"}
+            placed = [("team-a", "gpu-0"), ("team-a", "gpu-0"), ("team-b", "gpu-0"), ("team-b", "gpu-1")]
+            refs = []
+            for n, (namespace, device) in enumerate(placed):
+                result: dict[str, object] = {
+                    "request": "gpu",
+                    "device": device,
+                    "shareID": f"5a4e0000-0000-4000-8000-{n:012d}",
+                    "consumedCapacity": capacity,
+                }
+                claim = allocated_claim(f"share-{n}", uid(n), [result], namespace=namespace)
+                (serve.claims_dir / f"share-{n}.yaml").write_text(yaml.safe_dump(claim))
+                refs.append(ClaimRef(namespace, f"share-{n}", uid(n)))
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                client.wait_ready(30)
+                # One pod's claims per call, as the kubelet sends them.
+                errors = [client.prepare([ref]).claims[ref.uid].error for ref in refs]
+                spec = json.loads(
+                    (serve.cdi_dir / f"k8s.gpu.dradriver.dev-claim_{refs[0].uid}.json").read_text()
+                )
+                gpu_0 = _env(spec)["DRADRIVER_DEVICE_GPU_0"]
+                assert errors == [
+                    "",
+                    "",
+                    f"claim {refs[2]}: GPU gpu-0 ({gpu_0}) holds MPS shares of namespace team-a; the shares "
+                    "of a GPU share one MPS daemon and pipe directory, so they come from one namespace: this "
+                    "one is prepared once those are released",
+                    "",
+                ]
+                assert not (serve.cdi_dir / f"k8s.gpu.dradriver.dev-claim_{refs[2].uid}.json").exists()
+                assert all(not e.error for e in client.unprepare(refs[:2]).claims.values())
+                assert client.prepare([refs[2]]).claims[refs[2].uid].error == ""
+                assert all(not e.error for e in client.unprepare(refs[2:]).claims.values())
+            assert [
+                p for p in (serve.plugins_dir / DRIVER / SHARES_DIRECTORY).rglob("*") if p.name != "mps"
+            ] == []
+        finally:
+            serve.kill()
+            _stop_standins(serve.plugins_dir / DRIVER)
+
+
+def test_the_standin_replaces_links_planted_in_the_pipe_directory(node: Node) -> None:
+    """Whoever can write in a pipe directory (no container can: it is mounted read-only) cannot
+    make the stand-in write through a link to a file of the host."""
+    shares, daemons = _shares(node)
+    driver = node.driver(shares=shares)
+    first, second = _share(node, 1), _share(node, 2)
+    assert not driver.prepare([first])[first.uid].error
+    pipe = daemons.pipe(daemon_key(_gpu_uuid(node)))
+    victims = [node.root / "victim-state", node.root / "victim-temporary"]
+    for victim in victims:
+        victim.write_text("host file\n")
+    (pipe / STATE_FILE).unlink()
+    (pipe / STATE_FILE).symlink_to(victims[0])
+    (pipe / f".{STATE_FILE}.tmp").symlink_to(victims[1])
+    assert not driver.prepare([second])[second.uid].error
+    assert [v.read_text() for v in victims] == ["host file\n", "host file\n"]
+    assert not (pipe / STATE_FILE).is_symlink()
+    state = _standin_state(node)
+    assert state is not None
+    assert len(state["clients"]) == 2
+    assert driver.unprepare([first, second]) == {first.uid: "", second.uid: ""}

@@ -12,6 +12,11 @@ its state file in the pipe directory.
 A share's reservation is not written before its daemon starts: after a crash there, the checkpoint
 names no share on the GPU and recovery stops the daemon, as it stops any no share needs.
 
+A GPU's daemon and its pipe directory are common to all its shares, and the limits are the clients'
+own (any of them can stop the daemon or drop its limits), so the tenant boundary is the namespace:
+the enforced shares of one GPU come from claims of one namespace. A share whose GPU holds shares
+of another namespace fails, naming it, and is prepared on the kubelet's retry once they are gone.
+
 Under `--gpu-shares unenforced` no daemon runs: shares are prepared without limits and say so in
 their records (`status`, the metrics). Under `mps` on a node whose host driver has no MPS control
 tool, a share fails with one line instead of running unguarded.
@@ -27,6 +32,7 @@ from pathlib import Path
 from dradriver import logs
 from dradriver.devicemodel.shares import SharePolicy
 from dradriver.discovery.driverroot import find_binary
+from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDevice, ContainerEdits
 from dradriver.prepare.checkpoint import ClaimRecord, ShareRecord
 from dradriver.prepare.config import Sharing
@@ -82,11 +88,17 @@ class ShareDaemons:
     # --- prepare and release -------------------------------------------------------------------
 
     def prepare(
-        self, claim_uid: str, devices: Sequence[PlannedDevice], cdi_devices: Sequence[CdiDevice]
+        self,
+        claim: ClaimRef,
+        devices: Sequence[PlannedDevice],
+        cdi_devices: Sequence[CdiDevice],
+        prepared: Iterable[ClaimRecord],
     ) -> tuple[CdiDevice, ...]:
-        """The CDI devices with each share's edits added, its GPU's daemon running first.
+        """The CDI devices with each share's edits added, its GPU's daemon running first; the
+        `prepared` claims (those being prepared too) say which namespace holds each GPU's shares.
 
-        Raises SharingError (one line) when a share cannot be held to its limits."""
+        Raises SharingError (one line) when a share cannot be held to its limits, or its GPU
+        holds shares of another namespace."""
         out = list(cdi_devices)
         for index, device in enumerate(devices):
             if device.share is None or device.share_id is None:
@@ -100,6 +112,7 @@ class ShareDaemons:
             if not self.policy.enforced:
                 edits = unenforced_edits(limits)
             else:
+                _check_tenant(claim, device, prepared)
                 edits = self._enforce(share_id, device, limits)
             out[index] = replace(out[index], edits=out[index].edits + edits)
         return tuple(out)
@@ -189,6 +202,20 @@ class _Gpu:
     def __init__(self, uuid: str) -> None:
         self.uuid = uuid
         self.name = uuid
+
+
+def _check_tenant(claim: ClaimRef, device: PlannedDevice, prepared: Iterable[ClaimRecord]) -> None:
+    """Refuse a share of a GPU whose enforced shares belong to claims of another namespace."""
+    for record in prepared:
+        if record.namespace == claim.namespace:
+            continue
+        if any(d.uuid == device.uuid and d.share is not None and d.share.enforced for d in record.devices):
+            holder = record.namespace or "unknown (a claim recovered without the checkpoint)"
+            raise SharingError(
+                f"GPU {device.name} ({device.uuid}) holds MPS shares of namespace {holder}; the shares of a "
+                "GPU share one MPS daemon and pipe directory, so they come from one namespace: this one is "
+                "prepared once those are released"
+            )
 
 
 def _client(share: ShareRecord | ShareLimits) -> str:

@@ -307,7 +307,9 @@ class Preparer:
         """Each GPU share's limits added to its entry, its GPU's daemon started first if need be."""
         entries = [e for e in work.entries if e is not None]
         assert len(entries) == len(work.devices), "a device without its CDI entry"
-        work.entries = list(self.context.shares.prepare(work.uid, work.devices, entries))
+        work.entries = list(
+            self.context.shares.prepare(work.plan.claim, work.devices, entries, self.context.ledger.records())
+        )
 
     def _apply_sharing(self, work: ClaimWork) -> None:
         """Apply each sharing configuration to the devices it is for; its edits join the claim's."""

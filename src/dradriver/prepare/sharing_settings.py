@@ -25,8 +25,10 @@ from dradriver.prepare.cdi import ContainerEdits, Mount
 from dradriver.prepare.config import Interval, Sharing
 from dradriver.quantity import Quantity
 
+#: Where a container finds its MPS pipe directory, bind-mounted read-only (cdi.Mount's default): a
+#: client only connects to the daemon's sockets, which a read-only mount allows, and can then
+#: neither replace nor remove them nor plant anything for the daemon to follow.
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-PIPE_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind", "rprivate")
 #: The socket the MPS control daemon listens on, and the longest name it binds, in its pipe dir.
 MPS_CONTROL_SOCKET = "control"
 MPS_LONGEST_SOCKET = "control_privileged"
@@ -144,7 +146,7 @@ class MpsDaemons:
             run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
         return ContainerEdits(
             env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
-            mounts=(Mount(str(self.host_pipe(claim_uid)), MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS),),
+            mounts=(Mount(str(self.host_pipe(claim_uid)), MPS_PIPE_IN_CONTAINER),),
         )
 
     def host_pipe(self, key: str) -> Path:

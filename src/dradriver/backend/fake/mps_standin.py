@@ -13,13 +13,14 @@ environment, it also keeps a register of clients and their limits (`set_client_l
 client ever connects to it; a client
 exits non-zero when the daemon is unreachable or refuses a command. It runs no CUDA: what it was
 told is written to `<pipe>/dradriver-mps-standin.json`, which a workload sees in its bind-mounted
-pipe directory.
+(read-only) pipe directory; the write follows no link planted there.
 
 Standard library only (it starts as a separate process, also inside the DaemonSet image).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,9 +101,19 @@ class Daemon:
             "defaultDevicePinnedMemLimit": self.pinned_limits,
             "clients": self.clients,
         }
-        temporary = self.pipe_dir / f".{STATE_FILE}.tmp"
-        temporary.write_text(json.dumps(state, indent=2) + "\n")
-        temporary.replace(self.pipe_dir / STATE_FILE)
+        # Through the directory's descriptor, created afresh (O_EXCL) and renamed: a link planted
+        # in the pipe directory is replaced, never followed.
+        temporary = f".{STATE_FILE}.tmp"
+        directory = os.open(self.pipe_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=directory)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with open(os.open(temporary, flags, 0o644, dir_fd=directory), "w") as out:
+                out.write(json.dumps(state, indent=2) + "\n")
+            os.replace(temporary, STATE_FILE, src_dir_fd=directory, dst_dir_fd=directory)
+        finally:
+            os.close(directory)
 
 
 def _lines(conn: socket.socket) -> Iterator[str]:
