@@ -19,11 +19,9 @@ import pytest
 import yaml
 
 from dradriver import kubeletclient
-from dradriver.backend.fake.mps_standin import STATE_FILE
 from dradriver.backend.select import open_backend as open_library
 from dradriver.discovery import MigDevice
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.sharing_settings import MPS_CONTROL_SOCKET, MPS_PIPE_IN_CONTAINER
 from tests.fakenvml import cuda
 from tests.fakenvml.cuda import CudaBuild, ProbeRoot
 from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, running_serve, short_tmpdir, uid
@@ -196,55 +194,6 @@ def test_podman_injects_mig_caps_nodes(rootfs: Path, published_specs: list[Path]
     assert f"node /dev/nvidia-caps/nvidia-cap{gi} ec:{gi:x} 444" in out  # 236 = ec
     assert f"node /dev/nvidia-caps/nvidia-cap{ci} ec:{ci:x} 444" in out
     assert f"node /dev/nvidia{hardware.parent_minor} c3:{hardware.parent_minor:x}" in out
-
-
-def test_a_tenant_root_in_its_container_cannot_touch_its_gpus_mps_pipe_directory(
-    rootfs: Path, published_specs: list[Path]
-) -> None:
-    """Root in a share's container reads the pipe directory but can neither remove, rename nor
-    plant anything there (the mount is read-only): the GPU's daemon keeps its socket and answers."""
-    share: dict[str, object] = {
-        "request": "gpu",
-        "device": "gpu-0",
-        "consumedCapacity": {"memory": "10Gi", "computePercent": "10"},
-    }
-    claims = [
-        allocated_claim(f"share-{n}", uid(44 + n), [share | {"shareID": f"5a4e0000-0000-4000-8000-{n:012d}"}])
-        for n in range(2)
-    ]
-    with running_serve(["--gpu-shares", "mps:0"]) as serve:
-        ref, cdi_ids = prepare(serve.claims_dir, serve.dra_socket, claims[0])
-        refs = [ref]
-        try:
-            spec = serve.cdi_dir / f"k8s.gpu.dradriver.dev-claim_{ref.uid}.json"
-            copy = SYSTEM_CDI_DIR / spec.name
-            SYSTEM_CDI_DIR.mkdir(parents=True, exist_ok=True)
-            published_specs.append(copy)
-            shutil.copy(spec, copy)
-            pipe = MPS_PIPE_IN_CONTAINER
-            out = run_in_container(
-                rootfs,
-                cdi_ids,
-                f"cat {pipe}/{STATE_FILE} >/dev/null && echo read=0; "
-                f"busybox rm {pipe}/{MPS_CONTROL_SOCKET} 2>&1; echo rm=$?; "
-                f"busybox mv {pipe}/{MPS_CONTROL_SOCKET} {pipe}/moved 2>&1; echo mv=$?; "
-                f"busybox ln -s /etc/passwd {pipe}/.{STATE_FILE}.tmp 2>&1; echo ln=$?; "
-                f"busybox touch {pipe}/planted 2>&1; echo touch=$?; ls -A {pipe}",
-            )
-            refs.append(prepare(serve.claims_dir, serve.dra_socket, claims[1])[0])  # the daemon answers
-        finally:
-            with kubeletclient.DRAClient(serve.dra_socket) as client:
-                assert all(not e.error for e in client.unprepare(refs).claims.values())
-    lines = out.splitlines()
-    assert "read=0" in lines
-    assert [line for line in lines if line.startswith(("rm=", "mv=", "ln=", "touch="))] == [
-        "rm=1",
-        "mv=1",
-        "ln=1",
-        "touch=1",
-    ]
-    assert out.count("Read-only file system") == 4
-    assert lines[-2:] == [MPS_CONTROL_SOCKET, STATE_FILE]
 
 
 # --- CUDA in every image: the probe (tests/fakenvml) loads libcuda.so.1 by SONAME -------------

@@ -2,8 +2,8 @@
 
 The scheduler records what each share consumes (`consumedCapacity`); `share_limits` turns the
 two capacities `devicemodel.shares` publishes into the MPS client limits of that share, and
-`share_edits` into the container edits of its CDI device: the GPU's MPS pipe directory (read-only)
-and the client's own limits, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+`share_edits` into the container edits of its CDI device: the GPU's MPS pipe directory and the
+client's own limits, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
 The limit names device ordinal 0: a client sees the devices of the MPS server it connects to,
 and each GPU has its own control daemon, so its GPU is the client's only one.
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.devicemodel.shares import COMPUTE_CAPACITY, MEMORY_CAPACITY, MIB
 from dradriver.prepare.cdi import ContainerEdits, Mount
-from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER
+from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS
 from dradriver.quantity import Quantity, QuantityError
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def share_edits(limits: ShareLimits, host_pipe: str) -> ContainerEdits:
             f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={limits.thread_percentage}",
             f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limits.memory_mib}M",
         ),
-        mounts=(Mount(host_pipe, MPS_PIPE_IN_CONTAINER),),
+        mounts=(Mount(host_pipe, MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS),),
     )
 
 

@@ -25,10 +25,10 @@ from dradriver.prepare.cdi import ContainerEdits, Mount
 from dradriver.prepare.config import Interval, Sharing
 from dradriver.quantity import Quantity
 
-#: Where a container finds its MPS pipe directory, bind-mounted read-only (cdi.Mount's default): a
-#: client only connects to the daemon's sockets, which a read-only mount allows, and can then
-#: neither replace nor remove them nor plant anything for the daemon to follow.
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
+#: Read-write, as run with NVIDIA's MPS client on an H100: that its client works through a
+#: read-only pipe directory has not been checked on a GPU yet. Only one namespace's pods share one.
+PIPE_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind", "rprivate")
 #: The socket the MPS control daemon listens on, and the longest name it binds, in its pipe dir.
 MPS_CONTROL_SOCKET = "control"
 MPS_LONGEST_SOCKET = "control_privileged"
@@ -146,7 +146,7 @@ class MpsDaemons:
             run_tool(self._control, env=env, stdin="\n".join(commands) + "\n")
         return ContainerEdits(
             env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}",),
-            mounts=(Mount(str(self.host_pipe(claim_uid)), MPS_PIPE_IN_CONTAINER),),
+            mounts=(Mount(str(self.host_pipe(claim_uid)), MPS_PIPE_IN_CONTAINER, PIPE_MOUNT_OPTIONS),),
         )
 
     def host_pipe(self, key: str) -> Path:
