@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -24,7 +22,7 @@ from typing import Any
 from bench.common import percentile
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
-from tests.helpers import ServeProcess, allocated_claim, opaque, short_tmpdir, uid, wait_for
+from tests.helpers import ServeProcess, allocated_claim, healthcheck, opaque, short_tmpdir, uid, wait_for
 from tests.robustness.test_hostile_configs import HOSTILE
 
 
@@ -71,18 +69,7 @@ def main() -> None:
             def probe() -> None:
                 while not done.is_set():
                     start = time.perf_counter()
-                    result = subprocess.run(
-                        [
-                            sys.executable,
-                            "-m",
-                            "dradriver",
-                            "healthcheck",
-                            "--kubelet-plugins-dir",
-                            str(serve.plugins_dir),
-                        ],
-                        capture_output=True,
-                        check=False,
-                    )
+                    result = healthcheck(serve)
                     probes.append((result.returncode, time.perf_counter() - start))
 
             with kubeletclient.DRAClient(serve.dra_socket) as client:

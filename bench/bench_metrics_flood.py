@@ -22,8 +22,6 @@ import http.client
 import json
 import os
 import resource
-import selectors
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +31,7 @@ from pathlib import Path
 
 from bench.common import percentile
 from dradriver import kubeletclient
-from tests.helpers import free_port, short_tmpdir, wait_for
+from tests.helpers import free_port, open_idle_connections, short_tmpdir, wait_for
 
 DRIVER = "gpu.dradriver.dev"
 PROBE_TIMEOUT_SECONDS = 5.0  # the DaemonSet's readinessProbe timeoutSeconds
@@ -53,25 +51,6 @@ def get(port: int, path: str) -> tuple[int, float]:
     finally:
         conn.close()
     return status, time.perf_counter() - started
-
-
-def open_idle(port: int, count: int) -> list[socket.socket]:
-    """`count` connections made at once that send nothing (some may be closed by the server)."""
-    conns = []
-    for _ in range(count):
-        conn = socket.socket()
-        conn.setblocking(False)
-        conn.connect_ex(("127.0.0.1", port))
-        conns.append(conn)
-    with selectors.DefaultSelector() as selector:
-        for conn in conns:
-            selector.register(conn, selectors.EVENT_WRITE)
-        pending = count
-        while pending and (events := selector.select(timeout=10)):
-            for key, _ in events:
-                selector.unregister(key.fileobj)
-                pending -= 1
-    return conns
 
 
 @contextmanager
@@ -127,7 +106,7 @@ def main() -> None:
     with short_tmpdir() as root, serve(root, port, args.src):
         for _ in range(args.runs):
             run_quiet, failed_quiet = scrapes(port, args.scrapes)
-            idle = open_idle(port, args.idle)
+            idle = open_idle_connections(port, args.idle)
             try:
                 statuses = [get(port, "/readyz")[0] for _ in range(args.probes)]
                 run_flooded, failed_flooded = scrapes(port, args.scrapes)

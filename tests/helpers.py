@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -144,6 +145,24 @@ class ServeProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def healthcheck(serve: ServeProcess, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dradriver",
+            "healthcheck",
+            "--kubelet-plugins-dir",
+            str(serve.plugins_dir),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 @contextmanager
@@ -313,3 +332,24 @@ def write_gpu_profile(
         yaml.safe_dump({"driverVersion": "570.124.06", "cudaDriverVersion": "12.8", "gpus": [gpu]})
     )
     return path
+
+
+def open_idle_connections(port: int, count: int) -> list[socket.socket]:
+    """`count` connections that send nothing, all opened at once (within milliseconds)."""
+    conns = []
+    for _ in range(count):
+        conn = socket.socket()
+        conn.setblocking(False)
+        conn.connect_ex(("127.0.0.1", port))
+        conns.append(conn)
+    with selectors.DefaultSelector() as selector:
+        for conn in conns:
+            selector.register(conn, selectors.EVENT_WRITE)
+        connected = 0
+        while connected < count:
+            events = selector.select(timeout=10)
+            assert events, f"{connected} of {count} idle connections made"
+            for key, _ in events:
+                selector.unregister(key.fileobj)
+                connected += 1
+    return conns

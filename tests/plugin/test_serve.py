@@ -21,6 +21,7 @@ from tests.helpers import (
     ServeProcess,
     allocated_claim,
     free_port,
+    healthcheck,
     http_get,
     running_serve,
     scrape,
@@ -235,24 +236,6 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def healthcheck(serve: ServeProcess, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dradriver",
-            "healthcheck",
-            "--kubelet-plugins-dir",
-            str(serve.plugins_dir),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def test_healthcheck_probes_the_dra_socket_without_claim_work() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import selectors
 import socket
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from tests.helpers import (
     allocated_claim,
     free_port,
     http_get,
+    open_idle_connections,
     running_serve,
     short_tmpdir,
     uid,
@@ -166,27 +166,6 @@ def test_recovery_reads_are_bounded() -> None:
 def _threads(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
-
-
-def open_idle_connections(port: int, count: int) -> list[socket.socket]:
-    """`count` connections that send nothing, all opened at once (within milliseconds)."""
-    conns = []
-    for _ in range(count):
-        conn = socket.socket()
-        conn.setblocking(False)
-        conn.connect_ex(("127.0.0.1", port))
-        conns.append(conn)
-    with selectors.DefaultSelector() as selector:
-        for conn in conns:
-            selector.register(conn, selectors.EVENT_WRITE)
-        connected = 0
-        while connected < count:
-            events = selector.select(timeout=10)
-            assert events, f"{connected} of {count} idle connections made"
-            for key, _ in events:
-                selector.unregister(key.fileobj)
-                connected += 1
-    return conns
 
 
 def test_readyz_answers_every_time_with_1000_idle_connections_open() -> None:

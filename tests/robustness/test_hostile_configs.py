@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +19,16 @@ from hypothesis import strategies as st
 from dradriver import kubeletclient
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare import config
-from tests.helpers import ServeProcess, allocated_claim, opaque, running_serve, short_tmpdir, uid, wait_for
+from tests.helpers import (
+    ServeProcess,
+    allocated_claim,
+    healthcheck,
+    opaque,
+    running_serve,
+    short_tmpdir,
+    uid,
+    wait_for,
+)
 from tests.robustness.common import HANG_SECONDS
 from tests.robustness.test_serve_lifecycle import api_server
 
@@ -103,16 +111,6 @@ HOSTILE: dict[str, tuple[dict[str, object], str]] = {
 def hostile_claim(n: int, parameters: dict[str, object]) -> dict[str, object]:
     return allocated_claim(
         f"c{n}", uid(n), [{"request": "gpu", "device": f"gpu-{n % 8}"}], config=[opaque(parameters)]
-    )
-
-
-def healthcheck(serve: ServeProcess) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dradriver", "healthcheck", "--kubelet-plugins-dir", str(serve.plugins_dir)],
-        capture_output=True,
-        text=True,
-        timeout=HANG_SECONDS,
-        check=False,
     )
 
 
