@@ -378,3 +378,11 @@ def test_claims_dir_files_of_any_shape(daemon: ServeProcess) -> None:
                 continue
             assert "fuzz.yaml" in response.claims[uid(7)].error, content
         assert dict(client.unprepare([]).claims) == {}
+
+
+def test_a_value_that_would_break_the_line_is_echoed_escaped() -> None:
+    """str.splitlines ends a line at \\x1e or \\u2028 too: the error stays one line."""
+    for value in ("\x1e", "a\u2028b", "c\r\nd"):
+        outcome, line = _parse(["serve", "--node-name", "n", f"--claims-dir={value}"])
+        assert outcome == "error"
+        assert value.encode("unicode_escape").decode() in line

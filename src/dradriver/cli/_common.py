@@ -50,12 +50,24 @@ def _clip(text: str) -> str:
     return clip_text(text, 100)
 
 
+#: What `str.splitlines` ends a line at, each written as its escape in a one-line error.
+_LINE_BREAKS: dict[str | int, str | int | None] = {
+    c: c.encode("unicode_escape").decode() for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+}
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that would end a line (a value echoed from a flag or a
+    variable may hold one) written as its escape."""
+    return text.translate(str.maketrans(_LINE_BREAKS))
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit code 2, and whose flags'
     environment variables are checked exactly as the flags are."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
