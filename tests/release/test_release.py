@@ -149,7 +149,7 @@ def test_manifests_are_the_kustomizations_with_the_image_pinned(release: Release
     for doc in expected:
         if doc["kind"] == "DaemonSet":
             for container in doc["spec"]["template"]["spec"]["containers"]:
-                assert container["image"] == f"dradriver:{VERSION}"
+                assert container["image"] == f"{IMAGE_REPOSITORY}:{VERSION}"
                 container["image"] = release.manifest["image"]["pinned"]
     assert rendered == expected
 
