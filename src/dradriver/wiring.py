@@ -13,8 +13,10 @@ them and the inventory that replaces them.
 The types that each hold "the node's devices", and why each is its own:
 - `NodeInventory` (discovery): the hardware as a scan found it, with the host driver's facts;
 - `DeviceSet` (devicemodel): the devices a scan publishes, with their attributes;
+- `NodeScan` (nodescan): one scan's `NodeInventory` and `DeviceSet`, and the backend that made it;
 - `LiveDevices` (inventory): the published `DeviceSet` plus the vanished devices a claim still holds;
 - `NodeDevices` (prepare): what prepare works on, the hardware by name with every spec's edits;
+- `HealthTargets` (health): the published devices indexed by the hardware an event names;
 - `CurrentDevices` (here): the live `LiveDevices` and `NodeDevices`, swapped together.
 """
 
