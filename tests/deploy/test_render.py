@@ -72,7 +72,11 @@ def test_renders_the_same_set_of_objects(kustomization: str) -> None:
     objects = render(kustomization)
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} == EXPECTED_OBJECTS
     namespaced = [o for o in objects if "namespace" in o["metadata"]]
-    assert {o["metadata"]["namespace"] for o in namespaced} == {"dradriver"}
+    # `default` holds the Events Role and its binding alone (where Node Events must be).
+    events = {("Role", "dradriver-kubelet-plugin-events"), ("RoleBinding", "dradriver-kubelet-plugin-events")}
+    assert {
+        o["metadata"]["namespace"] for o in namespaced if (o["kind"], o["metadata"]["name"]) not in events
+    } == {"dradriver"}
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -111,7 +115,6 @@ def test_identity_is_consistent(kustomization: str) -> None:
         == one(objects, "ClusterRole")["metadata"]["name"]
     )
     role_binding = one(objects, "RoleBinding")
-    assert role_binding["metadata"]["namespace"] == account["namespace"]
     assert role_binding["subjects"] == subjects
     assert role_binding["roleRef"]["name"] == one(objects, "Role")["metadata"]["name"]
     assert_policy_constrains(objects)
@@ -198,7 +201,8 @@ def test_an_operators_overlay_keeps_the_policy_on_its_account(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """A `namespace:` and `namePrefix:` overlay of an operator's (plus the idle-events component):
-    the policy follows the renamed account, the Events Role moves with it."""
+    the policy follows the renamed account, and so does the Events RoleBinding's subject (the
+    Role itself kustomize moves too: rbac.yaml says to patch it back to `default`)."""
     objects = render_overlay(
         tmp_path_factory,
         {
@@ -210,7 +214,9 @@ def test_an_operators_overlay_keeps_the_policy_on_its_account(
     )
     pod = daemonset_pod(objects)
     assert pod["serviceAccountName"] == "acme-dradriver-kubelet-plugin"
-    assert one(objects, "Role")["metadata"]["namespace"] == "gpu-system"
+    assert one(objects, "RoleBinding")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "acme-dradriver-kubelet-plugin", "namespace": "gpu-system"}
+    ]
     assert_policy_constrains(objects)
     idle = [o for o in objects if o["metadata"]["name"] == "acme-dradriver-kubelet-plugin-idle-events"]
     assert {o["kind"] for o in idle} == {"ClusterRole", "ClusterRoleBinding"}
@@ -218,6 +224,13 @@ def test_an_operators_overlay_keeps_the_policy_on_its_account(
     assert idle_binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "acme-dradriver-kubelet-plugin", "namespace": "gpu-system"}
     ]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_node_events_may_be_written_where_the_api_server_keeps_them(kustomization: str) -> None:
+    objects = render(kustomization)
+    assert one(objects, "Role")["metadata"]["namespace"] == "default"
+    assert one(objects, "RoleBinding")["metadata"]["namespace"] == "default"
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

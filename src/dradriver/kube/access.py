@@ -66,9 +66,6 @@ class Access:
     token: str | None = None
     token_file: Path | None = None
     exec_plugin: ExecPlugin | None = None
-    #: The namespace this client's own objects go to (Events about the Node): the pod's own in
-    #: the cluster, else the context's, as kubectl's default namespace.
-    namespace: str = "default"
     #: Whose credentials, for messages: "kubeconfig PATH: user NAME" or "in-cluster service account".
     origin: str = ""
 
@@ -86,12 +83,10 @@ def in_cluster(environ: Mapping[str, str], directory: Path = SERVICE_ACCOUNT_DIR
     token = directory / "token"
     if not token.is_file():
         raise AccessError(f"{origin}: {token}: no service account token")
-    namespace = directory / "namespace"
     return Access(
         server=f"https://{host}:{port}",
         ca_pem=_read_text(directory / "ca.crt", f"{origin}: CA"),
         token_file=token,
-        namespace=_read_text(namespace, f"{origin}: namespace").strip() if namespace.is_file() else "default",
         origin=origin,
     )
 
@@ -142,7 +137,6 @@ def resolve(documents: Sequence[tuple[Path, Mapping[str, Any]]], origin: str) ->
         ca_pem=ca_pem,
         insecure=insecure,
         tls_server_name=tls_server_name,
-        namespace=str(context.get("namespace") or "default"),
         origin=user_origin,
         **_user_credentials(user, user_dir, user_origin, cluster),
     )

@@ -231,11 +231,6 @@ class KubeClient:
         (client certificates and exec plugins never are)."""
         return self._access.token is not None or self._access.token_file is not None
 
-    @property
-    def namespace(self) -> str:
-        """Where this client's own objects go (Events about the Node): see Access.namespace."""
-        return self._access.namespace
-
     def close(self) -> None:
         self._pool.clear()
 

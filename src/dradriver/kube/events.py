@@ -1,8 +1,8 @@
 """Kubernetes Events about this node's Node object: what `kubectl describe node` shows.
 
-Events of the cluster-scoped Node go to the client's namespace (the plugin pod's own, the only
-one its RBAC lets it write Events to); `kubectl describe node` searches every namespace and
-matches the involved object's UID.
+Events of the cluster-scoped Node go to `default`: the API server keeps a cluster-scoped object's
+Events there (or in kube-system) and refuses them elsewhere, as the kubelet's own Node Events are;
+`kubectl describe node` matches the involved object's UID.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dradriver.kube.errors import KubeError
 from dradriver.logs import get_logger
+
+#: Where Events about the Node are kept (see the module docstring).
+NODE_EVENTS_NAMESPACE = "default"
 
 if TYPE_CHECKING:
     from dradriver.kube.client import KubeClient
@@ -158,4 +161,4 @@ class NodeEventSender:
         """The Node as an Event's involvedObject (its UID looked up once) and where its Events go."""
         if self._uid is None:
             self._uid = self._client.node_uid(self._node)
-        return _node_reference(self._node, self._uid), self._client.namespace
+        return _node_reference(self._node, self._uid), NODE_EVENTS_NAMESPACE

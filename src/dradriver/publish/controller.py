@@ -28,7 +28,7 @@ from typing import Any
 
 from dradriver.kube.client import KubeClient, WatchEvent
 from dradriver.kube.errors import ConflictError, KubeError, NotFoundError
-from dradriver.kube.events import node_event
+from dradriver.kube.events import NODE_EVENTS_NAMESPACE, node_event
 from dradriver.kube.reflector import Reflector
 from dradriver.kube.retry import Backoff
 from dradriver.logs import get_logger
@@ -450,7 +450,7 @@ class SliceController:
 
     def _emit_event(self, reason: str, message: str) -> None:
         event = node_event(
-            namespace=self.client.namespace,
+            namespace=NODE_EVENTS_NAMESPACE,
             node_name=self.node_name,
             node_uid=self._node_uid,
             component=self.driver_name,
@@ -459,7 +459,7 @@ class SliceController:
             event_type="Warning",
         )
         try:
-            self.client.create_event(self.client.namespace, event)
+            self.client.create_event(NODE_EVENTS_NAMESPACE, event)
         except KubeError as err:  # an Event is a courtesy; the log line above is the record
             self._log.debug("could not create Event", error=str(err))
 
