@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.plugin import DRIVER, NAMESPACE, Deployment, wait
+from dradriver.kube.events import NODE_EVENTS_NAMESPACE
+from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import wait_unprepared
 from tests.helpers import write_gpu_profile
@@ -125,7 +126,7 @@ def test_profile_changes_reach_the_slices_and_the_scheduler(
         assert taints(deployment, "gpu-1") == [(f"{DRIVER}/unhealthy", "device-gone")]
         assert deployment.devices() == ["gpu-0", "gpu-1"]
         events = real_cluster.get_json(
-            "events", "-n", NAMESPACE, "--field-selector", "reason=DeviceUnhealthy"
+            "events", "-n", NODE_EVENTS_NAMESPACE, "--field-selector", "reason=DeviceUnhealthy"
         )["items"]
         assert isinstance(events, list)
         assert any("gpu-1" in e["message"] and "no longer on the node" in e["message"] for e in events)
