@@ -25,7 +25,7 @@ tool, a share fails with one line instead of running unguarded.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,10 +92,11 @@ class ShareDaemons:
         claim: ClaimRef,
         devices: Sequence[PlannedDevice],
         cdi_devices: Sequence[CdiDevice],
-        prepared: Iterable[ClaimRecord],
+        prepared: Callable[[], Iterable[ClaimRecord]],
     ) -> tuple[CdiDevice, ...]:
         """The CDI devices with each share's edits added, its GPU's daemon running first; the
-        `prepared` claims (those being prepared too) say which namespace holds each GPU's shares.
+        `prepared` claims (those being prepared too) say which namespace holds each GPU's shares
+        (read only for a share: most claims have none).
 
         Raises SharingError (one line) when a share cannot be held to its limits, or its GPU
         holds shares of another namespace."""
@@ -112,7 +113,7 @@ class ShareDaemons:
             if not self.policy.enforced:
                 edits = unenforced_edits(limits)
             else:
-                _check_tenant(claim, device, prepared)
+                _check_tenant(claim, device, prepared())
                 edits = self._enforce(share_id, device, limits)
             out[index] = replace(out[index], edits=out[index].edits + edits)
         return tuple(out)
@@ -131,16 +132,18 @@ class ShareDaemons:
             self._tell(daemons.pipe(key), f"set_client_limits {share_id} {_client(limits)}")
         return share_edits(limits, str(daemons.host_pipe(key)))
 
-    def release(self, record: ClaimRecord, prepared: Iterable[ClaimRecord]) -> None:
+    def release(self, record: ClaimRecord, prepared: Callable[[], Iterable[ClaimRecord]]) -> None:
         """Release the claim's shares; a GPU whose last share among the `prepared` claims this
-        was has its daemon stopped. Safe to repeat."""
+        was has its daemon stopped (they are read only for a claim with shares). Safe to repeat."""
         daemons = self._daemons
         if daemons is None:
             return
-        others = _shares_by_gpu(r for r in prepared if r.uid != record.uid)
+        others: dict[str, dict[str, ShareRecord]] | None = None
         for device in record.devices:
             if device.share is None or device.share_id is None or not device.share.enforced:
                 continue
+            if others is None:
+                others = _shares_by_gpu(r for r in prepared() if r.uid != record.uid)
             key = daemon_key(device.uuid)
             if others.get(device.uuid):
                 if self._register and daemons.running(key):

@@ -308,7 +308,7 @@ class Preparer:
         entries = [e for e in work.entries if e is not None]
         assert len(entries) == len(work.devices), "a device without its CDI entry"
         work.entries = list(
-            self.context.shares.prepare(work.plan.claim, work.devices, entries, self.context.ledger.records())
+            self.context.shares.prepare(work.plan.claim, work.devices, entries, self.context.ledger.records)
         )
 
     def _apply_sharing(self, work: ClaimWork) -> None:

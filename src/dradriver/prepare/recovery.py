@@ -138,7 +138,7 @@ class StartupRecovery:
         remaining = dict(state.claims)  # whose shares keep a share daemon running
         for record in [r for r in state.claims.values() if r.state is ClaimState.PREPARE_STARTED]:
             try:
-                self._context.release(record, prepared=remaining.values())
+                self._context.release(record, prepared=remaining.values)
             except MigError as err:
                 log.error(
                     "could not roll back a half-prepared claim: its MIG device stays recorded",

@@ -7,7 +7,7 @@ a stale holder freed, and recovery's rollback of half-prepared claims.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
@@ -33,14 +33,18 @@ class Release:
         self._cdi = cdi_dir
 
     def __call__(
-        self, record: ClaimRecord, *, keep_cdi: bool = False, prepared: Iterable[ClaimRecord] | None = None
+        self,
+        record: ClaimRecord,
+        *,
+        keep_cdi: bool = False,
+        prepared: Callable[[], Iterable[ClaimRecord]] | None = None,
     ) -> None:
         """Release sharing, destroy the MIG devices made for the claim and remove the spec (the
         caller forgets the record); safe to repeat after a crash. A MigError (e.g. a MIG device
         still in use) leaves the spec, so that the claim stays whole for the kubelet, or
         recovery, to try again. `prepared`: the claims whose shares keep a GPU's share daemon
         running, the ledger's unless recovery says otherwise."""
-        self._shares.release(record, self._ledger.records() if prepared is None else prepared)
+        self._shares.release(record, self._ledger.records if prepared is None else prepared)
         by_sharing: dict[str, list[str]] = {}
         for device in record.devices:
             if device.sharing:

@@ -7,7 +7,7 @@ write fails the specs go back and the claims stay prepared, for the kubelet's re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dradriver import logs
@@ -48,7 +48,7 @@ class Unpreparer:
             if record is None:
                 continue
             try:
-                released[uid] = self._release_one(record, remaining.values())
+                released[uid] = self._release_one(record, remaining.values)
                 del remaining[uid]
             except (StorageError, SharingError, MigError) as err:
                 errors[uid] = f"claim {ref}: {err}"
@@ -66,7 +66,7 @@ class Unpreparer:
             log.info("unprepared", claim=str(refs[uid]), uid=uid)
         return errors
 
-    def _release_one(self, record: ClaimRecord, prepared: Iterable[ClaimRecord]) -> Path | None:
+    def _release_one(self, record: ClaimRecord, prepared: Callable[[], Iterable[ClaimRecord]]) -> Path | None:
         """Set the claim's spec aside and release its devices: where the spec is (None: it had
         none). StorageError with nothing undone, or the release's error with the spec put back."""
         aside = self._cdi.set_aside(record.uid)
