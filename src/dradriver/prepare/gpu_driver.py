@@ -75,9 +75,6 @@ class GpuDriver:
         host_nodes: HostDeviceNodes | None = None,
         on_released: Callable[[], None] = lambda: None,
     ) -> None:
-        self.driver_name = driver_name
-        self.pool_name = pool_name
-        self.claims = claims
         self._node = node
         self._mig = mig
         self._serialize = serialize
