@@ -10,10 +10,9 @@ sees only the GPUs in CUDA_VISIBLE_DEVICES, takes `set_default_active_thread_per
 shares of a shared GPU (serve --gpu-shares), where each CUDA client brings its own limits in its
 environment, it also keeps a register of clients and their limits (`set_client_limits <client>
 <percentage> <limit>`, `remove_client <client>`, `get_client_limits <client>`), since no CUDA
-client ever connects to it; a client
-exits non-zero when the daemon is unreachable or refuses a command. It runs no CUDA: what it was
-told is written to `<pipe>/dradriver-mps-standin.json`, which a workload sees in its bind-mounted
-(read-only) pipe directory; the write follows no link planted there.
+client ever connects to it; a client exits non-zero when the daemon is unreachable or refuses a
+command. It runs no CUDA: what it was told is written to `<pipe>/dradriver-mps-standin.json`,
+which a workload sees in its bind-mounted pipe directory; the write follows no link planted there.
 
 Standard library only (it starts as a separate process, also inside the DaemonSet image).
 """
