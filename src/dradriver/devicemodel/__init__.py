@@ -43,6 +43,8 @@ __all__ = [
 
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+#: The standard NUMA node (KEP-6072, GA in 1.37): what aligns a GPU with another driver's NIC or CPUs.
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 #: Upstream ResourceSliceMaxCountersPerCounterSet (1.35+).
 MAX_COUNTERS_PER_SET = 32
 
@@ -124,7 +126,8 @@ def _common_attributes(out: AttributeWriter, gpu: Gpu, inventory: NodeInventory)
 def _pci_attributes(out: AttributeWriter, gpu: Gpu) -> None:
     out.string(PCI_BUS_ID_ATTRIBUTE, gpu.pci_bus_id)
     out.string(PCIE_ROOT_ATTRIBUTE, gpu.pcie_root)
-    out.integer("numaNode", gpu.numa_node)
+    out.integer(NUMA_NODE_ATTRIBUTE, gpu.numa_node)
+    out.integer("numaNode", gpu.numa_node)  # deprecated: the standard one above replaces it
 
 
 def _gpu_device(gpu: Gpu, inventory: NodeInventory) -> tuple[dict[str, Any], list[str]]:

@@ -54,7 +54,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec("placementSize", "int", MIG),
     AttributeSpec("resource.kubernetes.io/pciBusID", "string", BOTH),
     AttributeSpec("resource.kubernetes.io/pcieRoot", "string", BOTH, always=False),
-    AttributeSpec("numaNode", "int", BOTH, always=False),
+    AttributeSpec("resource.kubernetes.io/numaNode", "int", BOTH, always=False),
+    AttributeSpec("numaNode", "int", BOTH, always=False),  # deprecated for the standard one
 )
 
 #: Capacity names (quantities). The engine counts are on MIG devices and on MIG-capable GPUs.

@@ -55,6 +55,7 @@ CONSTRAINT_ATTRIBUTES = (
     f"{DRIVER}/parentUUID",
     f"{DRIVER}/profile",
     "resource.kubernetes.io/pcieRoot",
+    "resource.kubernetes.io/numaNode",
     f"{DRIVER}/cudaComputeCapability",
 )
 TAINT_KEYS = ("gpu.dradriver.dev/unhealthy", "gpu.dradriver.dev/maintenance")
@@ -71,7 +72,7 @@ CAPACITY_REQUESTS = (
 
 
 @functools.cache
-def _profile_slices(profile: str, partitionable: bool) -> tuple[dict[str, Any], ...]:
+def profile_slices(profile: str, partitionable: bool) -> tuple[dict[str, Any], ...]:
     from dradriver.slices import build_node_slices
 
     slices = build_node_slices(profile, node_name=NODE, driver_name=DRIVER, partitionable=partitionable)
@@ -86,9 +87,9 @@ def device_classes() -> tuple[dict[str, Any], ...]:
     directory = Path(__file__).resolve().parents[3] / "deviceclasses"
     out = []
     for path in sorted(directory.glob("*.yaml")):
-        obj = yaml.safe_load(path.read_text())
-        obj["spec"].pop("extendedResourceName", None)
-        out.append(obj)
+        for obj in yaml.safe_load_all(path.read_text()):
+            obj["spec"].pop("extendedResourceName", None)
+            out.append(obj)
     return tuple(out)
 
 
@@ -215,7 +216,7 @@ def scenarios(draw: Draw) -> dict[str, Any]:
     chosen = draw(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=1 if sharing else 2, unique=True))
     slices: list[dict[str, Any]] = []
     for profile, partitionable in chosen:
-        for slice_ in _profile_slices(profile, partitionable):
+        for slice_ in profile_slices(profile, partitionable):
             copied = copy.deepcopy(slice_)
             if len(chosen) > 1:
                 copied["spec"]["pool"]["name"] = f"{NODE}-{profile}"

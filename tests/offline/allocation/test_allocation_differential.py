@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from dradriver.cli import main
 from dradriver.offline.allocation import (
     DeviceClass,
     Simulation,
@@ -32,7 +34,7 @@ from dradriver.offline.allocation import (
 )
 from dradriver.offline.allocation.result import allocation_status
 from dradriver.quantity import Quantity
-from tests.offline.allocation.allocation_strategy import NODE, scenarios
+from tests.offline.allocation.allocation_strategy import NODE, V1, device_classes, profile_slices, scenarios
 from tests.oracle import Oracle
 
 SCENARIOS = int(os.environ.get("DRADRIVER_FUZZ_SCENARIOS", "40"))
@@ -193,3 +195,103 @@ def test_generated_scenarios_agree_with_the_scheduler(
     allocate_oracle: Oracle, request: dict[str, Any]
 ) -> None:
     check(allocate_oracle, request)
+
+
+NIC_DRIVER = "nic.example.com"
+NIC_CLASS = {
+    "apiVersion": V1,
+    "kind": "DeviceClass",
+    "metadata": {"name": NIC_DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC_DRIVER}"'}}]},
+}
+
+
+def nic_slice(numa_nodes: list[int]) -> dict[str, Any]:
+    """Another driver's NICs on these NUMA nodes, under the standard attribute."""
+    devices = [
+        {"name": f"nic-{i}", "attributes": {"resource.kubernetes.io/numaNode": {"int": numa}}}
+        for i, numa in enumerate(numa_nodes)
+    ]
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{NODE}-nics"},
+        "spec": {
+            "driver": NIC_DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": f"{NODE}-nics", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+#: GPU 5 of dgx-h100 is on NUMA node 1; its NIC must be too.
+GPU_WITH_NIC = {
+    "apiVersion": V1,
+    "kind": "ResourceClaim",
+    "metadata": {"name": "gpu-nic", "namespace": "default", "uid": "uid-gpu-nic"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "gpu.dradriver.dev",
+                        "selectors": [
+                            {"cel": {"expression": 'device.attributes["gpu.dradriver.dev"].minor == 5'}}
+                        ],
+                    },
+                },
+                {"name": "nic", "exactly": {"deviceClassName": NIC_DRIVER}},
+            ],
+            "constraints": [
+                {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/numaNode"}
+            ],
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("nic_numa", "nic"), [([0, 1], "nic-1"), ([0, 0], None)], ids=["aligned", "no-nic-on-node-1"]
+)
+def test_a_gpu_and_another_drivers_nic_aligned_on_the_standard_numa_node(
+    allocate_oracle: Oracle,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    nic_numa: list[int],
+    nic: str | None,
+) -> None:
+    """dry-run (the CLI, on the slices dradriver publishes) and the scheduler's allocator agree on
+    a claim that aligns one of our GPUs with another driver's NIC by resource.kubernetes.io/numaNode."""
+    slices = [*copy.deepcopy(list(profile_slices("dgx-h100", False))), nic_slice(nic_numa)]
+    request = {
+        "node": {"metadata": {"name": NODE}},
+        "deviceClasses": [*device_classes(), NIC_CLASS],
+        "resourceSlices": slices,
+        "claims": [GPU_WITH_NIC],
+        "allocatedClaims": [],
+    }
+    check(allocate_oracle, request)
+    answer = allocate_oracle.ask(request)
+    (tmp_path / "slices.yaml").write_text(yaml.safe_dump_all(slices))
+    (tmp_path / "claim.yaml").write_text(yaml.safe_dump_all([GPU_WITH_NIC, NIC_CLASS]))
+    code = main(
+        [
+            "dry-run",
+            "--claim",
+            str(tmp_path / "claim.yaml"),
+            "--slices",
+            str(tmp_path / "slices.yaml"),
+            "-o",
+            "json",
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    if nic is None:
+        assert answer.get("unsatisfiable") and code == 1 and not report["satisfiable"], (answer, report)
+        return
+    assert code == 0, report
+    chosen = {r["request"]: r["device"] for r in report["nodes"][0]["claims"][0]["allocation"]}
+    assert chosen == {"gpu": "gpu-5", "nic": nic}
+    assert {r["request"]: r["device"] for r in their_results(answer)[0]} == chosen

@@ -36,10 +36,12 @@ DRIVER = "gpu.dradriver.dev"
             'has(device.attributes["resource.kubernetes.io"].pciBusID)',
             "pcieBusID -> resource.kubernetes.io/pciBusID",
         ),
-        (  # the standard numaNode NVIDIA publishes is ours, in our domain
+        (  # NVIDIA's legacy pcieBusID beside the standard numaNode, which stays as it is
+            'has(device.attributes["gpu.nvidia.com"].pcieBusID) && '
             '"numaNode" in device.attributes["resource.kubernetes.io"]',
-            '"numaNode" in device.attributes["gpu.dradriver.dev"]',
-            "resource.kubernetes.io/numaNode -> numaNode",
+            'has(device.attributes["resource.kubernetes.io"].pciBusID) && '
+            '"numaNode" in device.attributes["resource.kubernetes.io"]',
+            "pcieBusID -> resource.kubernetes.io/pciBusID",
         ),
         (
             "device.driver == 'gpu.nvidia.com'",
@@ -120,10 +122,10 @@ def test_constraint_attributes() -> None:
         "resource.kubernetes.io/pcieRoot",
         "",
     )
-    numa = rewrite_qualified("resource.kubernetes.io/numaNode", driver=DRIVER, device_types=gpu)
-    assert isinstance(numa, tuple)
-    assert numa[0] == "gpu.dradriver.dev/numaNode"
-    assert "own domain" in numa[1]
+    assert rewrite_qualified("resource.kubernetes.io/numaNode", driver=DRIVER, device_types=gpu) == (
+        "resource.kubernetes.io/numaNode",
+        "",
+    )
     assert "Fabric Manager" in str(
         rewrite_qualified("gpu.nvidia.com/partition4", driver=DRIVER, device_types=gpu)
     )

@@ -119,20 +119,37 @@ def test_v1beta1_claims_become_v1_with_first_available_kept() -> None:
 
 
 def test_constraints_follow_the_attribute_mapping() -> None:
-    result = one(claim(GPU, constraints="[{matchAttribute: resource.kubernetes.io/numaNode}]"))
+    result = one(claim(GPU, constraints="[{matchAttribute: gpu.nvidia.com/productName}]"))
     assert result.outputs[0]["spec"]["devices"]["constraints"] == [
-        {"matchAttribute": "gpu.dradriver.dev/numaNode"}
+        {"matchAttribute": "gpu.dradriver.dev/productName"}
     ]
     mixed = one(
+        claim(
+            "[{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}},"
+            " {name: nic, exactly: {deviceClassName: rdma.example.com}}]",
+            constraints="[{requests: [gpu, nic], matchAttribute: gpu.nvidia.com/productName}]",
+        )
+    )
+    ((path, message),) = problems(mixed)
+    assert path == "spec.devices.constraints[0].matchAttribute"
+    assert "also covers requests ['nic'] of other drivers" in message
+
+
+def test_a_gpu_and_a_nic_aligned_on_the_standard_numa_node_are_translated() -> None:
+    """resource.kubernetes.io/numaNode is published by both: NVIDIA's claim keeps its constraint."""
+    result = one(
         claim(
             "[{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}},"
             " {name: nic, exactly: {deviceClassName: rdma.example.com}}]",
             constraints="[{requests: [gpu, nic], matchAttribute: resource.kubernetes.io/numaNode}]",
         )
     )
-    ((path, message),) = problems(mixed)
-    assert path == "spec.devices.constraints[0].matchAttribute"
-    assert "also covers requests ['nic'] of other drivers" in message
+    assert problems(result) == []
+    spec = result.outputs[0]["spec"]["devices"]
+    assert spec["constraints"] == [
+        {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/numaNode"}
+    ]
+    assert spec["requests"][1] == {"name": "nic", "exactly": {"deviceClassName": "rdma.example.com"}}
 
 
 def test_health_taint_tolerations() -> None:

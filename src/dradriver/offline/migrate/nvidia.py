@@ -81,14 +81,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("addressingMode", "string", _BOTH, "addressingMode"),
     Attribute("resource.kubernetes.io/pciBusID", "string", _BOTH, "resource.kubernetes.io/pciBusID"),
     Attribute("resource.kubernetes.io/pcieRoot", "string", _BOTH, "resource.kubernetes.io/pcieRoot"),
-    Attribute(
-        "resource.kubernetes.io/numaNode",
-        "int",
-        _BOTH,
-        "numaNode",
-        "dradriver publishes the NUMA node in its own domain (Kubernetes 1.36 defines no standard "
-        "NUMA attribute); a constraint with another driver's devices cannot use it",
-    ),
+    Attribute("resource.kubernetes.io/numaNode", "int", _BOTH, "resource.kubernetes.io/numaNode"),
     Attribute("gpuModuleID", "int", _GPU, "gpuModuleID"),
     Attribute("partition1", "int", _GPU, None, _FABRIC),
     Attribute("partition2", "int", _GPU, None, _FABRIC),
