@@ -125,16 +125,18 @@ def go_plugin(binary: Path, raised_limit: bool = True) -> Plugin:
     return Plugin(label, driver, "go", argv)
 
 
-def dradriver_plugin(executable: Path, baseline: bool = False) -> Plugin:
-    """dradriver as installed at `executable`; a `baseline` (an earlier build, to show what
-    changed in the same run) runs under a driver name of its own so both can publish."""
+def dradriver_plugin(executable: Path, baseline: bool = False, metadata: bool = True) -> Plugin:
+    """dradriver as installed at `executable`; a `baseline` (an earlier build, or the same one
+    with its device metadata off, to show what changed in the same run) runs under a driver name
+    of its own so both can publish."""
     driver = "gpu-baseline.dradriver.dev" if baseline else "gpu.dradriver.dev"
+    switch = [] if metadata else ["--device-metadata", "false"]
 
     def argv(root: Path, kubeconfig: Path, devices: int) -> list[str]:
-        return dradriver_argv(executable, NODE, driver, root, kubeconfig, devices)
+        return [*dradriver_argv(executable, NODE, driver, root, kubeconfig, devices), *switch]
 
     if baseline:
-        return Plugin("dradriver baseline", driver, "base", argv)
+        return Plugin("dradriver baseline" if metadata else "device metadata off", driver, "base", argv)
     return Plugin("dradriver", driver, "dr", argv)
 
 
@@ -535,10 +537,15 @@ def cell(rounds: list[Figures], key: str, unit: str) -> tuple[str, float | None]
     return f"{fmt(median, unit)}{spread}", median
 
 
-def report(results: dict[str, list[Figures]], go_default: Figures | None, loads: list[str]) -> str:
+def report(
+    results: dict[str, list[Figures]],
+    go_default: Figures | None,
+    loads: list[str],
+    baseline_label: str = "dradriver baseline",
+) -> str:
     go, ours = results.get("go", []), results.get("dr", [])
     baseline, floor = results.get("base"), results.get("floor")
-    extra = (" dradriver baseline |" if baseline is not None else "") + (
+    extra = (f" {baseline_label} |" if baseline is not None else "") + (
         " Python gRPC floor | floor / Go | dradriver / floor |" if floor is not None else ""
     )
     columns = 5 + (baseline is not None) + 3 * (floor is not None)
@@ -584,6 +591,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=Path, help="an earlier dradriver build to run beside, for comparison"
     )
+    parser.add_argument(
+        "--metadata-off",
+        action="store_true",
+        help="run --dradriver a second time with --device-metadata false, as the baseline column",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paced", type=int, default=300, help="paced prepare/unprepare pairs per round")
     parser.add_argument("--pace-ms", type=float, default=20.0)
@@ -608,8 +620,12 @@ def main() -> None:
     try:
         plane.start()
         plugins = [go_plugin(opts.go_plugin), dradriver_plugin(opts.dradriver)]
+        if opts.baseline is not None and opts.metadata_off:
+            parser.error("--baseline and --metadata-off both fill the baseline column: give one")
         if opts.baseline is not None:
             plugins.append(dradriver_plugin(opts.baseline, baseline=True))
+        if opts.metadata_off:
+            plugins.append(dradriver_plugin(opts.dradriver, baseline=True, metadata=False))
         if not opts.no_floor:
             plugins.append(floor_plugin())
         if opts.only:
@@ -634,7 +650,8 @@ def main() -> None:
             go_default = {"go": Figures()}
             prepare_phase([limited], kubeconfigs, claims, opts, go_default, paced=False)
         print()
-        print(report(results, go_default["go"] if go_default else None, loads))
+        labels = {p.prefix: p.label for p in plugins}
+        print(report(results, go_default["go"] if go_default else None, loads, labels.get("base", "")))
         if opts.busy:
             print(f"{opts.busy} processes spinning on the CPU during the run")
     finally:

@@ -56,3 +56,5 @@ class ServeConfig:
     require_admission_policy: bool = False
     #: Which GPUs are published shareable and how shares are enforced (--gpu-shares); None: off.
     shares: SharePolicy | None = None
+    #: Write each prepared claim's device metadata for its containers (--device-metadata).
+    device_metadata: bool = True

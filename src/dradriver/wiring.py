@@ -62,6 +62,7 @@ from dradriver.prepare.gpu_driver import GpuDriver
 from dradriver.prepare.gpu_shares import shares_by_enforcement
 from dradriver.prepare.hostdriver import driver_mounts
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.mig import MigManager, MigMetrics, NoMigMetrics
 from dradriver.prepare.preparer import NodeDevices
 from dradriver.prepare.serialize import SerializeLock
@@ -197,6 +198,7 @@ def build_parts(host: Host) -> Parts:
         sharing=backend.sharing(config.state_dir, config.driver_root_mount),
         mig=mig,
         shares=backend.share_daemons(config.shares, config.state_dir, config.driver_root_mount),
+        metadata=MetadataFiles(config.state_dir, enabled=config.device_metadata),
         serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
         host_nodes=backend.host_nodes(config.host_dev, config.proc_root),
         on_released=inventory.released,
@@ -451,6 +453,8 @@ def _recover(driver: GpuDriver, devices: CurrentDevices, config: ServeConfig) ->
         rollback_failed=recovery.rollback_failed,
         orphans_removed=recovery.orphans_removed,
         specs_rewritten=recovery.specs_rewritten,
+        metadata_removed=recovery.metadata_removed,
+        metadata_rewritten=recovery.metadata_rewritten,
         rebuilt_from_cdi=recovery.rebuilt_from_cdi,
         cleared_after_reboot=recovery.cleared_after_reboot,
         rescan_interval_seconds=config.rescan_interval,
@@ -465,7 +469,7 @@ def _for_prepare(
         inventory.nvidia_uvm_major,
         driver_mounts(config.driver_root_mount, config.driver_root, inventory.driver_version),
     )
-    return NodeDevices({d.name: d.hardware for d in devices}, edits, inventory.nvidia_caps_major)
+    return NodeDevices.published(devices, edits, inventory.nvidia_caps_major)
 
 
 def _state_metrics(

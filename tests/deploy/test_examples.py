@@ -90,13 +90,23 @@ def test_deviceclasses_select_on_our_driver() -> None:
             check_opaque(config["opaque"], f"DeviceClass {name}", class_kind(cls))
 
 
-def test_one_class_maps_an_extended_resource() -> None:
-    mapped = [
-        c["spec"]["extendedResourceName"]
-        for c in deviceclasses().values()
-        if "extendedResourceName" in c["spec"]
-    ]
-    assert mapped == ["nvidia.com/gpu"]
+def test_the_device_plugins_names_are_mapped_once_each() -> None:
+    """nvidia.com/gpu for full GPUs; nvidia.com/mig-<profile> (a "+" written ".") for that profile."""
+    mapped: dict[str, str] = {}
+    for name, cls in deviceclasses().items():
+        if (resource := cls["spec"].get("extendedResourceName")) is None:
+            continue
+        assert resource not in mapped, f"{resource} mapped by {mapped.get(resource)} and {name}"
+        mapped[resource] = name
+        (expression,) = cel_expressions(cls["spec"]["selectors"])
+        if resource == "nvidia.com/gpu":
+            assert class_kind(cls) == "gpu"
+            continue
+        (profile,) = re.findall(r'\.profile == "([^"]+)"', expression)
+        assert class_kind(cls) == "mig"
+        assert resource == f"nvidia.com/mig-{profile.replace('+', '.')}"
+    assert "nvidia.com/gpu" in mapped
+    assert {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb.me"} <= mapped.keys()
 
 
 def class_kind(cls: Manifest) -> str:

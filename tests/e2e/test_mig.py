@@ -3,8 +3,10 @@ mode with no MIG devices, GPU 1 with MIG off), as the `fake` DaemonSet.
 
 3g.40gb and 4g.40gb for two pods land on GPU 0 as two newly created MIG devices; a third MIG claim
 that no longer fits stays Pending with the scheduler's reason; a whole-GPU claim gets GPU 1, never
-the GPU in MIG mode; deleting the pods destroys the MIG devices. `dradriver dry-run --cluster`,
-run before each step against the same API server, predicts each outcome.
+the GPU in MIG mode, and reads GPU 1's UUID and PCI bus id in its device metadata file;
+deleting the pods destroys the MIG devices. `dradriver dry-run --cluster`, run before each step
+against the same API server, predicts each outcome. Then an unchanged device-plugin pod asking
+`nvidia.com/mig-1g.10gb: 1` gets a 1g.10gb MIG device made for it, described in its metadata.
 """
 
 from __future__ import annotations
@@ -115,6 +117,14 @@ def test_mig_devices_are_made_for_the_scheduler_s_choice_and_destroyed_after(
     real_cluster.kubectl("apply", "-f", str(whole))
     (gpu_pod,) = running(real_cluster, load(whole), "the whole-GPU pod Running")
     assert allocated_devices(real_cluster, gpu_pod) == ["gpu-1"]
+    # Its device metadata (KEP-5304), at the path for a claim from a template: GPU 1 as published.
+    published = published_attributes(real_cluster, "gpu-1")
+    metadata = read_metadata(real_cluster, gpu_pod, "resourceclaimtemplates/gpu/gpu")
+    assert metadata["podClaimName"] == "gpu"
+    (device,) = metadata["requests"][0]["devices"]
+    assert device["name"] == "gpu-1"
+    for name in ("uuid", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/numaNode"):
+        assert device["attributes"][name] == published[name], name
 
     for path in (third, whole, pair):
         real_cluster.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=90s", timeout=120)
@@ -126,3 +136,63 @@ def test_mig_devices_are_made_for_the_scheduler_s_choice_and_destroyed_after(
         fake_deployment.exec("cat", f"/var/lib/kubelet/plugins/{DRIVER}/fake-mig-devices.json")
     )
     assert state["instances"] == []
+
+    # An unchanged device-plugin pod asking nvidia.com/mig-1g.10gb (deviceclasses/
+    # mig-extended-resources.yaml): the scheduler's claim gets a 1g.10gb MIG device, made for it.
+    plugin_pod = tmp_path / "device-plugin-pod.yaml"
+    plugin_pod.write_text(yaml.safe_dump(DEVICE_PLUGIN_POD))
+    real_cluster.kubectl("apply", "-f", str(plugin_pod))
+    (mig_pod,) = running(real_cluster, [DEVICE_PLUGIN_POD], "the nvidia.com/mig-1g.10gb pod Running")
+    (device_name,) = allocated_devices(real_cluster, mig_pod)
+    assert device_name.startswith("gpu-0-mig-1g10gb-")
+    (made,) = created_mig(fake_deployment)
+    status = mig_pod["status"]["extendedResourceClaimStatus"]
+    (mapping,) = status["requestMappings"]
+    assert mapping["resourceName"] == "nvidia.com/mig-1g.10gb"
+    metadata = read_metadata(
+        real_cluster, mig_pod, f"resourceclaims/{status['resourceClaimName']}/{mapping['requestName']}"
+    )
+    attributes = metadata["requests"][0]["devices"][0]["attributes"]
+    assert attributes["uuid"] == {"string": made["uuid"]}
+    assert attributes["profile"] == {"string": "1g.10gb"}
+    real_cluster.kubectl("delete", "-f", str(plugin_pod), "--wait=true", "--timeout=90s", timeout=120)
+    wait_unprepared(fake_deployment)
+    assert created_mig(fake_deployment) == []
+
+
+#: A pod written for the device plugin's "mixed" MIG strategy, unchanged.
+DEVICE_PLUGIN_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "mig-1g10gb", "namespace": "default"},
+    "spec": {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "app",
+                "image": "busybox:1.37",
+                "command": ["sh", "-c", 'trap "exit 0" TERM; sleep 3600 & wait'],
+                "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}},
+            }
+        ],
+    },
+}
+
+
+def published_attributes(cluster: RealCluster, device: str) -> dict[str, Any]:
+    slices = cluster.get_json("resourceslices", "--field-selector", f"spec.driver={DRIVER}")
+    for slice_ in slices["items"]:  # type: ignore[attr-defined]
+        for published in slice_["spec"].get("devices") or []:
+            if published["name"] == device:
+                return published["attributes"]  # type: ignore[no-any-return]
+    raise AssertionError(f"{device} is not published")
+
+
+def read_metadata(cluster: RealCluster, pod: dict[str, Any], place: str) -> dict[str, Any]:
+    """The first object (v1beta1) of the metadata file the pod's container reads at `place`."""
+    path = f"/var/run/kubernetes.io/dra-device-attributes/{place}/{DRIVER}-metadata.json"
+    meta = pod["metadata"]
+    text = cluster.kubectl("-n", meta["namespace"], "exec", meta["name"], "--", "cat", path).stdout
+    first, _ = json.JSONDecoder().raw_decode(text)
+    assert first["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+    return first  # type: ignore[no-any-return]

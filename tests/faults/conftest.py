@@ -12,5 +12,7 @@ from tests.prepare.node import Node
 
 @pytest.fixture
 def node() -> Iterator[Node]:
+    """Without device metadata, whose files in the state directory would fail first on a full or
+    read-only disk (that case: test_disk_faults.py's own node)."""
     with short_tmpdir() as root:
-        yield Node(root, "dgx-h100")
+        yield Node(root, "dgx-h100", device_metadata=False)

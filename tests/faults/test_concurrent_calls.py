@@ -63,7 +63,10 @@ def test_a_failed_checkpoint_write_undoes_only_its_own_call() -> None:
     with short_tmpdir() as root:
         state = root / "state"
         with tmpfs(state, "1m"):
-            serve = ServeProcess(root, ["--state-dir", str(state), "--log-format", "json"])
+            # No device metadata: the disk's last pages are measured for the checkpoint alone.
+            serve = ServeProcess(
+                root, ["--state-dir", str(state), "--log-format", "json", "--device-metadata", "false"]
+            )
             kept = allocated_claim(
                 "kept", uid(1), [{"request": "gpu", "device": "gpu-0"}], config=[opaque(MPS)]
             )

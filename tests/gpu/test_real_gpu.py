@@ -33,7 +33,13 @@ from tests.helpers import DRIVER, ServeProcess, allocated_claim, opaque, short_t
 PROBE = Path(__file__).with_name("cuda_probe.py")
 TRITON_PROBE = Path(__file__).with_name("triton_probe.py")
 #: Attributes that name this very GPU or host driver rather than the model.
-PER_GPU = {"uuid", "minor", "gpuModuleID", "driverVersion", "cudaDriverVersion", "numaNode",
+PER_GPU = {
+    "uuid",
+    "minor",
+    "gpuModuleID",
+    "driverVersion",
+    "cudaDriverVersion",
+    "numaNode",
     "resource.kubernetes.io/numaNode",
 }
 

@@ -20,6 +20,7 @@ from dradriver.prepare.edits import common_edits
 from dradriver.prepare.gpu_driver import GpuDriver
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.preparer import NodeDevices
 from tests.helpers import DRIVER
@@ -59,6 +60,7 @@ class Node:
     profile: str
     boot_id: str = "boot-1"
     partitionable: bool = False
+    device_metadata: bool = True
 
     def __post_init__(self) -> None:
         self.claims_dir = self.root / "claims"
@@ -70,6 +72,7 @@ class Node:
         self.inventory = self.library.discover()
         self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
         self.mig_metrics = RecordedMigMetrics()
+        self.metadata = MetadataFiles(self.root / "state", enabled=self.device_metadata)
 
     def driver(
         self,
@@ -81,8 +84,8 @@ class Node:
         shares: ShareDaemons | None = None,
     ) -> GpuDriver:
         """`uvm_scanned` False: the nvidia-uvm module was not loaded when the node was scanned."""
-        node = NodeDevices(
-            {d.name: d.hardware for d in self.devices.devices},
+        node = NodeDevices.published(
+            self.devices.devices,
             common_edits(self.inventory.nvidia_uvm_major if uvm_scanned else None, []),
             self.inventory.nvidia_caps_major,
         )
@@ -97,6 +100,7 @@ class Node:
             mig=MigManager(lambda: self.library.mig_control(self.root / "state"), self.mig_metrics),
             host_nodes=host_nodes,
             shares=shares or ShareDaemons(),
+            metadata=self.metadata,
         )
         if recover:
             driver.recover()

@@ -1,5 +1,6 @@
-"""`kill -9` at random points of 200 prepare/unprepare cycles: nothing orphaned, nothing lost,
-and a reader of the CDI directory never sees a file it cannot parse."""
+"""`kill -9` at random points of 200 prepare/unprepare cycles: nothing orphaned, nothing lost (the
+device metadata files the specs mount included), and a reader of the CDI directory never sees a
+file it cannot parse."""
 
 from __future__ import annotations
 
@@ -84,6 +85,13 @@ def test_kill_9_during_prepare_and_unprepare_cycles() -> None:
             for claim_uid in believed_prepared - {unprepare_in_flight}:
                 spec = serve.cdi_dir / f"k8s.gpu.dradriver.dev-claim_{claim_uid}.json"
                 assert spec.exists(), f"prepared claim {claim_uid} lost after kill -9"
+                # ... and so is every device metadata file its spec mounts, whole.
+                for device in json.loads(spec.read_text())["devices"]:
+                    (mount,) = device["containerEdits"]["mounts"]
+                    assert (
+                        json.loads(Path(mount["hostPath"]).read_text().splitlines()[0])["metadata"]["uid"]
+                        == claim_uid
+                    )
 
         def call(method: str, claim_uid: str, name: str) -> None:
             """Send until answered; sometimes kill the plugin while the request is in flight."""
@@ -125,5 +133,6 @@ def test_kill_9_during_prepare_and_unprepare_cycles() -> None:
         assert watcher.reads > 0
         assert watcher.broken == []
         assert sorted(p.name for p in serve.cdi_dir.iterdir()) == []  # no orphans, no temp files
+        assert list((serve.plugins_dir / serve.driver / "device-metadata").iterdir()) == []
         checkpoint = json.loads((serve.plugins_dir / serve.driver / "checkpoint.json").read_text())
         assert checkpoint["data"]["claims"] == {}

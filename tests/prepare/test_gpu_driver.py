@@ -61,6 +61,15 @@ def test_prepare_writes_the_spec_and_checkpoint(node: Node, driver: GpuDriver) -
             "containerEdits": {
                 "env": [f"DRADRIVER_DEVICE_GPU_3={gpu3.uuid}"],
                 "deviceNodes": [{"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}],
+                # Its device metadata (tests/prepare/test_metadata.py).
+                "mounts": [
+                    {
+                        "hostPath": str(node.metadata.file_for(ref.uid, "gpu")),
+                        "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/"
+                        "claim-1/gpu/gpu.dradriver.dev-metadata.json",
+                        "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                    }
+                ],
             },
         }
     ]

@@ -118,8 +118,8 @@ def test_four_shares_of_one_gpu_get_their_own_devices_limits_and_one_daemon(node
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
         devices: Any = node.spec(ref)["devices"]
-        (mount,) = devices[0]["containerEdits"]["mounts"]
-        assert Path(mount["hostPath"]) == daemons.host_pipe(daemon_key(_gpu_uuid(node)))
+        pipe, _metadata = devices[0]["containerEdits"]["mounts"]
+        assert Path(pipe["hostPath"]) == daemons.host_pipe(daemon_key(_gpu_uuid(node)))
     state = _standin_state(node)
     assert state is not None
     assert state["devices"] == [_gpu_uuid(node)]

@@ -27,6 +27,7 @@ from dradriver.prepare.edits import common_edits
 from dradriver.prepare.gpu_driver import GpuDriver
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.preparer import NodeDevices
 from tests.helpers import DRIVER, allocated_claim, uid, write_gpu_profile
@@ -52,10 +53,8 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
     inventory = library.discover()
     devices = build_devices(inventory, driver_name=DRIVER)
     store = CountingStore(tmp_path / "state")
-    node = NodeDevices(
-        {d.name: d.hardware for d in devices.devices},
-        common_edits(inventory.nvidia_uvm_major, []),
-        inventory.nvidia_caps_major,
+    node = NodeDevices.published(
+        devices.devices, common_edits(inventory.nvidia_uvm_major, []), inventory.nvidia_caps_major
     )
     driver = GpuDriver(
         driver_name=DRIVER,
@@ -67,6 +66,7 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
         sharing=FakeSharing(tmp_path / "state"),
         mig=MigManager(lambda: library.mig_control(tmp_path / "state")),
         shares=ShareDaemons(SharePolicy("unenforced")),
+        metadata=MetadataFiles(tmp_path / "state"),
     )
     driver.recover()
     refs = [ClaimRef("default", f"c{i}", uid(i)) for i in range(1000)]

@@ -164,6 +164,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a claim must stay below --idle-threshold to be reported idle",
     )
+    env_flag(
+        parser,
+        "--device-metadata",
+        type=boolean,
+        default=True,
+        metavar="true|false",
+        help="give the containers of each claim prepared from now on its devices' attributes (UUID, "
+        "PCI bus id, NUMA node, ...) in /var/run/kubernetes.io/dra-device-attributes (KEP-5304; the "
+        "files live under --state-dir, which must be the same path on the host)",
+    )
     env_switch(
         parser,
         "--require-admission-policy",
@@ -279,5 +289,6 @@ def run(args: argparse.Namespace) -> int:
         idle_window=args.idle_window,
         shares=shares,
         require_admission_policy=args.require_admission_policy,
+        device_metadata=args.device_metadata,
     )
     return Daemon(config).run()

@@ -126,6 +126,9 @@ class ClaimRecord(_Model):
     #: What was written there: a repeated prepare and recovery check the file against it and
     #: rewrite it if it was deleted, emptied or changed. Left out of the file when unset.
     cdi_spec: dict[str, Any] | None = Field(default=None, exclude_if=lambda value: value is None)
+    #: The device metadata objects written for it, by request (`prepare.metadata`): checked and
+    #: rewritten as the spec is. Left out of the file when it has none.
+    metadata: dict[str, dict[str, Any]] | None = Field(default=None, exclude_if=lambda value: value is None)
     prepared_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     #: Rebuilt from the CDI directory after the checkpoint was lost: name and namespace unknown.
     recovered: bool = False

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.release import Release
 
 
 @dataclass(frozen=True)
 class ClaimContext:
-    """The driver's and pool's names, the records of prepared claims, their spec files, how a
-    claim's devices are released and the GPUs' share daemons."""
+    """The driver's and pool's names, the records of prepared claims, their spec and device
+    metadata files, how a claim's devices are released and the GPUs' share daemons."""
 
     driver_name: str
     pool_name: str
@@ -21,3 +22,4 @@ class ClaimContext:
     cdi_dir: CdiDirectory
     release: Release
     shares: ShareDaemons
+    metadata: MetadataFiles

@@ -30,6 +30,7 @@ from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.fetch import ClaimFetcher, route_for
 from dradriver.prepare.gpu_share_daemons import ShareDaemons
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.mig import MigManager
 from dradriver.prepare.preparer import NodeDevices, Preparer
 from dradriver.prepare.recovery import Recovery, StartupRecovery
@@ -71,6 +72,7 @@ class GpuDriver:
         sharing: SharingControl,
         mig: MigManager,
         shares: ShareDaemons,
+        metadata: MetadataFiles,
         serialize: SerializeLock | None = None,
         host_nodes: HostDeviceNodes | None = None,
         on_released: Callable[[], None] = lambda: None,
@@ -82,11 +84,13 @@ class GpuDriver:
         #: One prepare, unprepare or recovery at a time in this process (see `_exclusive`).
         self._calls = threading.Lock()
         self._ledger = ledger
-        release = Release(sharing, mig, cdi_dir, shares, ledger)
+        release = Release(
+            sharing=sharing, mig=mig, cdi_dir=cdi_dir, shares=shares, ledger=ledger, metadata=metadata
+        )
         self._fetcher = ClaimFetcher(claims, route_for(claims))
-        context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares)
+        context = ClaimContext(driver_name, pool_name, ledger, cdi_dir, release, shares, metadata)
         self._recovery = StartupRecovery(context)
-        self._unpreparer = Unpreparer(ledger, cdi_dir, release)
+        self._unpreparer = Unpreparer(ledger, cdi_dir, metadata, release)
         self._preparer = Preparer(
             context,
             sharing=sharing,

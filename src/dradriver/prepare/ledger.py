@@ -238,14 +238,16 @@ class Ledger:
         with self._state_lock:
             self._state.claims[record.uid] = record
 
-    def complete(self, specs: Mapping[str, Mapping[str, object] | None]) -> list[ClaimRecord]:
-        """Mark the records of `specs` PrepareCompleted with the spec written for each (in memory;
-        the caller writes the checkpoint)."""
+    def complete(
+        self, written: Mapping[str, tuple[Mapping[str, object] | None, Mapping[str, object] | None]]
+    ) -> list[ClaimRecord]:
+        """Mark the records of `written` PrepareCompleted with the spec and device metadata
+        written for each (in memory; the caller writes the checkpoint)."""
         with self._state_lock:
             completed = []
-            for uid, spec in specs.items():
+            for uid, (spec, metadata) in written.items():
                 record = self._state.claims[uid].model_copy(
-                    update={"state": ClaimState.PREPARE_COMPLETED, "cdi_spec": spec}
+                    update={"state": ClaimState.PREPARE_COMPLETED, "cdi_spec": spec, "metadata": metadata}
                 )
                 self._state.claims[uid] = record
                 completed.append(record)

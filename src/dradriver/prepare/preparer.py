@@ -8,8 +8,9 @@ The claims go through the steps together:
 2. free the devices stale holders keep (`prepare.stale`);
 3. reserve the devices of all of them as PrepareStarted (`Ledger.reserve`);
 4. per claim, the steps (`Preparer._steps`): make the MIG devices of allocated MIG placements
-   (each step recorded first), apply sharing, render the spec;
-5. write every spec in one batch;
+   (each step recorded first), apply sharing, describe the devices (`prepare.metadata`), render
+   the spec;
+5. write every claim's device metadata, then every spec, in one batch each;
 6. complete: record PrepareCompleted for all, and write the checkpoint once before the call
    answers.
 The reservations reach the disk first (one more write) only when something a spec file cannot
@@ -24,13 +25,13 @@ claim's spec against the one recorded and rewrites it if it differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from dradriver import logs
-from dradriver.devicemodel import Hardware, PossibleMig
+from dradriver.devicemodel import Hardware, PossibleMig, PublishedDevice
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.files.write import StorageError, storage_error
 from dradriver.mig import MigError
@@ -40,6 +41,10 @@ from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, DeviceRecord, 
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
+from dradriver.prepare.metadata import ClaimMetadata, DescribedDevice, MetadataError, check_names, with_uuid
+from dradriver.prepare.metadata import container_path as metadata_path
+from dradriver.prepare.metadata import render as render_metadata
+from dradriver.prepare.metadata_files import restore_metadata
 from dradriver.prepare.mig import MigManager, intent
 from dradriver.prepare.plan import ClaimPlan, PlanError, PlannedDevice, plan_claim
 from dradriver.prepare.recovery import restore_specs
@@ -56,12 +61,27 @@ log = logs.get_logger(component="prepare")
 
 @dataclass(frozen=True)
 class NodeDevices:
-    """What claims are prepared on: the node's devices, the edits every spec carries and the
-    nvidia-caps major (MIG access); replaced whole when the node changes."""
+    """What claims are prepared on: the node's devices, the edits every spec carries, the
+    nvidia-caps major (MIG access) and each device's published attributes (its metadata);
+    replaced whole when the node changes."""
 
     devices: Mapping[str, Hardware]
     common_edits: cdi.ContainerEdits
     caps_major: int | None
+    attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def published(
+        cls, devices: Iterable[PublishedDevice], common_edits: cdi.ContainerEdits, caps_major: int | None
+    ) -> NodeDevices:
+        """The node's published devices, as prepare works on them."""
+        devices = list(devices)
+        return cls(
+            {d.name: d.hardware for d in devices},
+            common_edits,
+            caps_major,
+            {d.name: d.json["attributes"] for d in devices},
+        )
 
 
 @dataclass
@@ -90,6 +110,10 @@ class ClaimWork:
     entries: list[cdi.CdiDevice | None]
     #: The spec's claim-wide edits: the node's, then sharing's.
     edits: cdi.ContainerEdits
+    #: The claim's name in its pod's spec, for a claim made from a template (its metadata's place).
+    pod_claim_name: str | None = None
+    #: Its device metadata, once described (None: --device-metadata off).
+    metadata: ClaimMetadata | None = None
     #: The rendered spec (the last step).
     spec: dict[str, Any] | None = None
 
@@ -118,6 +142,7 @@ class Preparer:
             self._make_mig_devices,
             self._hold_shares,
             self._apply_sharing,
+            *((self._describe_devices,) if self.context.metadata.enabled else ()),
             self._render_spec,
         )
 
@@ -185,12 +210,13 @@ class Preparer:
                 replaced.append(ref.uid)
             try:
                 planned.append(self._plan(ref, claim, node))
-            except (PlanError, EditsError) as err:
+            except (PlanError, EditsError, MetadataError) as err:
                 log.warning("cannot prepare claim", claim=str(ref), error=str(err))
                 results[ref.uid] = PrepareResult(error=str(err))
         _, failed_rewrites = restore_specs(self.context.cdi_dir, list(again.values()))
+        _, failed_metadata = restore_metadata(self.context.metadata, list(again.values()))
         for ref in again:
-            if (rewrite_error := failed_rewrites.get(ref.uid)) is not None:
+            if (rewrite_error := failed_rewrites.get(ref.uid) or failed_metadata.get(ref.uid)) is not None:
                 results[ref.uid] = PrepareResult(error=f"claim {ref}: {rewrite_error}")
         return planned, replaced
 
@@ -207,7 +233,8 @@ class Preparer:
 
     def _plan(self, ref: ClaimRef, claim: ResourceClaim, node: NodeDevices) -> ClaimWork:
         """The claim's plan on `node` with every device's CDI entry that can be built before
-        anything is touched; for a MIG placement, whether the MIG device will be usable."""
+        anything is touched; for a MIG placement, whether the MIG device will be usable; with
+        device metadata, whether its names can place it."""
         plan = plan_claim(
             claim,
             ref,
@@ -222,7 +249,10 @@ class Preparer:
                 entries.append(None)
             else:
                 entries.append(_cdi_device(ref.uid, device, device.hardware, node.caps_major))
-        return ClaimWork(plan, node, list(plan.devices), entries, node.common_edits)
+        pod_claim_name = claim.metadata.pod_claim_name
+        if self.context.metadata.enabled:
+            check_names(ref, pod_claim_name, [r for d in plan.devices for r in d.requests])
+        return ClaimWork(plan, node, list(plan.devices), entries, node.common_edits, pod_claim_name)
 
     # --- 3. reserve -------------------------------------------------------------------------
 
@@ -324,6 +354,33 @@ class Preparer:
             edits = edits + self.sharing.apply(work.uid, sharing, group)
         work.edits = work.edits + edits
 
+    def _describe_devices(self, work: ClaimWork) -> None:
+        """The claim's device metadata, each request's file mounted on each of its devices."""
+        ref = work.plan.claim
+        work.metadata = render_metadata(
+            ref,
+            work.pod_claim_name,
+            self.context.driver_name,
+            [
+                DescribedDevice(
+                    d.pool, d.name, d.requests, with_uuid(work.node.attributes.get(d.name, {}), d.uuid)
+                )
+                for d in work.devices
+            ],
+        )
+        entries = []
+        for device, entry in zip(work.devices, work.entries, strict=True):
+            assert entry is not None, "a device without its CDI entry"
+            mounts = tuple(
+                cdi.Mount(
+                    str(self.context.metadata.file_for(ref.uid, request)),
+                    metadata_path(self.context.driver_name, ref.name, work.pod_claim_name, request),
+                )
+                for request in dict.fromkeys(r.partition("/")[0] for r in device.requests)
+            )
+            entries.append(cdi.CdiDevice(entry.name, entry.edits + cdi.ContainerEdits(mounts=mounts)))
+        work.entries = list(entries)
+
     def _render_spec(self, work: ClaimWork) -> None:
         """The claim's spec, once every device node it names exists on the host."""
         entries = tuple(e for e in work.entries if e is not None)
@@ -337,13 +394,23 @@ class Preparer:
 
     def _write_specs(
         self, started: Sequence[ClaimWork], results: dict[str, PrepareResult]
-    ) -> dict[str, Mapping[str, object] | None]:
-        """Write the specs of the claims whose steps went through, in one batch: the spec of each
-        claim to complete (None: a claim with no devices of ours), by UID."""
-        written = self.context.cdi_dir.write_many({w.uid: w.spec for w in started if w.spec is not None})
-        specs: dict[str, Mapping[str, object] | None] = {}
+    ) -> dict[str, tuple[Mapping[str, object] | None, ClaimMetadata | None]]:
+        """Write the device metadata, then the specs, of the claims whose steps went through, in
+        one batch each: the spec and metadata of each claim to complete (None: a claim with no
+        devices of ours, or none described), by UID."""
+        unwritten = self.context.metadata.write_many(
+            {w.uid: w.metadata for w in started if w.metadata is not None and w.uid not in results}
+        )
+        for uid, os_error in unwritten.items():
+            self._fail(
+                uid, storage_error("write the device metadata", self.context.metadata.path, os_error), results
+            )
+        written = self.context.cdi_dir.write_many(
+            {w.uid: w.spec for w in started if w.spec is not None and w.uid not in results}
+        )
+        specs: dict[str, tuple[Mapping[str, object] | None, ClaimMetadata | None]] = {}
         for work in started:
-            if work.uid in results:  # failed in a step
+            if work.uid in results:  # failed in a step, or its metadata was not written
                 continue
             if (error := written.get(work.uid)) is not None:
                 problem = (
@@ -353,7 +420,7 @@ class Preparer:
                 )
                 self._fail(work.uid, problem, results)
             else:
-                specs[work.uid] = work.spec
+                specs[work.uid] = (work.spec, work.metadata)
         return specs
 
     # --- failures ---------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 The boot of what is on disk decides first: specs and records of a previous boot are void (the
 kubelet prepares its claims again), so they are removed and the boot marker notes this boot.
 Otherwise the checkpoint is taken as it is, or, when it is unusable, rebuilt from our spec files
-(names are lost). Half-prepared claims (PrepareStarted) are rolled back, spec files no prepared
-claim names are removed as orphans, and prepared claims whose spec was deleted or changed get it
-written again.
+(names are lost). Half-prepared claims (PrepareStarted) are rolled back, spec files and device
+metadata no prepared claim names are removed as orphans, and prepared claims whose spec or device
+metadata was deleted or changed get it written again.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import CheckpointData, ClaimRecord, ClaimState, DeviceRecord
 from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.ledger import OnDisk
+from dradriver.prepare.metadata_files import restore_metadata
 
 log = logs.get_logger(component="prepare")
 
@@ -41,6 +42,10 @@ class Recovery:
     orphans_removed: list[str] = field(default_factory=list)
     #: Prepared claims whose spec was missing or changed, written again.
     specs_rewritten: list[str] = field(default_factory=list)
+    #: Claims whose device metadata was removed: of no prepared claim.
+    metadata_removed: list[str] = field(default_factory=list)
+    #: Prepared claims whose device metadata was missing or changed, written again.
+    metadata_rewritten: list[str] = field(default_factory=list)
     temp_files_removed: int = 0
 
 
@@ -91,10 +96,25 @@ class StartupRecovery:
         report.specs_rewritten, failed = restore_specs(self._context.cdi_dir, list(claims.values()))
         for uid, error in failed.items():
             log.error("a prepared claim's CDI spec cannot be rewritten", uid=uid, error=error)
+        self._recover_metadata(claims, report)
         self._context.ledger.install(state, claims, disk.last_boot)
         # The GPUs' share daemons as the kept shares need them: adopted, started again or stopped.
         self._context.shares.recover(claims.values())
         return report
+
+    def _recover_metadata(self, claims: Mapping[str, ClaimRecord], report: Recovery) -> None:
+        """The device metadata as the kept claims need it: other claims' removed, theirs rewritten
+        where missing or changed (a rebuilt record names none: its files are kept as they are)."""
+        files = self._context.metadata
+        for uid in files.claim_uids():
+            if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
+                files.remove(uid)
+                report.metadata_removed.append(uid)
+            else:
+                files.remove_temp_files(uid)
+        report.metadata_rewritten, failed = restore_metadata(files, list(claims.values()))
+        for uid, error in failed.items():
+            log.error("a prepared claim's device metadata cannot be rewritten", uid=uid, error=error)
 
     def _log_unusable(self, disk: OnDisk) -> None:
         if self._before_this_boot(disk.last_boot):  # expected after a power failure

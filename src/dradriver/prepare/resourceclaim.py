@@ -58,10 +58,29 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
 
+#: Set by the resourceclaim controller on a claim made from a pod's ResourceClaimTemplate: the
+#: pod's name for it (`pod.spec.resourceClaims[].name`), which places its device metadata.
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
+def _pod_claim_name_only(value: Any) -> Any:
+    """Of the annotations, only the one preparing reads: the others may hold anything."""
+    if isinstance(value, Mapping):
+        return {k: v for k, v in value.items() if k == POD_CLAIM_NAME_ANNOTATION}
+    return _null_is_default(value)
+
+
 class ObjectMeta(_Part):
     name: Name = ""
     namespace: Name = ""
     uid: Name = ""
+    annotations: Annotated[dict[Name, Name], BeforeValidator(_pod_claim_name_only)] = Field(
+        default_factory=dict
+    )
+
+    @property
+    def pod_claim_name(self) -> str | None:
+        return self.annotations.get(POD_CLAIM_NAME_ANNOTATION) or None
 
 
 class AllocationResult(_Part):

@@ -1,8 +1,9 @@
 """Unprepare: the prepare pipeline undone, claim by claim, committed by one checkpoint write.
 
 Each claim's spec is set aside (runtimes ignore it) before its sharing is released and its MIG
-devices are removed; the records go with one checkpoint write, and only then the specs. When the
-write fails the specs go back and the claims stay prepared, for the kubelet's retry.
+devices are removed; the records go with one checkpoint write, and only then the specs and the
+device metadata. When the write fails the specs go back and the claims stay prepared, for the
+kubelet's retry.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare.cdi import CdiDirectory
 from dradriver.prepare.checkpoint import ClaimRecord
 from dradriver.prepare.ledger import Ledger
+from dradriver.prepare.metadata_files import MetadataFiles
 from dradriver.prepare.release import Release
 from dradriver.prepare.sharing_settings import SharingError
 
@@ -25,9 +27,12 @@ log = logs.get_logger(component="prepare")
 
 
 class Unpreparer:
-    def __init__(self, ledger: Ledger, cdi_dir: CdiDirectory, release: Release) -> None:
+    def __init__(
+        self, ledger: Ledger, cdi_dir: CdiDirectory, metadata: MetadataFiles, release: Release
+    ) -> None:
         self._ledger = ledger
         self._cdi = cdi_dir
+        self._metadata = metadata
         self._release = release
 
     def run(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -63,6 +68,10 @@ class Unpreparer:
         for uid, aside in released.items():
             if aside is not None:
                 aside.unlink(missing_ok=True)
+            try:
+                self._metadata.remove(uid)
+            except OSError as err:  # no record names it now: recovery removes it
+                log.error("unprepared, its device metadata not removed", claim=str(refs[uid]), error=str(err))
             log.info("unprepared", claim=str(refs[uid]), uid=uid)
         return errors
 
