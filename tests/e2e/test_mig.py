@@ -143,17 +143,19 @@ def test_mig_devices_are_made_for_the_scheduler_s_choice_and_destroyed_after(
     plugin_pod.write_text(yaml.safe_dump(DEVICE_PLUGIN_POD))
     real_cluster.kubectl("apply", "-f", str(plugin_pod))
     (mig_pod,) = running(real_cluster, [DEVICE_PLUGIN_POD], "the nvidia.com/mig-1g.10gb pod Running")
-    (device_name,) = allocated_devices(real_cluster, mig_pod)
-    assert device_name.startswith("gpu-0-mig-1g10gb-")
-    (made,) = created_mig(fake_deployment)
     status = mig_pod["status"]["extendedResourceClaimStatus"]
     (mapping,) = status["requestMappings"]
     assert mapping["resourceName"] == "nvidia.com/mig-1g.10gb"
+    claim: Any = real_cluster.get_json("resourceclaim", "-n", "default", status["resourceClaimName"])
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"].startswith("gpu-0-mig-1g10gb-")
+    (made_mig,) = created_mig(fake_deployment)
+    assert made_mig["device"] == result["device"]
     metadata = read_metadata(
         real_cluster, mig_pod, f"resourceclaims/{status['resourceClaimName']}/{mapping['requestName']}"
     )
     attributes = metadata["requests"][0]["devices"][0]["attributes"]
-    assert attributes["uuid"] == {"string": made["uuid"]}
+    assert attributes["uuid"] == {"string": made_mig["uuid"]}
     assert attributes["profile"] == {"string": "1g.10gb"}
     real_cluster.kubectl("delete", "-f", str(plugin_pod), "--wait=true", "--timeout=90s", timeout=120)
     wait_unprepared(fake_deployment)

@@ -131,7 +131,7 @@ def test_two_shares_of_one_gpu_each_get_their_own_metadata(tmp_path: Path) -> No
     driver = node.driver(shares=ShareDaemons(SharePolicy("unenforced")))
     refs = []
     for n in (4, 5):
-        result = {
+        result: dict[str, object] = {
             "request": "gpu",
             "device": "gpu-0",
             "shareID": f"5a4e0000-0000-4000-8000-{n:012d}",

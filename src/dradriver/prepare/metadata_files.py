@@ -19,8 +19,10 @@ from pathlib import Path
 from dradriver import logs
 from dradriver.files import FileReadError, read_bytes
 from dradriver.files.write import ensure_directory, is_temp_name, storage_error, write_files_atomically
+from dradriver.plugin.driver import ClaimRef
+from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
-from dradriver.prepare.metadata import ClaimMetadata, encode
+from dradriver.prepare.metadata import ClaimMetadata, base_request, container_path, encode
 
 SUBDIRECTORY = "device-metadata"
 #: Containers running as any user read it; it names devices and the claim, nothing secret.
@@ -36,12 +38,27 @@ class MetadataFiles:
     claims prepared from now on get them; the files of claims that have them are kept, restored
     and removed either way."""
 
-    def __init__(self, state_dir: Path, *, enabled: bool = True) -> None:
+    def __init__(self, state_dir: Path, driver_name: str, *, enabled: bool = True) -> None:
         self.path = state_dir / SUBDIRECTORY
+        self._driver_name = driver_name
         self.enabled = enabled
 
     def file_for(self, claim_uid: str, request: str) -> Path:
         return self.path / claim_uid / f"{request}.json"
+
+    def mounts(
+        self, claim: ClaimRef, pod_claim_name: str | None, requests: Sequence[str]
+    ) -> cdi.ContainerEdits:
+        """The read-only mounts of a device serving `requests` (references as allocated)."""
+        return cdi.ContainerEdits(
+            mounts=tuple(
+                cdi.Mount(
+                    str(self.file_for(claim.uid, request)),
+                    container_path(self._driver_name, claim.name, pod_claim_name, request),
+                )
+                for request in dict.fromkeys(base_request(r) for r in requests)
+            )
+        )
 
     def write_many(self, claims: Mapping[str, ClaimMetadata]) -> dict[str, OSError]:
         """Write the files of many claims (keyed by UID); the error of each that could not be."""

@@ -42,7 +42,6 @@ from dradriver.prepare.context import ClaimContext
 from dradriver.prepare.devnodes import HostDeviceNodes
 from dradriver.prepare.edits import EditsError, check_mig_access, device_edits
 from dradriver.prepare.metadata import ClaimMetadata, DescribedDevice, MetadataError, check_names, with_uuid
-from dradriver.prepare.metadata import container_path as metadata_path
 from dradriver.prepare.metadata import render as render_metadata
 from dradriver.prepare.metadata_files import restore_metadata
 from dradriver.prepare.mig import MigManager, intent
@@ -356,30 +355,20 @@ class Preparer:
 
     def _describe_devices(self, work: ClaimWork) -> None:
         """The claim's device metadata, each request's file mounted on each of its devices."""
-        ref = work.plan.claim
-        work.metadata = render_metadata(
-            ref,
-            work.pod_claim_name,
-            self.context.driver_name,
-            [
-                DescribedDevice(
-                    d.pool, d.name, d.requests, with_uuid(work.node.attributes.get(d.name, {}), d.uuid)
-                )
-                for d in work.devices
-            ],
-        )
-        entries = []
+        ref, files = work.plan.claim, self.context.metadata
+        described = [
+            DescribedDevice(
+                d.pool, d.name, d.requests, with_uuid(work.node.attributes.get(d.name, {}), d.uuid)
+            )
+            for d in work.devices
+        ]
+        work.metadata = render_metadata(ref, work.pod_claim_name, self.context.driver_name, described)
+        entries: list[cdi.CdiDevice | None] = []
         for device, entry in zip(work.devices, work.entries, strict=True):
             assert entry is not None, "a device without its CDI entry"
-            mounts = tuple(
-                cdi.Mount(
-                    str(self.context.metadata.file_for(ref.uid, request)),
-                    metadata_path(self.context.driver_name, ref.name, work.pod_claim_name, request),
-                )
-                for request in dict.fromkeys(r.partition("/")[0] for r in device.requests)
-            )
-            entries.append(cdi.CdiDevice(entry.name, entry.edits + cdi.ContainerEdits(mounts=mounts)))
-        work.entries = list(entries)
+            mounts = files.mounts(ref, work.pod_claim_name, device.requests)
+            entries.append(cdi.CdiDevice(entry.name, entry.edits + mounts))
+        work.entries = entries
 
     def _render_spec(self, work: ClaimWork) -> None:
         """The claim's spec, once every device node it names exists on the host."""
