@@ -80,7 +80,7 @@ def render(
             "pool": device.pool,
             "name": device.name,
             # At most 32 (v1beta1's limit), as a published device has at most 31 beside its memory.
-            "attributes": device.attributes,
+            "attributes": dict(device.attributes),
         }
         for reference in device.requests:
             request = by_request.setdefault(base_request(reference), {"name": reference, "devices": []})
