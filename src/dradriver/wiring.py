@@ -198,7 +198,11 @@ def build_parts(host: Host) -> Parts:
         sharing=backend.sharing(config.state_dir, config.driver_root_mount),
         mig=mig,
         shares=backend.share_daemons(config.shares, config.state_dir, config.driver_root_mount),
-        metadata=MetadataFiles(config.state_dir, config.driver_name, enabled=config.device_metadata),
+        metadata=MetadataFiles(
+            config.device_metadata_dir or config.node_lock_dir / f"{config.driver_name}-device-metadata",
+            config.driver_name,
+            enabled=config.device_metadata,
+        ),
         serialize=SerializeLock(host.paths.serialize_lock) if config.pod_uid else None,
         host_nodes=backend.host_nodes(config.host_dev, config.proc_root),
         on_released=inventory.released,

@@ -12,7 +12,5 @@ from tests.prepare.node import Node
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    """Without device metadata, whose files in the state directory would fail first on a full or
-    read-only disk (that case: test_disk_faults.py's own node)."""
     with short_tmpdir() as root:
-        yield Node(root, "dgx-h100", device_metadata=False)
+        yield Node(root, "dgx-h100")

@@ -21,8 +21,9 @@ def one_gpu(n: int, device: str) -> dict[str, object]:
 def one_claim_prepared(
     node: Node, directory: str, size: str = "2m"
 ) -> Iterator[tuple[GpuDriver, ClaimRef, Path]]:
-    """`node`'s `directory` ("state" or "cdi") on a fresh tmpfs of `size`, and a driver on the node
-    with claim 1 prepared on gpu-0; yields the driver, the claim and the mounted directory."""
+    """`node`'s `directory` ("state", "cdi" or "device-metadata") on a fresh tmpfs of `size`, and a
+    driver on the node with claim 1 prepared on gpu-0; yields the driver, the claim and the mounted
+    directory."""
     mounted = node.root / directory
     with tmpfs(mounted, size):
         driver = node.driver()

@@ -63,10 +63,7 @@ def test_a_failed_checkpoint_write_undoes_only_its_own_call() -> None:
     with short_tmpdir() as root:
         state = root / "state"
         with tmpfs(state, "1m"):
-            # No device metadata: the disk's last pages are measured for the checkpoint alone.
-            serve = ServeProcess(
-                root, ["--state-dir", str(state), "--log-format", "json", "--device-metadata", "false"]
-            )
+            serve = ServeProcess(root, ["--state-dir", str(state), "--log-format", "json"])
             kept = allocated_claim(
                 "kept", uid(1), [{"request": "gpu", "device": "gpu-0"}], config=[opaque(MPS)]
             )

@@ -16,7 +16,7 @@ from dradriver.prepare import checkpoint
 from dradriver.prepare.gpu_driver import GpuDriver
 from tests.faults.mounts import fill, remount, tmpfs
 from tests.faults.prepared import one_claim_prepared, one_gpu
-from tests.helpers import ServeProcess, allocated_claim, opaque, short_tmpdir, uid
+from tests.helpers import ServeProcess, allocated_claim, opaque, uid
 from tests.prepare.node import Node
 from tests.robustness.common import snapshot
 
@@ -96,23 +96,20 @@ def test_a_read_only_state_dir_fails_the_prepare_with_erofs(node: Node) -> None:
         driver.close()
 
 
-def test_a_full_state_disk_fails_the_device_metadata_and_its_retry_prepares_again() -> None:
-    with short_tmpdir() as root:
-        node = Node(root, "dgx-h100")
-        with one_claim_prepared(node, "state", "1m") as (driver, kept, state):
-            filler = fill(state)
-            ref = node.add(one_gpu(2, "gpu-1"))
-            error = driver.prepare([ref])[ref.uid].error
-            metadata_dir = state / "device-metadata"
-            assert error.startswith(
-                f"claim default/claim-2: cannot write the device metadata in {metadata_dir}: ENOSPC"
-            ), error
-            assert prepared(driver) == [kept.uid]
-            assert not node.cdi.file_for(ref.uid).exists()
-            assert [p.name for p in (state / "device-metadata").iterdir()] == [kept.uid]
-            filler.unlink()
-            assert driver.prepare([ref])[ref.uid].error == ""
-            assert (state / "device-metadata" / ref.uid / "gpu.json").is_file()
+def test_a_full_device_metadata_dir_fails_the_prepare_and_its_retry_prepares_again(node: Node) -> None:
+    with one_claim_prepared(node, "device-metadata", "1m") as (driver, kept, directory):
+        filler = fill(directory)
+        ref = node.add(one_gpu(2, "gpu-1"))
+        error = driver.prepare([ref])[ref.uid].error
+        assert error.startswith(
+            f"claim default/claim-2: cannot write the device metadata in {directory}: ENOSPC"
+        ), error
+        assert prepared(driver) == [kept.uid]
+        assert not node.cdi.file_for(ref.uid).exists()
+        assert sorted(p.name for p in directory.iterdir()) == sorted([f"{kept.uid}_gpu.json", filler.name])
+        filler.unlink()
+        assert driver.prepare([ref])[ref.uid].error == ""
+        assert (directory / f"{ref.uid}_gpu.json").is_file()
 
 
 def test_a_read_only_cdi_dir_is_a_per_claim_error_and_reserves_nothing(node: Node) -> None:

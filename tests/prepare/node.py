@@ -72,7 +72,7 @@ class Node:
         self.inventory = self.library.discover()
         self.devices = build_devices(self.inventory, driver_name=DRIVER, partitionable=self.partitionable)
         self.mig_metrics = RecordedMigMetrics()
-        self.metadata = MetadataFiles(self.root / "state", DRIVER, enabled=self.device_metadata)
+        self.metadata = MetadataFiles(self.root / "device-metadata", DRIVER, enabled=self.device_metadata)
 
     def driver(
         self,

@@ -17,7 +17,7 @@ from tests.helpers import DRIVER, allocated_claim, uid
 from tests.prepare.node import Node
 
 V1BETA1, V1ALPHA1 = API_VERSIONS
-STATE = "state/device-metadata"
+STATE = "device-metadata"
 
 
 def stream(path: Path) -> list[dict[str, Any]]:
@@ -41,7 +41,7 @@ def test_a_gpu_claim_gets_its_metadata_mounted_read_only(tmp_path: Path) -> None
     ref = node.add(allocated_claim("train", uid(1), [{"request": "gpu", "device": "gpu-3"}]))
     assert driver.prepare([ref])[ref.uid].error == ""
 
-    path = tmp_path / STATE / ref.uid / "gpu.json"
+    path = tmp_path / STATE / f"{ref.uid}_gpu.json"
     beta, alpha = stream(path)
     assert [beta["apiVersion"], alpha["apiVersion"]] == [V1BETA1, V1ALPHA1]
     assert {k: v for k, v in alpha.items() if k != "apiVersion"} == {
@@ -100,13 +100,13 @@ def test_a_template_claims_metadata_is_placed_by_its_pod_claim_name(tmp_path: Pa
     assert [m["containerPath"] for m in by_device["gpu-1"]] == [
         f"{template_dir}/small/{DRIVER}-metadata.json"
     ]
-    big, _ = stream(tmp_path / STATE / ref.uid / "big.json")
+    big, _ = stream(tmp_path / STATE / f"{ref.uid}_big.json")
     assert big["podClaimName"] == "gpus"
     assert big["metadata"]["name"] == "worker-0-gpus-x7k2p"
     assert [(r["name"], [d["name"] for d in r["devices"]]) for r in big["requests"]] == [
         ("big/h100", ["gpu-0"])
     ]
-    small, _ = stream(tmp_path / STATE / ref.uid / "small.json")
+    small, _ = stream(tmp_path / STATE / f"{ref.uid}_small.json")
     assert [d["name"] for d in small["requests"][0]["devices"]] == ["gpu-1"]
 
 
@@ -116,7 +116,7 @@ def test_a_mig_device_made_at_prepare_is_described_with_its_uuid(tmp_path: Path)
     ref = node.add(allocated_claim("mig", uid(3), [{"request": "mig", "device": "gpu-0-mig-3g40gb-4"}]))
     assert driver.prepare([ref])[ref.uid].error == ""
     ((device,),) = [r.devices for r in driver.records()]
-    beta, _ = stream(tmp_path / STATE / ref.uid / "mig.json")
+    beta, _ = stream(tmp_path / STATE / f"{ref.uid}_mig.json")
     attributes = beta["requests"][0]["devices"][0]["attributes"]
     assert device.uuid.startswith("MIG-")
     assert attributes["uuid"] == {"string": device.uuid}
@@ -140,7 +140,7 @@ def test_two_shares_of_one_gpu_each_get_their_own_metadata(tmp_path: Path) -> No
         refs.append(node.add(allocated_claim(f"share-{n}", uid(n), [result])))
     assert [r.error for r in driver.prepare(refs).values()] == ["", ""]
     for ref in refs:
-        beta, _ = stream(tmp_path / STATE / ref.uid / "gpu.json")
+        beta, _ = stream(tmp_path / STATE / f"{ref.uid}_gpu.json")
         assert beta["metadata"]["name"] == ref.name
         assert beta["requests"][0]["devices"][0]["attributes"]["uuid"] == {
             "string": node.inventory.gpus[0].uuid
@@ -189,13 +189,13 @@ def test_metadata_that_cannot_be_written_fails_the_claim_and_rolls_it_back(tmp_p
     driver = node.driver()
     ref = node.add(allocated_claim("blocked", uid(8), [{"request": "gpu", "device": "gpu-0"}]))
     (tmp_path / STATE).mkdir(parents=True)
-    (tmp_path / STATE / ref.uid).write_text("not a directory")
+    (tmp_path / STATE / f"{ref.uid}_gpu.json").mkdir()  # a directory where its file goes
     error = driver.prepare([ref])[ref.uid].error
     assert error.startswith(f"claim {ref}: cannot write the device metadata in {tmp_path / STATE}: "), error
     assert driver.records() == []
     assert node.cdi.read(ref.uid) is None
     # The kubelet's retry goes through once the obstacle is gone.
-    (tmp_path / STATE / ref.uid).unlink()
+    (tmp_path / STATE / f"{ref.uid}_gpu.json").rmdir()
     assert driver.prepare([ref])[ref.uid].error == ""
 
 
@@ -205,14 +205,13 @@ def test_recovery_rewrites_a_claims_metadata_and_removes_what_no_claim_keeps(tmp
     kept = node.add(allocated_claim("kept", uid(9), [{"request": "gpu", "device": "gpu-0"}]))
     tampered = node.add(allocated_claim("tampered", uid(10), [{"request": "gpu", "device": "gpu-1"}]))
     assert [r.error for r in driver.prepare([kept, tampered]).values()] == ["", ""]
-    files = {ref.uid: tmp_path / STATE / ref.uid / "gpu.json" for ref in (kept, tampered)}
+    files = {ref.uid: tmp_path / STATE / f"{ref.uid}_gpu.json" for ref in (kept, tampered)}
     written = {uid_: path.read_bytes() for uid_, path in files.items()}
     files[kept.uid].unlink()
     files[tampered.uid].write_text("{}")
-    orphan = tmp_path / STATE / uid(11)  # a crash between its files and its record
-    orphan.mkdir()
-    (orphan / "gpu.json").write_text("{}")
-    leftover = tmp_path / STATE / kept.uid / ".gpu.json.0123456789ab.tmp"
+    orphan = tmp_path / STATE / f"{uid(11)}_gpu.json"  # a crash between its files and its record
+    orphan.write_text("{}")
+    leftover = tmp_path / STATE / f".{kept.uid}_gpu.json.0123456789ab.tmp"
     leftover.write_text("half")
     driver.close()
 
@@ -251,4 +250,4 @@ def test_a_restart_keeps_intact_metadata_as_it_is(tmp_path: Path) -> None:
     driver.close()
     report = node.driver(recover=False).recover()
     assert (report.metadata_rewritten, report.metadata_removed) == ([], [])
-    assert (tmp_path / STATE / ref.uid / "gpu.json").is_file()
+    assert (tmp_path / STATE / f"{ref.uid}_gpu.json").is_file()

@@ -66,7 +66,7 @@ def test_one_call_with_1000_claims_writes_the_checkpoint_a_bounded_number_of_tim
         sharing=FakeSharing(tmp_path / "state"),
         mig=MigManager(lambda: library.mig_control(tmp_path / "state")),
         shares=ShareDaemons(SharePolicy("unenforced")),
-        metadata=MetadataFiles(tmp_path / "state", DRIVER),
+        metadata=MetadataFiles(tmp_path / "device-metadata", DRIVER),
     )
     driver.recover()
     refs = [ClaimRef("default", f"c{i}", uid(i)) for i in range(1000)]

@@ -171,8 +171,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         metavar="true|false",
         help="give the containers of each claim prepared from now on its devices' attributes (UUID, "
-        "PCI bus id, NUMA node, ...) in /var/run/kubernetes.io/dra-device-attributes (KEP-5304; the "
-        "files live under --state-dir, which must be the same path on the host)",
+        "PCI bus id, NUMA node, ...) in /var/run/kubernetes.io/dra-device-attributes (KEP-5304)",
+    )
+    env_flag(
+        parser,
+        "--device-metadata-dir",
+        type=absolute_path,
+        metavar="DIR",
+        help="where the device metadata files are written, a host directory at the same path in this "
+        "container, best on a tmpfs (they die with the boot, as the claims do) (default "
+        "<node-lock-dir>/<driver-name>-device-metadata, under the host's /run)",
     )
     env_switch(
         parser,
@@ -290,5 +298,6 @@ def run(args: argparse.Namespace) -> int:
         shares=shares,
         require_admission_policy=args.require_admission_policy,
         device_metadata=args.device_metadata,
+        device_metadata_dir=args.device_metadata_dir,
     )
     return Daemon(config).run()

@@ -1,30 +1,29 @@
 """Where the device metadata files of prepared claims live on the host (the I/O of `prepare.metadata`).
 
-`<state dir>/device-metadata/<claim uid>/<request>.json`, one directory per claim: the claim's CDI
-spec bind-mounts each file read-only, so the state directory must have the same path on the host
-as in the plugin's container (the DaemonSet mounts it so). Files appear whole (`files.write`: temp
-name, then rename) before the spec that mounts them; they go with the claim (unprepare, a rolled
-back prepare) and, after a crash or a reboot, with every claim recovery does not keep; recovery
-writes a kept claim's files again when they are missing or changed, from its record.
+`<dir>/<claim uid>_<request>.json` (serve --device-metadata-dir, by default beside the node lock
+under the host's /run): a tmpfs, as the runtime's CDI directory is, since the files die with the
+boot as the claims do, and since a write there costs a tenth of one on a disk. The claim's CDI
+spec bind-mounts each file read-only, so the directory has the same path on the host as in the
+plugin's container (the DaemonSet mounts /run/dradriver so). One directory for all: a directory
+per claim would cost a mkdir and an rmdir per claim. Files appear whole (`files.write`: temp name,
+then rename) before the spec that mounts them; they go with the claim (unprepare, a rolled back
+prepare) and, after a crash, with every claim recovery does not keep; recovery writes a kept
+claim's files again when they are missing or changed, from its record.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dradriver import logs
 from dradriver.files import FileReadError, read_bytes
-from dradriver.files.write import ensure_directory, is_temp_name, storage_error, write_files_atomically
+from dradriver.files.write import ensure_directory, storage_error, write_files_atomically
 from dradriver.plugin.driver import ClaimRef
 from dradriver.prepare import cdi
 from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
 from dradriver.prepare.metadata import ClaimMetadata, base_request, container_path, encode
 
-SUBDIRECTORY = "device-metadata"
 #: Containers running as any user read it; it names devices and the claim, nothing secret.
 FILE_MODE = 0o644
 #: Ours are a few KiB; a larger file in our place was not written by us.
@@ -38,13 +37,14 @@ class MetadataFiles:
     claims prepared from now on get them; the files of claims that have them are kept, restored
     and removed either way."""
 
-    def __init__(self, state_dir: Path, driver_name: str, *, enabled: bool = True) -> None:
-        self.path = state_dir / SUBDIRECTORY
+    def __init__(self, directory: Path, driver_name: str, *, enabled: bool = True) -> None:
+        self.path = directory
         self._driver_name = driver_name
         self.enabled = enabled
 
     def file_for(self, claim_uid: str, request: str) -> Path:
-        return self.path / claim_uid / f"{request}.json"
+        # A UID has no "_" and a request name (a DNS label) neither: the name splits back.
+        return self.path / f"{claim_uid}_{request}.json"
 
     def mounts(
         self, claim: ClaimRef, pod_claim_name: str | None, requests: Sequence[str]
@@ -61,31 +61,47 @@ class MetadataFiles:
         )
 
     def write_many(self, claims: Mapping[str, ClaimMetadata]) -> dict[str, OSError]:
-        """Write the files of many claims (keyed by UID); the error of each that could not be."""
-        errors: dict[str, OSError] = {}
-        for uid, metadata in claims.items():
-            directory = self.path / uid
-            try:
-                ensure_directory(directory)
-            except OSError as err:
-                errors[uid] = err
-                continue
-            files = {f"{request}.json": encode(obj) for request, obj in metadata.items()}
-            failed = write_files_atomically(directory, files, mode=FILE_MODE)
-            if failed:
-                errors[uid] = next(iter(failed.values()))
-        return errors
+        """Write the files of many claims (keyed by UID) in one batch; the error of each claim
+        whose files could not all be written."""
+        if not claims:
+            return {}
+        try:
+            ensure_directory(self.path)
+        except OSError as err:
+            return dict.fromkeys(claims, err)
+        owners = {
+            self.file_for(uid, request).name: (uid, encode(obj))
+            for uid, metadata in claims.items()
+            for request, obj in metadata.items()
+        }
+        failed = write_files_atomically(
+            self.path, {name: data for name, (_, data) in owners.items()}, mode=FILE_MODE
+        )
+        return {owners[name][0]: err for name, err in failed.items()}
 
-    def remove(self, claim_uid: str) -> None:
-        """Remove a claim's files (none: nothing to do). OSError if they cannot be."""
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.path / claim_uid)
+    def remove(self, record: ClaimRecord) -> None:
+        """Remove a claim's files (none: nothing to do); OSError if one cannot be. A record rebuilt
+        from the CDI directory names none: its files are found by the UID."""
+        names = (
+            [self.file_for(record.uid, request).name for request in record.metadata]
+            if record.metadata is not None
+            else self._names_of({record.uid})
+        )
+        for name in names:
+            (self.path / name).unlink(missing_ok=True)
 
-    def claim_uids(self) -> list[str]:
-        """The UIDs of every claim with a directory here."""
-        if not self.path.is_dir():
-            return []
-        return sorted(p.name for p in self.path.iterdir())
+    def remove_all_but(self, kept: Iterable[str]) -> list[str]:
+        """Remove the files of every claim but the `kept` UIDs, and leftovers of writes a crash
+        interrupted: the UIDs whose files were removed."""
+        keep = set(kept)
+        removed: set[str] = set()
+        for name in self._names():
+            uid = name.partition("_")[0]
+            if name.startswith(".") or uid not in keep:
+                (self.path / name).unlink(missing_ok=True)
+                if not name.startswith("."):
+                    removed.add(uid)
+        return sorted(removed)
 
     def differs(self, record: ClaimRecord) -> bool:
         """Whether a file the record names is missing or not as written."""
@@ -95,18 +111,17 @@ class MetadataFiles:
                 written = read_bytes(
                     self.file_for(record.uid, request), MAX_FILE_BYTES, follow_symlinks=False
                 )
-                if written != encode(obj):
-                    return True
             except FileReadError:
+                return True
+            if written != encode(obj):
                 return True
         return False
 
-    def remove_temp_files(self, claim_uid: str) -> None:
-        """Leftovers of writes interrupted by a crash."""
-        directory = self.path / claim_uid
-        for name in os.listdir(directory) if directory.is_dir() else ():
-            if is_temp_name(name, ""):
-                (directory / name).unlink(missing_ok=True)
+    def _names(self) -> list[str]:
+        return [p.name for p in self.path.iterdir()] if self.path.is_dir() else []
+
+    def _names_of(self, uids: set[str]) -> list[str]:
+        return [n for n in self._names() if n.partition("_")[0] in uids]
 
 
 def restore_metadata(

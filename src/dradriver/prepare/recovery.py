@@ -106,12 +106,9 @@ class StartupRecovery:
         """The device metadata as the kept claims need it: other claims' removed, theirs rewritten
         where missing or changed (a rebuilt record names none: its files are kept as they are)."""
         files = self._context.metadata
-        for uid in files.claim_uids():
-            if uid not in claims or claims[uid].state is not ClaimState.PREPARE_COMPLETED:
-                files.remove(uid)
-                report.metadata_removed.append(uid)
-            else:
-                files.remove_temp_files(uid)
+        report.metadata_removed = files.remove_all_but(
+            uid for uid, record in claims.items() if record.state is ClaimState.PREPARE_COMPLETED
+        )
         report.metadata_rewritten, failed = restore_metadata(files, list(claims.values()))
         for uid, error in failed.items():
             log.error("a prepared claim's device metadata cannot be rewritten", uid=uid, error=error)

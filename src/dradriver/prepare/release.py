@@ -60,4 +60,4 @@ class Release:
                 self._mig.destroy(device.mig)
         if not keep_cdi:
             self._cdi.remove(record.uid)
-            self._metadata.remove(record.uid)
+            self._metadata.remove(record)

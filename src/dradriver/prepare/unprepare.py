@@ -46,7 +46,8 @@ class Unpreparer:
             else:
                 refs.setdefault(ref.uid, ref)
         released: dict[str, Path | None] = {}  # the spec of each, set aside until the write
-        remaining = {r.uid: r for r in self._ledger.records()}  # whose shares keep a daemon running
+        records = {r.uid: r for r in self._ledger.records()}
+        remaining = dict(records)  # whose shares keep a daemon running
         for uid, ref in refs.items():
             errors[uid] = ""  # never prepared here, or already unprepared: success
             record = remaining.get(uid)
@@ -69,7 +70,7 @@ class Unpreparer:
             if aside is not None:
                 aside.unlink(missing_ok=True)
             try:
-                self._metadata.remove(uid)
+                self._metadata.remove(records[uid])
             except OSError as err:  # no record names it now: recovery removes it
                 log.error("unprepared, its device metadata not removed", claim=str(refs[uid]), error=str(err))
             log.info("unprepared", claim=str(refs[uid]), uid=uid)
