@@ -12,10 +12,11 @@ unpacks ../shared/k8s there), `--go-plugin` the unpacked ../shared/anchors plugi
 One etcd + kube-apiserver (tests/e2e/cluster.py `ControlPlane`: TLS, client-certificate
 authentication, Node+RBAC authorization) serves both plugins. Each plugin authenticates as its own
 user bound to the plugin's ClusterRole from deploy/base/rbac.yaml, has private directories (the
-checkpoint on disk under its plugins directory, like /var/lib/kubelet/plugins; CDI specs on a
-tmpfs, like /var/run/cdi, unless --cdi-on-disk) and is driven over its unix sockets by the same
-Python client (dradriver.kubeletclient, the kubelet's side of the protocol). Rounds alternate
-the order of the two plugins; each round starts every plugin twice:
+checkpoint on disk under its plugins directory, like /var/lib/kubelet/plugins; CDI specs and
+dradriver's /run (node lock, device metadata) on a tmpfs, as on a node, unless --cdi-on-disk)
+and is driven over its unix sockets by the same Python client (dradriver.kubeletclient, the
+kubelet's side of the protocol). Rounds alternate the order of the two plugins; each round
+starts every plugin twice:
 
 - start-up (8 devices, the anchors' flags): spawn -> GetInfo answered, spawn -> first
   ResourceSlice seen by a watch opened before the spawn, GetInfo round trips, then idle RSS,
@@ -110,7 +111,8 @@ def dradriver_argv(
         str(executable), "serve", "--fake-gpus", str(profile), "--node-name", node,
         "--driver-name", driver,
         "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-        "--cdi-dir", str(root / "cdi"), "--kubeconfig", str(kubeconfig),
+        "--cdi-dir", str(root / "cdi"), "--node-lock-dir", str(root / "run" / "dradriver"),
+        "--kubeconfig", str(kubeconfig),
     ]  # fmt: skip
 
 
@@ -306,10 +308,12 @@ class Running:
 @contextlib.contextmanager
 def launch(plugin: Plugin, kubeconfig: Path, devices: int, opts: argparse.Namespace) -> Iterator[Running]:
     root = Path(tempfile.mkdtemp(prefix=f"vs-{plugin.prefix}-", dir="/tmp"))
-    cdi_tmpfs = None
+    tmpfs_dirs = []
     if not opts.cdi_on_disk and Path("/dev/shm").is_dir():
-        cdi_tmpfs = Path(tempfile.mkdtemp(prefix=f"vs-{plugin.prefix}-cdi-", dir="/dev/shm"))
-        (root / "cdi").symlink_to(cdi_tmpfs)
+        # As on a node: /var/run/cdi and /run (dradriver's node lock and device metadata) are tmpfs.
+        for name in ("cdi", "run"):
+            tmpfs_dirs.append(Path(tempfile.mkdtemp(prefix=f"vs-{plugin.prefix}-{name}-", dir="/dev/shm")))
+            (root / name).symlink_to(tmpfs_dirs[-1])
     for directory in ("reg", "plugins"):  # the kubelet's directories exist before any plugin starts
         (root / directory).mkdir()
     argv = plugin.argv(root, kubeconfig, devices)
@@ -325,8 +329,8 @@ def launch(plugin: Plugin, kubeconfig: Path, devices: int, opts: argparse.Namesp
     finally:
         running.stop()
         shutil.rmtree(root, ignore_errors=True)
-        if cdi_tmpfs is not None:
-            shutil.rmtree(cdi_tmpfs, ignore_errors=True)
+        for directory in tmpfs_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def get_info_answered(running: Running, timeout: float = 30) -> float:
@@ -603,7 +607,9 @@ def main() -> None:
     parser.add_argument("--getinfo-calls", type=int, default=2000)
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
-    parser.add_argument("--cdi-on-disk", action="store_true", help="CDI specs on disk instead of a tmpfs")
+    parser.add_argument(
+        "--cdi-on-disk", action="store_true", help="CDI specs and /run (device metadata) on disk, not a tmpfs"
+    )
     parser.add_argument("--go-default-limit", action="store_true")
     parser.add_argument(
         "--no-floor", action="store_true", help="leave out the Python gRPC floor (bench.grpc_floor)"
