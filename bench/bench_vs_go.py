@@ -329,8 +329,8 @@ def launch(plugin: Plugin, kubeconfig: Path, devices: int, opts: argparse.Namesp
     finally:
         running.stop()
         shutil.rmtree(root, ignore_errors=True)
-        for directory in tmpfs_dirs:
-            shutil.rmtree(directory, ignore_errors=True)
+        for tmpfs_dir in tmpfs_dirs:
+            shutil.rmtree(tmpfs_dir, ignore_errors=True)
 
 
 def get_info_answered(running: Running, timeout: float = 30) -> float:

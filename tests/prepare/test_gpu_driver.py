@@ -64,7 +64,7 @@ def test_prepare_writes_the_spec_and_checkpoint(node: Node, driver: GpuDriver) -
                 # Its device metadata (tests/prepare/test_metadata.py).
                 "mounts": [
                     {
-                        "hostPath": str(node.metadata.file_for(ref.uid, "gpu")),
+                        "hostPath": node.metadata.file_for(ref.uid, "gpu"),
                         "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/"
                         "claim-1/gpu/gpu.dradriver.dev-metadata.json",
                         "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
