@@ -26,6 +26,8 @@ The modules, by what they hold:
   start-up; stale: claims that no longer need their devices; release: undoing one claim;
 - plan, config, resourceclaim, claims, fetch: the claim and its opaque config, as fetched;
 - cdi, edits, devnodes, hostdriver: what a spec holds and where it is written;
+- metadata / metadata_files: the device metadata a claim's containers read (KEP-5304), and its
+  files;
 - mig: MIG devices made for claims;
 - sharing_settings: a claim's own sharing config (TimeSlicing, MPS per claim);
   gpu_shares / gpu_share_daemons: consumable-capacity shares of a GPU and their per-GPU daemons;
