@@ -13,7 +13,7 @@ One etcd + kube-apiserver (tests/e2e/cluster.py `ControlPlane`: TLS, client-cert
 authentication, Node+RBAC authorization) serves both plugins. Each plugin authenticates as its own
 user bound to the plugin's ClusterRole from deploy/base/rbac.yaml, has private directories (the
 checkpoint on disk under its plugins directory, like /var/lib/kubelet/plugins; CDI specs and
-dradriver's /run (node lock, device metadata) on a tmpfs, as on a node, unless --cdi-on-disk)
+dradriver's device metadata on a tmpfs, as on a node, unless --cdi-on-disk)
 and is driven over its unix sockets by the same Python client (dradriver.kubeletclient, the
 kubelet's side of the protocol). Rounds alternate the order of the two plugins; each round
 starts every plugin twice:
@@ -111,7 +111,7 @@ def dradriver_argv(
         str(executable), "serve", "--fake-gpus", str(profile), "--node-name", node,
         "--driver-name", driver,
         "--kubelet-registry-dir", str(root / "reg"), "--kubelet-plugins-dir", str(root / "plugins"),
-        "--cdi-dir", str(root / "cdi"), "--node-lock-dir", str(root / "run" / "dradriver"),
+        "--cdi-dir", str(root / "cdi"), "--device-metadata-dir", str(root / "run" / "device-metadata"),
         "--kubeconfig", str(kubeconfig),
     ]  # fmt: skip
 
@@ -310,7 +310,7 @@ def launch(plugin: Plugin, kubeconfig: Path, devices: int, opts: argparse.Namesp
     root = Path(tempfile.mkdtemp(prefix=f"vs-{plugin.prefix}-", dir="/tmp"))
     tmpfs_dirs = []
     if not opts.cdi_on_disk and Path("/dev/shm").is_dir():
-        # As on a node: /var/run/cdi and /run (dradriver's node lock and device metadata) are tmpfs.
+        # As on a node: /var/run/cdi and /run (the DaemonSet's device metadata dir) are tmpfs.
         for name in ("cdi", "run"):
             tmpfs_dirs.append(Path(tempfile.mkdtemp(prefix=f"vs-{plugin.prefix}-{name}-", dir="/dev/shm")))
             (root / name).symlink_to(tmpfs_dirs[-1])

@@ -59,5 +59,5 @@ class ServeConfig:
     #: Write each prepared claim's device metadata for its containers (--device-metadata).
     device_metadata: bool = True
     #: Where its files go (--device-metadata-dir), a host path the runtime can mount; None:
-    #: `<node_lock_dir>/<driver_name>-device-metadata`.
+    #: `<state_dir>/device-metadata`.
     device_metadata_dir: Path | None = None

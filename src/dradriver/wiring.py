@@ -199,7 +199,7 @@ def build_parts(host: Host) -> Parts:
         mig=mig,
         shares=backend.share_daemons(config.shares, config.state_dir, config.driver_root_mount),
         metadata=MetadataFiles(
-            config.device_metadata_dir or config.node_lock_dir / f"{config.driver_name}-device-metadata",
+            config.device_metadata_dir or config.state_dir / "device-metadata",
             config.driver_name,
             enabled=config.device_metadata,
         ),

@@ -133,6 +133,6 @@ def test_kill_9_during_prepare_and_unprepare_cycles() -> None:
         assert watcher.reads > 0
         assert watcher.broken == []
         assert sorted(p.name for p in serve.cdi_dir.iterdir()) == []  # no orphans, no temp files
-        assert list((root / "node-lock" / f"{serve.driver}-device-metadata").iterdir()) == []
+        assert list((serve.plugins_dir / serve.driver / "device-metadata").iterdir()) == []
         checkpoint = json.loads((serve.plugins_dir / serve.driver / "checkpoint.json").read_text())
         assert checkpoint["data"]["claims"] == {}

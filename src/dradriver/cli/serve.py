@@ -178,9 +178,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "--device-metadata-dir",
         type=absolute_path,
         metavar="DIR",
-        help="where the device metadata files are written, a host directory at the same path in this "
-        "container, best on a tmpfs (they die with the boot, as the claims do) (default "
-        "<node-lock-dir>/<driver-name>-device-metadata, under the host's /run)",
+        help="where the device metadata files are written: a host directory at the same path in this "
+        "container (the claims' CDI specs mount them from there), best on a tmpfs, as they die with "
+        "the boot (default <state-dir>/device-metadata; the DaemonSet puts them on the host's /run)",
     )
     env_switch(
         parser,

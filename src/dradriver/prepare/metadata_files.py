@@ -1,9 +1,9 @@
 """Where the device metadata files of prepared claims live on the host (the I/O of `prepare.metadata`).
 
-`<dir>/<claim uid>_<request>.json` (serve --device-metadata-dir, by default beside the node lock
-under the host's /run): a tmpfs, as the runtime's CDI directory is, since the files die with the
-boot as the claims do, and since a write there costs a tenth of one on a disk. The claim's CDI
-spec bind-mounts each file read-only, so the directory has the same path on the host as in the
+`<dir>/<claim uid>_<request>.json` (serve --device-metadata-dir; the DaemonSet's is on the host's
+/run): best a tmpfs, as the runtime's CDI directory is, since the files die with the boot as the
+claims do, and since a write there costs a tenth of one on a disk. The claim's CDI spec
+bind-mounts each file read-only, so the directory has the same path on the host as in the
 plugin's container (the DaemonSet mounts /run/dradriver so). One directory for all: a directory
 per claim would cost a mkdir and an rmdir per claim. Files appear whole (`files.write`: temp name,
 then rename) before the spec that mounts them; they go with the claim (unprepare, a rolled back
