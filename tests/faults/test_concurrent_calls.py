@@ -63,7 +63,9 @@ def test_a_failed_checkpoint_write_undoes_only_its_own_call() -> None:
     with short_tmpdir() as root:
         state = root / "state"
         with tmpfs(state, "1m"):
-            serve = ServeProcess(root, ["--state-dir", str(state), "--log-format", "json"])
+            # The metadata beside, as the DaemonSet has it: the disk's last pages are the checkpoint's.
+            metadata = ["--device-metadata-dir", str(root / "device-metadata")]
+            serve = ServeProcess(root, ["--state-dir", str(state), "--log-format", "json", *metadata])
             kept = allocated_claim(
                 "kept", uid(1), [{"request": "gpu", "device": "gpu-0"}], config=[opaque(MPS)]
             )
