@@ -352,9 +352,9 @@ def test_the_daemon_answers_every_claim_and_stays_consistent(
         assert dict(client.unprepare([]).claims) == {}  # still answering
     assert list(daemon.cdi_dir.glob("*")) == []
     names = {p.name for p in state.iterdir()}
-    assert names <= {"checkpoint.json", "boot_id", "health.json", "serve.lock", "state.lock", "dra.sock"}, (
-        names
-    )
+    expected = {"checkpoint.json", "boot_id", "health.json", "serve.lock", "state.lock", "dra.sock"}
+    assert names <= expected | {"device-metadata"}, names
+    assert not any((state / "device-metadata").glob("*"))
     checkpoint = json.loads((state / "checkpoint.json").read_text())
     assert checkpoint["data"]["claims"] == {}
 

@@ -81,6 +81,13 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
     return ClassDirectory(data.DEVICE_CLASSES)
 
 
+def _name_of(document: Document) -> str | None:
+    """A document's metadata.name; None when it has none that is a string (parsing reports it)."""
+    metadata = document.obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.offline.allocation import (
         parse_claim,
@@ -98,11 +105,9 @@ def run(args: argparse.Namespace) -> int:
     # A DeviceClass beside the claims (a manifest that ships its own class) joins the others.
     own_classes = [d for d in claim_docs if d.obj.get("kind") == "DeviceClass"]
     claim_docs = [d for d in claim_docs if d.obj.get("kind") != "DeviceClass"]
-    own_names = {d.obj.get("metadata", {}).get("name") for d in own_classes}
+    own_names = {_name_of(d) for d in own_classes}
     class_docs = [
-        d
-        for d in _class_source(args).device_classes()
-        if d.obj.get("metadata", {}).get("name") not in own_names
+        d for d in _class_source(args).device_classes() if _name_of(d) not in own_names
     ] + own_classes
     claim_docs += extended_resource_claims(workloads, class_docs)
     if not claim_docs:
