@@ -38,7 +38,7 @@ EXPECTED_OBJECTS = {
 }
 
 #: The plugin's whole API access: (api group, resource) -> verbs. Widening it is a decision
-#: to document in deploy/base/rbac.yaml and the README, not something to slip in.
+#: to document in deploy/base/rbac.yaml and docs/install.md, not something to slip in.
 EXPECTED_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
     ("resource.k8s.io", "resourceclaims"): {"get"},

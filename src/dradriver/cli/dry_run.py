@@ -267,7 +267,7 @@ def _hints(claims: list[Any], classes: Any, driver: str) -> list[dict[str, str]]
 
 
 def to_json(simulation: Any, hints: list[dict[str, str]]) -> dict[str, Any]:
-    """The documented `-o json` schema (schemaVersion 1); see README "dry-run JSON output"."""
+    """The documented `-o json` schema (schemaVersion 1); see docs/tools.md, "dry-run JSON output"."""
     chosen = simulation.chosen
     return {
         "schemaVersion": JSON_SCHEMA_VERSION,

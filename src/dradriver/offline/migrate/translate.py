@@ -6,7 +6,7 @@ ResourceClaimTemplates it now needs), every change with its field path and reaso
 problem (something with no equivalent) with its field path. An object with a problem is never
 half-translated silently: its problems say what is missing.
 
-What is translated (the README's "Moving from NVIDIA's driver or the device plugin"):
+What is translated (docs/tools.md, "Moving from NVIDIA's driver or the device plugin"):
 - DeviceClasses, ResourceClaims, ResourceClaimTemplates of `gpu.nvidia.com`: class names, CEL
   selectors (`migrate.selectors`), constraint attributes, health-taint tolerations, opaque config
   (`resource.nvidia.com/v1beta1` GpuConfig / MigDeviceConfig -> ours);
