@@ -18,6 +18,7 @@ from urllib.parse import unquote
 import pytest
 
 from dradriver.cli import build_parser
+from tests.deploy.manifests import markdown_table
 from tests.docs.markdown import Command, Page, read_page, shell_commands
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,6 +120,16 @@ def test_every_documented_command_parses() -> None:
                 problems.append(f"{name}:{command.line}: dradriver {' '.join(command.argv)}\n    {problem}")
     assert not problems, "\n".join(problems)
     assert checked, "no command found: is the block extraction broken?"
+
+
+def test_the_flag_table_of_serve_is_the_cli_s() -> None:
+    """docs/install.md's table of `serve` flags lists every flag `serve` takes, and no other."""
+    rows = markdown_table(REPO / "docs" / "install.md", ["flag", "default", "meaning"])
+    documented = {word.strip("`") for flags, _default, _meaning in rows for word in flags.split(", ")}
+    subcommands = next(a for a in cli_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve = subcommands.choices["serve"]
+    taken = {flag for action in serve._actions for flag in action.option_strings} - {"-h", "--help"}
+    assert documented == taken
 
 
 # -- the checks themselves catch what they are for ---------------------------------------------------
