@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from dradriver import kubeletclient
 from dradriver.health.board import Health
 from tests.helpers import DRIVER, HealthStream, ServeProcess, free_port, scrape, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
@@ -123,6 +126,47 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         assert recovered.endswith(f"no fatal event for 20s and the GPU passed its re-check (was: {message})")
         wait_for(lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "metrics")
         assert "device health: all 8 devices healthy (source: fake)" in status(serve).stdout
+
+
+def test_each_kubelet_opens_its_health_version_and_every_stream_sees_the_same_change() -> None:
+    with serving() as (serve, v1alpha1):
+        # 1.34-1.36 open v1alpha1 whatever is advertised; 1.37 the newest both know: v1.
+        picked = {
+            minor: kubeletclient.register(serve.registration_socket, kubelet_minor=minor).health_service
+            for minor in (34, 35, 36, 37)
+        }
+        assert picked == {
+            34: "v1alpha1.DRAResourceHealth",
+            35: "v1alpha1.DRAResourceHealth",
+            36: "v1alpha1.DRAResourceHealth",
+            37: "v1.DRAResourceHealth",
+        }
+        v1 = HealthStream(serve.dra_socket, "v1.DRAResourceHealth")
+        try:
+            wait_for(lambda: len(v1.latest) == 8, 20, "the first v1 health list")
+            assert v1.latest == v1alpha1.latest
+            assert fake_event(serve, "--device", "gpu-4", "--xid", "79").returncode == 0
+            message = v1.wait("gpu-4", Health.UNHEALTHY)
+            assert message.startswith("XID 79 (GPU has fallen off the bus) at ")
+            assert v1alpha1.wait("gpu-4", Health.UNHEALTHY) == message
+            assert v1.latest == v1alpha1.latest
+        finally:
+            v1.close()
+
+
+@pytest.mark.parametrize(
+    ("advertised", "minor", "opened"),
+    [
+        (kubeletclient.KUBELET_HEALTH_SERVICES, 37, "v1.DRAResourceHealth"),
+        (["v1alpha1.DRAResourceHealth"], 37, "v1alpha1.DRAResourceHealth"),  # an older dradriver
+        (["v1.DRAResourceHealth"], 37, "v1.DRAResourceHealth"),
+        ([], 37, None),  # a plugin without health: no stream, no retries
+        ([], 36, "v1alpha1.DRAResourceHealth"),  # 1.36 opens it anyway (and retries on Unimplemented)
+        (["v1.DRAResourceHealth"], 34, "v1alpha1.DRAResourceHealth"),
+    ],
+)
+def test_kubelet_choice_of_health_service(advertised: Sequence[str], minor: int, opened: str | None) -> None:
+    assert kubeletclient.pick_health_service(["v1.DRAPlugin", *advertised], minor) == opened
 
 
 def test_lost_gpu_stays_unhealthy_until_it_answers_again() -> None:
