@@ -169,6 +169,35 @@ def test_kubelet_choice_of_health_service(advertised: Sequence[str], minor: int,
     assert kubeletclient.pick_health_service(["v1.DRAPlugin", *advertised], minor) == opened
 
 
+def test_health_follows_the_recovery_action_nvml_reports_with_an_xid() -> None:
+    port = free_port()
+    with serving(["--metrics-address", f"127.0.0.1:{port}"]) as (serve, stream):
+        # An application XID, but the host driver says the GPU needs a reset: it is unhealthy.
+        reset = fake_event(serve, "--device", "gpu-2", "--xid", "13", "--recovery-action", "gpu-reset")
+        assert reset.returncode == 0, reset.stderr
+        assert reset.stdout.startswith(
+            "XID 13 (Graphics Engine Exception) on gpu-2 with recovery action gpu-reset: "
+        )
+        message = stream.wait("gpu-2", Health.UNHEALTHY)
+        assert message.startswith("XID 13 (Graphics Engine Exception) at ")
+        assert message.endswith(": GPU reset needed (NVML recovery action)")
+        # A fatal-looking XID with no action needed leaves its GPU healthy.
+        fine = fake_event(serve, "--device", "gpu-5", "--xid", "79", "--recovery-action", "none")
+        assert fine.returncode == 0, fine.stderr
+        counted = 'dradriver_xid_events_total{class="informational",xid="79"} 1.0'
+        wait_for(lambda: counted in scrape(port), 10, "the XID counted")
+        assert all(r["gpu-5"][0] == Health.HEALTHY for r in stream.responses)
+        # Past the quiet period the re-check asks the action again: still a reset to do.
+        wait_for(lambda: "re-check at " in stream.latest["gpu-2"][1], 15, "a failed re-check")
+        assert stream.latest["gpu-2"][1].endswith(
+            "failed: GPU reset needed (NVML recovery action); "
+            "dradriver fake-event --device gpu-2 --recovery-action none clears it"
+        )
+        done = fake_event(serve, "--device", "gpu-2", "--recovery-action", "none")
+        assert (done.returncode, done.stdout.split(":")[0]) == (0, "recovery action none on gpu-2")
+        assert stream.wait("gpu-2", Health.HEALTHY).startswith("healthy again at ")
+
+
 def test_lost_gpu_stays_unhealthy_until_it_answers_again() -> None:
     with serving() as (serve, stream):
         assert fake_event(serve, "--device", "gpu-5", "--lost").returncode == 0
@@ -230,6 +259,16 @@ def test_fake_event_refuses_what_no_daemon_would_read(tmp_path: Path) -> None:
     both = run("--device", "gpu-0", "--lost", "--xid", "1")
     assert both.returncode == 2
     assert "not allowed with argument" in both.stderr
+    lost_with_action = run("--device", "gpu-0", "--lost", "--recovery-action", "none")
+    assert (lost_with_action.returncode, lost_with_action.stderr) == (
+        2,
+        "dradriver fake-event: error: --recovery-action goes with --xid or alone\n",
+    )
+    nothing = run("--device", "gpu-0")
+    assert nothing.returncode == 2
+    assert (
+        "one of --xid, --lost, --restore, --recovery-action and --utilization is required" in nothing.stderr
+    )
     negative = run("--device", "gpu-0", "--xid", "-3")
     assert "invalid XID '-3'" in negative.stderr
     assert not (tmp_path / "fake-events.jsonl").exists()

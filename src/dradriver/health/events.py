@@ -32,6 +32,9 @@ class XidEvent:
     xid: int
     #: Unix seconds.
     at: float
+    #: NVML's recovery action for the GPU right after the XID (`recovery.RecoveryAction`, or a
+    #: newer number); None where the host driver does not report one.
+    recovery: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ class HealthSource(Protocol):
         ...
 
     def check(self, gpu_uuid: str) -> str | None:
-        """Re-check a GPU before it is trusted again: None if fine, else what is still wrong."""
+        """Re-check a GPU before it is trusted again: None if fine, else what is still wrong
+        (a recovery action still needed, where the host driver reports one)."""
         ...
 
     def watch(self, gpu_uuids: Sequence[str]) -> None:

@@ -16,6 +16,10 @@ and asks for a rescan (a new driver version changes published attributes). "GPU 
 a problem of each GPU (re-checked, back after the quiet period), even when every GPU has it.
 Re-checking a GPU looks it up afresh and reads its temperature and row-remapping state: a lost
 GPU fails, and so does one with a row remap pending (it needs a reset) or over a threshold.
+
+With every XID the GPU's recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is read and
+travels with the event, so the policy follows it; the re-check asks it again and fails while an
+action is still needed. A host driver without the field (NOT_SUPPORTED) leaves both as before.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pynvml
 
 from dradriver import logs
 from dradriver.backend.nvml.discovery import host_driver_gone
+from dradriver.health import recovery
 from dradriver.health.config import Thresholds
 from dradriver.health.events import (
     GpuLostEvent,
@@ -152,10 +157,13 @@ class NvmlHealthSource:
     def check(self, gpu_uuid: str) -> str | None:
         try:
             handle = self._answering(gpu_uuid)
+            action = self._recovery_action(handle)
             remap = self._supported("nvmlDeviceGetRemappedRows", self._nvml.nvmlDeviceGetRemappedRows, handle)
             over = self._over_thresholds(handle)
         except _CallError as err:
             return f"NVML {err}"
+        if action is not None and recovery.needs_action(action):
+            return recovery.describe(action)
         if remap is not None and remap[3]:
             return "row remapping failed: the GPU's memory needs service"
         if remap is not None and remap[2]:
@@ -257,6 +265,18 @@ class NvmlHealthSource:
             self._metrics.nvml_error(call)
             raise _CallError(call, err) from None
 
+    def _recovery_action(self, handle: Any) -> int | None:
+        """The GPU's recovery action; None where the host driver does not report it."""
+        nvml, call = self._nvml, "nvmlDeviceGetFieldValues"
+        field = nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        values = self._supported(call, nvml.nvmlDeviceGetFieldValues, handle, [field])
+        if values is None or values[0].nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        if values[0].nvmlReturn != nvml.NVML_SUCCESS:
+            self._metrics.nvml_error(call)
+            raise _CallError(call, nvml.NVMLError(values[0].nvmlReturn))
+        return int(values[0].value.uiVal)
+
     def _answering(self, uuid: str) -> Any:
         """A fresh handle of a GPU that answers a query that reaches the hardware (its temperature)."""
         nvml = self._nvml
@@ -290,7 +310,12 @@ class NvmlHealthSource:
             log.warning("XID event from a GPU that is not watched", xid=data.eventData)
             return []
         where = HardwareRef(uuid, _instance(data.gpuInstanceId), _instance(data.computeInstanceId))
-        return [XidEvent(where, int(data.eventData), time.time())]
+        try:
+            action = self._recovery_action(data.device)
+        except _CallError as err:  # the fixed XID table decides instead
+            log.warning("reading the GPU's recovery action failed", gpu=uuid, error=str(err))
+            action = None
+        return [XidEvent(where, int(data.eventData), time.time(), action)]
 
     def _watched(self) -> list[str]:
         """The GPUs watched now: neither lost nor unmonitored."""
