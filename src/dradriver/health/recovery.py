@@ -1,6 +1,6 @@
 """NVML's GPU recovery action: what it takes to make a GPU usable again (pure data).
 
-Host drivers from R570 on answer the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION with one of these
+Newer host drivers answer the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION with one of these
 after a fault, and with NONE once the GPU is fine. Where a driver reports it, it decides whether an
 XID makes the device unhealthy and whether the device's re-check passes (NVIDIA's DRA driver
 classifies XIDs the same way); older drivers answer NOT_SUPPORTED, and the fixed XID table decides.
