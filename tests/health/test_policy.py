@@ -6,8 +6,8 @@ import pytest
 
 from dradriver.health.board import Health
 from dradriver.health.config import HealthConfig
-from dradriver.health.events import GpuLostEvent, HardwareRef, ThresholdEvent, XidEvent
-from dradriver.health.policy import HealthTracker, Problem, Transition, assess, timestamp
+from dradriver.health.events import GpuLostEvent, HardwareRef, RecoveryEvent, ThresholdEvent, XidEvent
+from dradriver.health.policy import Assessment, HealthTracker, Problem, Transition, assess, timestamp
 from dradriver.health.recovery import RecoveryAction
 from dradriver.health.xid import XidClass, classify, describe
 
@@ -172,3 +172,13 @@ def test_the_recovery_action_is_in_the_message() -> None:
     assert unknown.message.endswith(": recovery action 42 (NVML recovery action)")
     fine = assess(XidEvent(GPU, 79, AT, RecoveryAction.NONE), HealthConfig())
     assert (fine.event_class, fine.problem) == (XidClass.INFORMATIONAL, None)
+
+
+def test_a_gpu_found_needing_a_recovery_action_is_a_problem() -> None:
+    found = assess(RecoveryEvent(GPU, RecoveryAction.DRAIN_AND_RESET, AT), HealthConfig())
+    assert found == Assessment(
+        XidClass.FATAL,
+        Problem(
+            "recovery-action", "drain and GPU reset needed (NVML recovery action) at 2024-06-01T12:00:00Z"
+        ),
+    )

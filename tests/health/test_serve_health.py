@@ -214,18 +214,25 @@ def test_lost_gpu_stays_unhealthy_until_it_answers_again() -> None:
         assert stream.wait("gpu-5", Health.HEALTHY).startswith("healthy again at ")
 
 
-def test_lost_gpu_is_still_lost_after_a_restart() -> None:
+def test_lost_gpu_and_a_pending_recovery_action_outlive_a_restart() -> None:
     with serving() as (serve, stream):
         assert fake_event(serve, "--device", "gpu-1", "--lost").returncode == 0
         stream.wait("gpu-1", Health.UNHEALTHY)
         assert fake_event(serve, "--device", "gpu-2", "--xid", "79").returncode == 0
         stream.wait("gpu-2", Health.UNHEALTHY)
+        reset = fake_event(serve, "--device", "gpu-3", "--xid", "13", "--recovery-action", "gpu-reset")
+        assert reset.returncode == 0
+        stream.wait("gpu-3", Health.UNHEALTHY)
         stream.close()
         assert serve.stop() == 0
         serve.start()
         again = HealthStream(serve.dra_socket)
         try:
             again.wait("gpu-1", Health.UNHEALTHY)
+            # The XID is history, but the GPU still needs its reset: found at start.
+            assert again.wait("gpu-3", Health.UNHEALTHY).startswith(
+                "GPU reset needed (NVML recovery action) at "
+            )
             assert again.latest["gpu-2"][0] == Health.HEALTHY  # an old XID is history
         finally:
             again.close()

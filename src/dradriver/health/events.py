@@ -59,7 +59,18 @@ class ThresholdEvent:
     at: float
 
 
-HealthEvent = XidEvent | GpuLostEvent | ThresholdEvent
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """NVML reports a recovery action needed on a GPU, with no XID to go with it: found when the
+    source starts watching the GPU (it failed before, e.g. under the `serve` this one replaced)."""
+
+    where: HardwareRef
+    #: `recovery.RecoveryAction`, or a newer number.
+    action: int
+    at: float
+
+
+HealthEvent = XidEvent | GpuLostEvent | ThresholdEvent | RecoveryEvent
 
 
 class HealthMetrics(Protocol):

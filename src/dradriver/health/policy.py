@@ -17,13 +17,15 @@ from datetime import UTC, datetime
 from dradriver.health import recovery
 from dradriver.health.board import Health
 from dradriver.health.config import HealthConfig
-from dradriver.health.events import GpuLostEvent, HealthEvent, ThresholdEvent, XidEvent
+from dradriver.health.events import GpuLostEvent, HealthEvent, RecoveryEvent, ThresholdEvent, XidEvent
 from dradriver.health.xid import XidClass, classify, describe
 
 #: The taint value (and health.json reason) of a lost GPU.
 GPU_LOST = "gpu-lost"
 #: ... of a device that vanished from the node while a prepared claim holds it (live inventory).
 DEVICE_GONE = "device-gone"
+#: ... of a GPU found needing a recovery action with no XID to name.
+RECOVERY_ACTION = "recovery-action"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ def assess(event: HealthEvent, config: HealthConfig) -> Assessment:
         return Assessment(XidClass.FATAL, Problem(GPU_LOST, f"GPU lost ({event.detail}) at {when}"))
     if isinstance(event, ThresholdEvent):
         return Assessment(XidClass.FATAL, Problem(event.kind, f"{event.detail} at {when}"))
+    if isinstance(event, RecoveryEvent):
+        return Assessment(
+            XidClass.FATAL, Problem(RECOVERY_ACTION, f"{recovery.describe(event.action)} at {when}")
+        )
     raise TypeError(f"unknown health event {event!r}")
 
 

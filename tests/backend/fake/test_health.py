@@ -14,7 +14,7 @@ from dradriver.backend.fake.health import (
     FakeHealthSource,
     append_fake_event,
 )
-from dradriver.health.events import GpuLostEvent, HardwareRef, XidEvent
+from dradriver.health.events import GpuLostEvent, HardwareRef, RecoveryEvent, XidEvent
 from dradriver.health.recovery import RecoveryAction
 
 PLACES = {"gpu-0": HardwareRef("GPU-0"), "gpu-1": HardwareRef("GPU-1"), "mig": HardwareRef("GPU-1", 3, 0)}
@@ -125,8 +125,10 @@ def test_recovery_actions_travel_with_xids_and_hold_the_recheck(tmp_path: Path) 
         "dradriver fake-event --device mig --recovery-action none clears it"
     )
     assert fake.check("GPU-0") is None
-    again = source(tmp_path)  # a restarted serve: the action is state, the XIDs history
-    assert again.next_events(0.02) == []
+    again = source(tmp_path)  # a restarted serve: the action is state (reported), the XIDs history
+    (found,) = again.next_events(0.02)
+    assert isinstance(found, RecoveryEvent)
+    assert (found.where, found.action) == (HardwareRef("GPU-1"), RecoveryAction.GPU_RESET)
     assert again.check("GPU-1") is not None
     append_fake_event(tmp_path, FakeEventRecord(device="gpu-1", recovery="none", at=103))
     assert fake.next_events(0.05) == []  # an action alone is no event (read at once): the re-check notices

@@ -13,7 +13,14 @@ from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
 from dradriver.health.board import Health
 from dradriver.health.config import Thresholds
-from dradriver.health.events import GpuLostEvent, HardwareRef, SourceOptions, ThresholdEvent, XidEvent
+from dradriver.health.events import (
+    GpuLostEvent,
+    HardwareRef,
+    RecoveryEvent,
+    SourceOptions,
+    ThresholdEvent,
+    XidEvent,
+)
 from dradriver.health.recovery import RecoveryAction
 from dradriver.health.targets import HealthTargets
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, NVML_ERROR_UNKNOWN, EventPipe, Failure, config_text
@@ -185,6 +192,26 @@ def test_xids_carry_the_recovery_action_and_the_recheck_asks_it(
         source.close()
 
 
+def test_a_gpu_needing_a_recovery_action_is_reported_when_first_watched(
+    fake_node: FakeNodeFactory, pipe: EventPipe
+) -> None:
+    inventory = open_backend("t4x4").discover()
+    source, targets = open_source(fake_node(inventory))
+    watched = targets.gpu_uuids
+    try:
+        source.watch(watched[:2])  # the inventory shrank to two GPUs
+        pipe.send("recovery 2 2")
+        assert source.next_events(0.05) == []  # a changed action alone is no event
+        source.watch(watched)  # ... and grew again: GPU 2 still needs its node reboot
+        (found,) = source.next_events(0.05)
+        assert isinstance(found, RecoveryEvent)
+        assert found.where == HardwareRef(inventory.gpus[2].uuid)
+        assert found.action == RecoveryAction.NODE_REBOOT
+        assert source.next_events(0.05) == []  # reported once
+    finally:
+        source.close()
+
+
 def test_a_failing_recovery_query_leaves_the_xid_to_the_table(
     fake_node: FakeNodeFactory, pipe: EventPipe
 ) -> None:
@@ -198,7 +225,8 @@ def test_a_failing_recovery_query_leaves_the_xid_to_the_table(
         assert isinstance(event, XidEvent)
         assert event.recovery is None
         assert source.check(inventory.gpus[0].uuid) == "NVML nvmlDeviceGetFieldValues: Unknown Error"
-        assert errors.calls == ["nvmlDeviceGetFieldValues", "nvmlDeviceGetFieldValues"]
+        # Four GPUs asked when first watched, then the XID's and the re-check's.
+        assert errors.calls == ["nvmlDeviceGetFieldValues"] * 6
     finally:
         source.close()
 

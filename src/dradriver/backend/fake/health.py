@@ -11,11 +11,11 @@ line into the event NVML would report for that device:
     {"device": "gpu-3", "lost": true, "at": ...}           its GPU falls off the bus
     {"device": "gpu-3", "lost": false, "at": ...}          its GPU answers again
 
-A GPU whose recovery action was never set reports none, as a host driver without the field
+A GPU whose recovery action was never set reports no action at all, as a host driver without the field
 (the fixed XID table decides); once set, its later XIDs carry it and its re-check fails while
 an action is needed. XIDs written while no `serve` ran are history and are skipped at start;
 whether a GPU is lost, and its recovery action, are state, replayed from the whole file, so a
-restarted `serve` still sees them.
+restarted `serve` still sees them (a GPU still needing an action is reported at start).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from dradriver import logs
 from dradriver.health import recovery
-from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, XidEvent
+from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, RecoveryEvent, XidEvent
 from dradriver.health.recovery import RecoveryAction
 from dradriver.health.xid import MAX_XID
 
@@ -106,6 +106,11 @@ class FakeHealthSource:
         # The last loss of each GPU still lost; the XIDs in the history are not replayed.
         history = {e.where.gpu_uuid: e for e in self._read_new() if isinstance(e, GpuLostEvent)}
         self._pending: list[HealthEvent] = [e for uuid, e in history.items() if uuid in self._lost]
+        self._pending += [
+            RecoveryEvent(HardwareRef(uuid), action, time.time())
+            for uuid, (action, _device) in self._recovery.items()
+            if recovery.needs_action(action)
+        ]
 
     def unmonitored(self) -> Mapping[str, str]:
         return {}

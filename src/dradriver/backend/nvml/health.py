@@ -19,7 +19,9 @@ GPU fails, and so does one with a row remap pending (it needs a reset) or over a
 
 With every XID the GPU's recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is read and
 travels with the event, so the policy follows it; the re-check asks it again and fails while an
-action is still needed. A host driver without the field (NOT_SUPPORTED) leaves both as before.
+action is still needed. A GPU that needs one already when it is first watched (at start, when the
+host driver is back, when the inventory adds it) is reported at once. A host driver without the
+field (NOT_SUPPORTED) leaves all of this as before.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dradriver.health.events import (
     HardwareRef,
     HealthEvent,
     HealthMetrics,
+    RecoveryEvent,
     ThresholdEvent,
     ThresholdKind,
     XidEvent,
@@ -96,6 +99,7 @@ class NvmlHealthSource:
         self._lost: set[str] = set()
         self._next_poll = clock() if thresholds.enabled else None
         self._set: Any = None
+        self._pending: list[HealthEvent] = []
         self._driver_problem: str | None = None
         self._reinit_at = 0.0
         self._reinit_wait = REINIT_FIRST_SECONDS
@@ -116,6 +120,7 @@ class NvmlHealthSource:
                 self._register(uuid)
             except _CallError as err:
                 self._unmonitored[uuid] = str(err)
+        self._pending = self._actions_needed(self._uuids)
 
     def unmonitored(self) -> Mapping[str, str]:
         return dict(self._unmonitored)
@@ -127,6 +132,9 @@ class NvmlHealthSource:
         if self._driver_problem is not None:
             self._reinitialize(timeout)
             return []
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
         if self._set is None:  # nothing to wait on: just let the caller's time pass
             time.sleep(timeout)
             return []
@@ -189,6 +197,7 @@ class NvmlHealthSource:
                 self._register(uuid)
             except _CallError as err:
                 self._unmonitored[uuid] = str(err)
+        self._pending += self._actions_needed(new)
 
     def close(self) -> None:
         if not self._open:
@@ -241,6 +250,7 @@ class NvmlHealthSource:
                     self._unmonitored[uuid] = str(err)
         except _CallError as err:
             self._unmonitored = dict.fromkeys(self._uuids, str(err))
+        self._pending = self._actions_needed(self._uuids)
         self._driver_problem = None
         log.info("the host driver is back: NVML initialised again", unmonitored=len(self._unmonitored))
         self._inventory_changed()
@@ -320,6 +330,22 @@ class NvmlHealthSource:
     def _watched(self) -> list[str]:
         """The GPUs watched now: neither lost nor unmonitored."""
         return [uuid for uuid in self._uuids if uuid not in self._lost and uuid not in self._unmonitored]
+
+    def _actions_needed(self, uuids: Sequence[str]) -> list[HealthEvent]:
+        """Those of `uuids` watched that NVML says need a recovery action already."""
+        events: list[HealthEvent] = []
+        for uuid in uuids:
+            if uuid in self._unmonitored:
+                continue
+            try:
+                handle = self._call("nvmlDeviceGetHandleByUUID", self._nvml.nvmlDeviceGetHandleByUUID, uuid)
+                action = self._recovery_action(handle)
+            except _CallError as err:
+                log.warning("reading the GPU's recovery action failed", gpu=uuid, error=str(err))
+                continue
+            if action is not None and recovery.needs_action(action):
+                events.append(RecoveryEvent(HardwareRef(uuid), action, time.time()))
+        return events
 
     def _find_lost(self) -> list[HealthEvent]:
         """After "GPU is lost": the watched GPUs that no longer answer, each reported once."""
