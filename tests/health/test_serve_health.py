@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dradriver import kubeletclient
+from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
 from dradriver.health.board import Health
 from tests.helpers import DRIVER, HealthStream, ServeProcess, free_port, scrape, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
@@ -145,7 +146,7 @@ def test_each_kubelet_opens_its_health_version_and_every_stream_sees_the_same_ch
         try:
             wait_for(lambda: len(v1.latest) == 8, 20, "the first v1 health list")
             assert v1.latest == v1alpha1.latest
-            assert fake_event(serve, "--device", "gpu-4", "--xid", "79").returncode == 0
+            append_fake_event(serve.plugins_dir / DRIVER, FakeEventRecord(device="gpu-4", xid=79, at=1e9))
             message = v1.wait("gpu-4", Health.UNHEALTHY)
             assert message.startswith("XID 79 (GPU has fallen off the bus) at ")
             assert v1alpha1.wait("gpu-4", Health.UNHEALTHY) == message
@@ -182,8 +183,8 @@ def test_health_follows_the_recovery_action_nvml_reports_with_an_xid() -> None:
         assert message.startswith("XID 13 (Graphics Engine Exception) at ")
         assert message.endswith(": GPU reset needed (NVML recovery action)")
         # A fatal-looking XID with no action needed leaves its GPU healthy.
-        fine = fake_event(serve, "--device", "gpu-5", "--xid", "79", "--recovery-action", "none")
-        assert fine.returncode == 0, fine.stderr
+        state_dir = serve.plugins_dir / DRIVER
+        append_fake_event(state_dir, FakeEventRecord(device="gpu-5", xid=79, recovery="none", at=1e9))
         counted = 'dradriver_xid_events_total{class="informational",xid="79"} 1.0'
         wait_for(lambda: counted in scrape(port), 10, "the XID counted")
         assert all(r["gpu-5"][0] == Health.HEALTHY for r in stream.responses)
@@ -193,8 +194,7 @@ def test_health_follows_the_recovery_action_nvml_reports_with_an_xid() -> None:
             "failed: GPU reset needed (NVML recovery action); "
             "dradriver fake-event --device gpu-2 --recovery-action none clears it"
         )
-        done = fake_event(serve, "--device", "gpu-2", "--recovery-action", "none")
-        assert (done.returncode, done.stdout.split(":")[0]) == (0, "recovery action none on gpu-2")
+        append_fake_event(state_dir, FakeEventRecord(device="gpu-2", recovery="none", at=1e9))
         assert stream.wait("gpu-2", Health.HEALTHY).startswith("healthy again at ")
 
 
@@ -220,8 +220,8 @@ def test_lost_gpu_and_a_pending_recovery_action_outlive_a_restart() -> None:
         stream.wait("gpu-1", Health.UNHEALTHY)
         assert fake_event(serve, "--device", "gpu-2", "--xid", "79").returncode == 0
         stream.wait("gpu-2", Health.UNHEALTHY)
-        reset = fake_event(serve, "--device", "gpu-3", "--xid", "13", "--recovery-action", "gpu-reset")
-        assert reset.returncode == 0
+        reset = FakeEventRecord(device="gpu-3", xid=13, recovery="gpu-reset", at=1e9)
+        append_fake_event(serve.plugins_dir / DRIVER, reset)
         stream.wait("gpu-3", Health.UNHEALTHY)
         stream.close()
         assert serve.stop() == 0
