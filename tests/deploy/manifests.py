@@ -28,7 +28,7 @@ EXAMPLES = REPO / "examples" / "claims"
 KUSTOMIZATIONS = ("base", "overlays/fake", "overlays/gpu-operator")
 
 #: Kubernetes versions whose OpenAPI schemas everything must satisfy (the supported range).
-KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
+KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 #: Built-in fake GPU profiles of `--fake-gpus`, the only profiles the examples table may name.
 FAKE_PROFILES = frozenset({"dgx-h100", "dgx-a100-mig", "t4x4", "mixed", "a100-mig-empty"})
