@@ -50,12 +50,10 @@ def exported() -> dict[str, set[str]]:
     costs, _ = CostTracker({}).update(1.0, [reading])
     text = render(Snapshot(1.0, 0.01, [reading], costs), tracker.idle(1)).decode()
     found: dict[str, set[str]] = {}
-    for family in StateCollector(
+    state = StateCollector(
         devices=lambda: [("gpu", "healthy")], prepared_claims=lambda: 1, registered=lambda: True
-    ).collect():
-        for s in family.samples:
-            found.setdefault(s.name, set()).update(s.labels)
-    for family in text_string_to_metric_families(text):
+    )
+    for family in [*state.collect(), *text_string_to_metric_families(text)]:
         for s in family.samples:
             found.setdefault(s.name, set()).update(s.labels)
     return found

@@ -235,9 +235,9 @@ def test_a_claims_cost_counters_carry_on_across_a_serve_killed_and_restarted() -
                 10,
                 f"busy time (log: {serve.log()})",
             )
-            before = {name: value(port, name, claim_name="train") for name in (allocated, busy)}
+            before = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
             assert value(port, "dradriver_gpu_allocated_devices", claim_name="train") == 1
-            assert before[busy] <= (before[allocated] or 0)
+            assert before[busy] <= before[allocated]
             serve.kill()
             restarted = time.time()
             serve.start(wait=False)
@@ -249,10 +249,8 @@ def test_a_claims_cost_counters_carry_on_across_a_serve_killed_and_restarted() -
                 20,
                 f"a reading of the restarted serve (log: {serve.log()})",
             )
-            after = {name: value(port, name, claim_name="train") for name in (allocated, busy)}
-            assert after[allocated] is not None
-            assert after[allocated] > (before[allocated] or 0)
-            assert after[busy] is not None
-            assert after[busy] >= (before[busy] or 0)
+            after = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
+            assert after[allocated] > before[allocated]
+            assert after[busy] >= before[busy] > 0
         finally:
             serve.kill()
