@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,8 +14,8 @@ from dradriver.telemetry.cost import CostTracker
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import DeviceSample, Holder, PodRef, ProcessSample, Reading, Target, pod_shares
 from dradriver.telemetry.sampler import Snapshot, render
+from tests.telemetry.monitoring import MONITORING
 
-MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 #: A series name, not a part of a recording rule's `level:metric:operations` name.
 NAME = re.compile(r"(?<![\w:])(dradriver_[a-z_]+)(?![\w:])")
 SELECTOR = re.compile(r"(?<![\w:])(dradriver_[a-z_]+)\{([^}]*)\}")

@@ -4,33 +4,20 @@ alerting rule, and every query of the Grafana dashboard parsed by Prometheus' ow
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
-MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+from tests.telemetry.monitoring import RULE_FILES, dashboard_queries, tool
+
 UNIT_TESTS = Path(__file__).resolve().parent / "rules"
-RULE_FILES = sorted(MONITORING.glob("*-rules.yaml"))
-#: What Grafana puts in place of the dashboard's variables before it sends a query.
-GRAFANA_VARIABLES = {"$instance": ".*", "$__range": "1d", "$__rate_interval": "1m", "$__interval": "15s"}
-
-
-def promtool() -> str:
-    found = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not found:
-        pytest.skip("promtool not found (apt-get install prometheus, or set PROMTOOL)")
-    return found
 
 
 def run_promtool(*args: str | Path) -> str:
     done = subprocess.run(
-        [promtool(), *map(str, args)], check=False, capture_output=True, text=True, timeout=60
+        [tool("promtool"), *map(str, args)], check=False, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -79,11 +66,7 @@ def test_every_rule_has_a_promtool_unit_test_and_they_pass() -> None:
 
 
 def test_every_dashboard_query_parses_in_prometheus(tmp_path: Path) -> None:
-    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    exprs.append(dashboard["templating"]["list"][1]["definition"].removeprefix("label_values(").split(",")[0])
-    for variable, value in GRAFANA_VARIABLES.items():
-        exprs = [e.replace(variable, value) for e in exprs]
+    exprs = dashboard_queries()
     # promtool parses a rule's expression with Prometheus' PromQL parser: a query that would be a
     # 400 from /api/v1/query fails the check and names itself.
     as_rules = {
