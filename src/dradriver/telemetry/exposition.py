@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dradriver.telemetry.cost import Cost
-from dradriver.telemetry.model import THROTTLE_REASONS, DeviceSample, Holder, Reading
+from dradriver.telemetry.model import THROTTLE_REASONS, DeviceSample, Holder, Reading, Target
 
 DEVICE_LABELS = [
     "device",
@@ -64,8 +64,7 @@ def device_labels(tenant_labels: bool) -> list[str]:
     return DEVICE_LABELS if tenant_labels else [n for n in DEVICE_LABELS if n not in TENANT_LABELS]
 
 
-def _labels(reading: Reading, holder: Holder | None, tenant_labels: bool = True) -> list[str]:
-    target = reading.target
+def _labels(target: Target, holder: Holder | None, tenant_labels: bool = True) -> list[str]:
     if not tenant_labels:
         return [target.device, target.uuid, target.gpu_uuid, holder.sharing if holder else ""]
     if holder is None:
@@ -91,7 +90,7 @@ def _series(reading: Reading, tenant_labels: bool) -> Iterator[tuple[list[str], 
     holders: list[Holder | None] = [*reading.holders] or [None]
     seen: set[tuple[str, ...]] = set()
     for holder in holders:
-        labels = _labels(reading, holder, tenant_labels)
+        labels = _labels(reading.target, holder, tenant_labels)
         if tuple(labels) not in seen:
             seen.add(tuple(labels))
             yield labels, reading.sample
@@ -165,7 +164,7 @@ def _pod_families(readings: Sequence[Reading]) -> list[GaugeMetricFamily]:
     for reading in readings:
         for share in reading.shares:
             holder = next(h for h in reading.holders if share.pod in h.pods)
-            labels = [share.pod.namespace, share.pod.name, *_labels(reading, holder)[:6]]
+            labels = [share.pod.namespace, share.pod.name, *_labels(reading.target, holder)[:6]]
             if share.sm_util_percent is not None:
                 pod_sm.add_metric(labels, share.sm_util_percent / 100)
             if share.used_bytes is not None:
@@ -199,8 +198,7 @@ def cost_families(costs: Sequence[Cost]) -> list[GaugeMetricFamily | CounterMetr
         labels=POD_LABELS,
     )
     for cost in costs:
-        reading = Reading(cost.target, None, [cost.holder])
-        labels = _labels(reading, cost.holder)
+        labels = _labels(cost.target, cost.holder)
         allocated.add_metric(labels, cost.allocated_seconds)
         busy.add_metric(labels, cost.busy_seconds)
         held.add_metric(labels, cost.weight)
