@@ -96,8 +96,9 @@ def test_the_busy_totals_survive_on_disk_and_a_bad_file_starts_from_zero(tmp_pat
     leftover.write_text("{")
     assert UsageStore(tmp_path / USAGE_FILE).load() == {"uid-1/gpu-0": 12.5}
     assert not leftover.exists()
-    (tmp_path / USAGE_FILE).write_text('{"version": 1, "busy_seconds": {"x": "lots"}}')
-    assert UsageStore(tmp_path / USAGE_FILE).load() == {}
+    for bad in ('{"version": 1, "busy_seconds": {"x": "lots"}}', '{"busy_seconds": {"x": -1}}', "{"):
+        (tmp_path / USAGE_FILE).write_text(bad)
+        assert UsageStore(tmp_path / USAGE_FILE).load() == {}
 
 
 def test_a_failing_write_is_logged_once_and_keeps_serving(

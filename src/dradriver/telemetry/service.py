@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
 from dradriver import logs
 from dradriver.devicemodel import PublishedDevice
@@ -40,7 +40,7 @@ class _Usage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: Literal[1] = 1
     #: `<claim UID>/<device>` -> busy device-seconds.
-    busy_seconds: dict[str, float] = Field(default_factory=dict)
+    busy_seconds: dict[str, NonNegativeFloat] = Field(default_factory=dict)
 
 
 class UsageStore:
