@@ -30,6 +30,7 @@ from dradriver.offline.quota import (
     devices_name,
     parse_resource_quota,
 )
+from tests.deploy.manifests import REPO, load_documents
 from tests.e2e.cluster import ControlPlane, missing_binaries, node_ip
 from tests.e2e.processes import Component, free_port, wait_until
 from tests.e2e.realcluster import BIN_ENV
@@ -189,3 +190,16 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     )
     assert disagreements == []
     assert 0 < refused < compared, "the generated cases should both admit and refuse"
+
+
+def test_quota_examples_and_classes_are_accepted(api: KubeClient) -> None:
+    """The API server accepts every example quota and optional class as written."""
+    api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": "team-a"}})  # fmt: skip
+    for path in sorted((REPO / "examples/quotas").glob("*.yaml")):
+        for quota in load_documents(path):
+            quota["metadata"]["name"] += "-" + path.stem
+            api.request("POST", "/api/v1/namespaces/team-a/resourcequotas", body=quota)
+    for path in sorted((REPO / "deviceclasses/quota").glob("*.yaml")):
+        for cls in load_documents(path):
+            api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=cls)

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from dradriver.offline.allocation.model import ALL, Claim
+from dradriver.offline.workloads import pod_spec
 from dradriver.quantity import Quantity, QuantityError
 
 CLAIM_COUNT = "count/resourceclaims.resource.k8s.io"
@@ -195,9 +196,9 @@ class Refusal:
             f"used: {_pretty(self.used)}, limited: {_pretty(self.limited)}"
         )
 
-    def forbidden(self, claim_name: str) -> str:
-        """The API server's whole error message for creating the claim `claim_name`."""
-        return f'{CLAIMS_RESOURCE} "{claim_name}" is forbidden: {self.message}'
+    def forbidden(self, name: str, resource: str = CLAIMS_RESOURCE) -> str:
+        """The API server's whole error message for creating `name` (a claim, or a pod)."""
+        return f'{resource} "{name}" is forbidden: {self.message}'
 
 
 @dataclass
@@ -214,7 +215,12 @@ class QuotaLedger:
     _used: dict[int, dict[str, Quantity]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._used = {i: dict(q.used or {}) for i, q in enumerate(self.quotas)}
+        # Without a status, what the quota controller writes for an unused quota: 0 of each.
+        zero = _count(0)
+        self._used = {
+            i: dict(q.used) if q.used is not None else dict.fromkeys(q.hard, zero)
+            for i, q in enumerate(self.quotas)
+        }
 
     def _matching(self, namespace: str) -> list[tuple[int, ResourceQuota, list[str]]]:
         out = []
@@ -265,3 +271,170 @@ class QuotaLedger:
     def used(self, quota: ResourceQuota) -> Mapping[str, Quantity]:
         """What is used of `quota` after the claims admitted so far."""
         return self._used[self.quotas.index(quota)]
+
+
+# -- what running the input creates -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One object the API server admits on the way to running the input, and what it counts as.
+
+    A ResourceClaim as given; one per pod of a workload for each ResourceClaimTemplate it names
+    (the resourceclaim controller creates them); for a pod asking a class's extended resource,
+    the pod itself (`requests.<name>`) and then the claim the scheduler creates for it.
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    #: What in the input it comes from, for messages.
+    source: str
+    usage: Mapping[str, int]
+    #: The pod this object is created for only once that pod is admitted (an extended-resource claim).
+    after_pod: str = ""
+
+    @property
+    def resource(self) -> str:
+        return CLAIMS_RESOURCE if self.kind == "ResourceClaim" else "pods"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+#: The field saying how many pods a workload runs at once.
+_REPLICAS = {
+    "Job": "parallelism",
+    "Deployment": "replicas",
+    "ReplicaSet": "replicas",
+    "StatefulSet": "replicas",
+}
+
+
+def _replicas(obj: Mapping[str, Any]) -> int:
+    """Pods a workload runs at once: replicas, a Job's parallelism; one for a Pod or a DaemonSet
+    (one per node: checked as one)."""
+    kind = str(obj.get("kind"))
+    spec = _mapping(obj.get("spec"))
+    if kind == "CronJob":
+        spec, kind = _mapping(_mapping(spec.get("jobTemplate")).get("spec")), "Job"
+    value = spec.get(_REPLICAS[kind]) if kind in _REPLICAS else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1
+
+
+def _ref(obj: Mapping[str, Any], namespace: str) -> tuple[str, str]:
+    meta = _mapping(obj.get("metadata"))
+    name = str(meta.get("name") or meta.get("generateName") or "(unnamed)")
+    return str(meta.get("namespace") or namespace), name
+
+
+def _extended_amounts(spec: Mapping[str, Any], names: Iterable[str]) -> dict[str, int]:
+    """requests.<name> of a pod for the extended resources `names`: its containers' requests
+    (limits, when a container gives none: extended resources default them) added up."""
+    wanted = set(names)
+    amounts: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        asked = resources.get("requests") or resources.get("limits") or {}
+        for name, amount in asked.items() if isinstance(asked, Mapping) else ():
+            if name in wanted and str(amount).isdigit():
+                amounts[REQUESTS_PREFIX + name] = amounts.get(REQUESTS_PREFIX + name, 0) + int(str(amount))
+    return amounts
+
+
+def admissions(
+    claims: Sequence[tuple[Mapping[str, Any], Claim]],
+    workloads: Sequence[Mapping[str, Any]],
+    extended: Mapping[str, str],
+    *,
+    namespace: str = "default",
+    extended_resources: bool = True,
+) -> list[Admission]:
+    """Everything quota admission sees when the input is applied, in order: the claims as given,
+    then per workload and pod the claims from its templates and its extended-resource pod and
+    claim. Objects without a namespace are in `namespace`. A template no workload names counts
+    as one claim."""
+
+    def usage(claim: Claim) -> dict[str, int]:
+        return claim_usage(claim, extended, extended_resources=extended_resources)
+
+    out: list[Admission] = []
+    templates: dict[tuple[str, str], Claim] = {}
+    for obj, claim in claims:
+        ns, name = _ref(obj, namespace)
+        if claim.kind == "ResourceClaimTemplate":
+            templates[(ns, name)] = claim
+        else:
+            out.append(Admission("ResourceClaim", ns, name, f"ResourceClaim {ns}/{name}", usage(claim)))
+    named: set[tuple[str, str]] = set()
+    by_resource = {resource: cls for cls, resource in extended.items()} if extended_resources else {}
+    for obj in workloads:
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        ns, name = _ref(obj, namespace)
+        amounts = _extended_amounts(spec, by_resource)
+        for pod in range(_replicas(obj)):
+            pod_name = name if obj.get("kind") == "Pod" else f"{name}-{pod}"
+            where = f"{obj.get('kind')} {ns}/{name}" + (
+                "" if obj.get("kind") == "Pod" else f", pod {pod + 1}"
+            )
+            for entry in spec.get("resourceClaims") or []:
+                template = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+                if (ns, template) in templates:
+                    named.add((ns, str(template)))
+                    claim_name = f"{pod_name}-{entry.get('name')}"
+                    out.append(
+                        Admission(
+                            "ResourceClaim", ns, claim_name, f"{where}, claim {entry.get('name')}",
+                            usage(templates[(ns, str(template))]),
+                        )
+                    )  # fmt: skip
+            if amounts:
+                out.append(Admission("Pod", ns, pod_name, where, amounts))
+                devices: dict[str, int] = {CLAIM_COUNT: 1}
+                for key, count in amounts.items():
+                    cls = by_resource[key.removeprefix(REQUESTS_PREFIX)]
+                    devices[devices_name(cls)] = devices.get(devices_name(cls), 0) + count
+                    devices[IMPLICIT_PREFIX + cls] = devices.get(IMPLICIT_PREFIX + cls, 0) + count
+                claim_name = f"{pod_name}-extended-resources"
+                source = f"{where}, extended resources"
+                out.append(Admission("ResourceClaim", ns, claim_name, source, devices, after_pod=pod_name))
+    for (ns, name), claim in templates.items():
+        if (ns, name) not in named:
+            out.append(
+                Admission(
+                    "ResourceClaim", ns, name, f"ResourceClaimTemplate {ns}/{name} (one pod)", usage(claim)
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """An admission and the quotas refusing it (none: admitted)."""
+
+    admission: Admission
+    refusals: tuple[Refusal, ...]
+
+    def messages(self) -> list[str]:
+        """The API server's error for each refusal (it reports one of them)."""
+        return [r.forbidden(self.admission.name, self.admission.resource) for r in self.refusals]
+
+
+def check(ledger: QuotaLedger, planned: Sequence[Admission]) -> list[Outcome]:
+    """Admit the planned objects one by one; a refused one is not charged, and the claim of a
+    refused pod is never made."""
+    outcomes: list[Outcome] = []
+    refused_pods: set[tuple[str, str]] = set()
+    for a in planned:
+        if a.after_pod and (a.namespace, a.after_pod) in refused_pods:
+            continue
+        outcome = Outcome(a, tuple(ledger.admit(a.namespace, a.usage)))
+        if outcome.refusals and a.kind == "Pod":
+            refused_pods.add((a.namespace, a.name))
+        outcomes.append(outcome)
+    return outcomes
