@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from dradriver.cli import main
 from dradriver.kube import ApiError, KubeClient, load_client
 from dradriver.offline.allocation.model import parse_claim
 from dradriver.offline.quota import (
@@ -34,6 +36,7 @@ from tests.deploy.manifests import REPO, load_documents
 from tests.e2e.cluster import ControlPlane, missing_binaries, node_ip
 from tests.e2e.processes import Component, free_port, wait_until
 from tests.e2e.realcluster import BIN_ENV
+from tests.offline.migrate.test_quota import DEVICE_PLUGIN_QUOTA
 
 pytestmark = pytest.mark.cluster
 
@@ -192,8 +195,11 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     assert 0 < refused < compared, "the generated cases should both admit and refuse"
 
 
-def test_quota_examples_and_classes_are_accepted(api: KubeClient) -> None:
-    """The API server accepts every example quota and optional class as written."""
+def test_quota_examples_classes_and_a_migrated_quota_are_accepted(
+    api: KubeClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server accepts every example quota and optional class as written, and what
+    `dradriver migrate` makes of a device-plugin quota."""
     api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": "team-a"}})  # fmt: skip
     for path in sorted((REPO / "examples/quotas").glob("*.yaml")):
@@ -203,3 +209,8 @@ def test_quota_examples_and_classes_are_accepted(api: KubeClient) -> None:
     for path in sorted((REPO / "deviceclasses/quota").glob("*.yaml")):
         for cls in load_documents(path):
             api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=cls)
+    source = tmp_path / "device-plugin-quota.yaml"
+    source.write_text(yaml.safe_dump(DEVICE_PLUGIN_QUOTA))
+    assert main(["migrate", str(source), "-o", "json"]) == 0
+    [migrated] = json.loads(capsys.readouterr().out)["files"][0]["objects"][0]["outputs"]
+    api.request("POST", "/api/v1/namespaces/team-a/resourcequotas", body=migrated)
