@@ -99,7 +99,7 @@ def test_the_api_server_refuses_what_dry_run_said_with_its_message(
     predicted = json.loads(capsys.readouterr().out)["quota"]["objects"]
     assert [o["admitted"] for o in predicted] == [True, True, False, True, False]
 
-    answers = []
+    answers: list[str | None] = []
     for body, ours in zip(claims, predicted, strict=True):
         try:
             api.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body=body)
