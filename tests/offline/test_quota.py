@@ -14,6 +14,7 @@ from dradriver.offline.allocation.model import parse_claim
 from dradriver.offline.quota import (
     CLAIM_COUNT,
     IMPLICIT_PREFIX,
+    MAX_PODS,
     QuotaInputError,
     QuotaLedger,
     admissions,
@@ -154,6 +155,21 @@ def test_a_workload_makes_a_claim_per_pod_and_template_and_a_refused_pod_makes_n
     assert ("ResourceClaim", "train-1-extended-resources") not in [
         (o.admission.kind, o.admission.name) for o in outcomes
     ]
+
+
+def test_a_workload_of_a_billion_replicas_is_checked_for_its_first_thousand_pods() -> None:
+    template = claim(exactly(), name="one", kind="ResourceClaimTemplate")
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "huge", "namespace": "team-a"},
+        "spec": {
+            "replicas": 10**9,
+            "template": {"spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one"}]}},
+        },
+    }
+    planned = admissions([(template, parse_claim(template))], [deployment], {})
+    assert len(planned) == MAX_PODS
 
 
 def write(tmp_path: Path, name: str, *objects: dict[str, Any]) -> str:

@@ -97,6 +97,8 @@ def check_quotas(
 ) -> list[Outcome] | None:
     """The outcome of every claim and pod the input creates; None when no quota was asked for
     (no --resource-quota, no `client` to read the cluster's)."""
+    if not args.resource_quotas and client is None:
+        return None
     extended = extended_names(class_docs)
     gate = _common.gates_of(args)["DRAExtendedResource"]
     claims = []
@@ -110,13 +112,11 @@ def check_quotas(
     )
     if args.resource_quotas:
         quotas = _parse(read_objects(args.resource_quotas, ["ResourceQuota"], "--resource-quota"))
-    elif client is not None:
+    else:
         found = _cluster_quotas(client, sorted({a.namespace for a in planned}))
         if found is None:
             return None
         quotas = found
-    else:
-        return None
     return check(QuotaLedger(quotas, extended, extended_resources=gate), planned)
 
 

@@ -303,6 +303,9 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+#: Pods of one workload checked at most: all pods of a workload count alike, and a bound keeps a
+#: manifest asking a million replicas from taking a million steps.
+MAX_PODS = 1000
 #: The field saying how many pods a workload runs at once.
 _REPLICAS = {
     "Job": "parallelism",
@@ -313,14 +316,16 @@ _REPLICAS = {
 
 
 def _replicas(obj: Mapping[str, Any]) -> int:
-    """Pods a workload runs at once: replicas, a Job's parallelism; one for a Pod or a DaemonSet
-    (one per node: checked as one)."""
+    """Pods a workload runs at once (at most MAX_PODS): replicas, a Job's parallelism; one for a
+    Pod or a DaemonSet (one per node: checked as one)."""
     kind = str(obj.get("kind"))
     spec = _mapping(obj.get("spec"))
     if kind == "CronJob":
         spec, kind = _mapping(_mapping(spec.get("jobTemplate")).get("spec")), "Job"
     value = spec.get(_REPLICAS[kind]) if kind in _REPLICAS else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 1
+    return min(value, MAX_PODS)
 
 
 def _ref(obj: Mapping[str, Any], namespace: str) -> tuple[str, str]:
