@@ -25,7 +25,7 @@ DEVICE_PLUGIN_QUOTA = {
             "requests.nvidia.com/gpu": 4,
             "limits.nvidia.com/gpu": "4",
             "requests.nvidia.com/mig-1g.10gb": "8",
-            "requests.nvidia.com/mig-1g.10gb+me": "1",
+            "requests.nvidia.com/mig-1g.18gb": "1",
         }
     },
 }
@@ -68,7 +68,9 @@ def test_a_gpu_cap_caps_the_gpu_class_and_closes_every_other(
         n: "4" if n == "gpu.dradriver.dev" else "0" for n in full_gpu
     }
     assert hard[devices_name("mig-1g.10gb.gpu.dradriver.dev")] == "8"
-    assert hard[devices_name("mig.gpu.dradriver.dev")] == "9", "the profiles' total, +me included"
+    assert hard[devices_name("mig.gpu.dradriver.dev")] == "9", (
+        "the profiles' total, 1g.18gb (no class of its own) included"
+    )
     assert hard["requests.cpu"] == "64"
     assert hard["requests.nvidia.com/gpu"] == 4
     assert "limits.nvidia.com/gpu" not in hard
