@@ -12,8 +12,9 @@ quota entries a claim is checked against and the message it is refused with):
   `requests.deviceclass.resource.kubernetes.io/<class>` and, when the class has an
   `extendedResourceName`, as `requests.<that name>`.
 
-A claim is refused by the first quota of its namespace whose limit the new total would exceed;
-it then counts against none. Admitted, it counts against every quota naming what it uses.
+A claim is refused when its new total would exceed a limit of any quota of its namespace (the API
+server names the first it finds); it then counts against none. Admitted, it counts against every
+quota naming what it uses.
 """
 
 from __future__ import annotations
