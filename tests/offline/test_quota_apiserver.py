@@ -1,10 +1,13 @@
 """Our ResourceQuota counting against the real API server's, on generated quotas and claims.
 
-A real kube-apiserver (ResourceQuota admission) and kube-controller-manager (its quota controller
-fills each quota's status, which admission needs) from DRADRIVER_E2E_BIN, nothing else: no
-kubelet, no machine lock. Each generated case gets a namespace, one or two quotas over the
-entries a claim counts against, and a sequence of claims; every claim is created for real and the
-API server's answer (created, or refused with its message) compared with `QuotaLedger.admit`.
+A real kube-apiserver (ResourceQuota admission) and kube-controller-manager from
+DRADRIVER_E2E_BIN, nothing else: no scheduler, no kubelet, no machine lock. Its quota controller
+fills each quota's status (which admission needs); its deployment, replicaset and resourceclaim
+controllers turn a Deployment into pods and their pods' templates into claims. Each generated
+case gets a namespace and one or two quotas over the entries a claim counts against; then either
+a sequence of claims, each created for real and the API server's answer (created, or refused with
+its message) compared with `QuotaLedger.admit`, or a Deployment whose pods' claims are compared
+with what `admissions` and `check` say of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dradriver.offline.quota import (
     CLAIM_COUNT,
     IMPLICIT_PREFIX,
     QuotaLedger,
+    admissions,
+    check,
     claim_usage,
     devices_name,
     parse_resource_quota,
@@ -56,13 +61,13 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClient]:
     plane = ControlPlane(Path(bin_dir), work, node_ip(), beta_resource_apis=False)
     try:
         plane.start()
-        # The quota controller alone: it writes status.hard and status.used, which admission reads.
         manager = Component(
             "kube-controller-manager",
             [
                 str(Path(bin_dir) / "kube-controller-manager"),
                 f"--kubeconfig={plane.admin_kubeconfig}",
-                "--controllers=resourcequota",
+                "--controllers=resourcequota,deployment-controller,replicaset-controller,"
+                "resourceclaim-controller",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
@@ -149,6 +154,18 @@ def _ready_quotas(api: KubeClient, namespace: str, count: int) -> list[dict[str,
     return [{**q, "kind": "ResourceQuota"} for q in found]
 
 
+def _namespace(api: KubeClient, name: str, quotas: list[dict[str, Any]]) -> QuotaLedger:
+    """A namespace with the quotas (and the default ServiceAccount pods need), once their status
+    is there; the ledger of those quotas as the API server has them."""
+    api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": name}})  # fmt: skip
+    api.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", body={"apiVersion": "v1",
+                "kind": "ServiceAccount", "metadata": {"name": "default"}})  # fmt: skip
+    for quota in quotas:
+        api.request("POST", f"/api/v1/namespaces/{name}/resourcequotas", body=quota)
+    return QuotaLedger([parse_resource_quota(q) for q in _ready_quotas(api, name, len(quotas))], EXTENDED)
+
+
 def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     rng = random.Random(SEED)
     compared = refused = 0
@@ -157,13 +174,7 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     for case in range(CASES):
         quotas, claims = _case(rng)
         namespace = f"quota-case-{case}"
-        api.request("POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": namespace}})  # fmt: skip
-        for quota in quotas:
-            api.request("POST", f"/api/v1/namespaces/{namespace}/resourcequotas", body=quota)
-        ledger = QuotaLedger(
-            [parse_resource_quota(q) for q in _ready_quotas(api, namespace, len(quotas))], EXTENDED
-        )
+        ledger = _namespace(api, namespace, quotas)
         for claim in claims:
             claim["metadata"]["namespace"] = namespace
             refusals = ledger.admit(namespace, claim_usage(parse_claim(claim), EXTENDED))
@@ -193,6 +204,89 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     )
     assert disagreements == []
     assert 0 < refused < compared, "the generated cases should both admit and refuse"
+
+
+WORKLOAD_CASES = 20
+REFUSED = "FailedResourceClaimCreation"
+
+
+def _settled(api: KubeClient, namespace: str, replicas: int) -> tuple[int, list[str]] | None:
+    """(pods with their claim, the refusal messages of the others) once every pod has one or the
+    other; None before."""
+    pods = api.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+    events = api.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+    refused = {e["involvedObject"]["name"]: e["message"] for e in events if e.get("reason") == REFUSED}
+    claimed = [p for p in pods if (p.get("status") or {}).get("resourceClaimStatuses")]
+    others = [p["metadata"]["name"] for p in pods if p not in claimed]
+    if len(pods) != replicas or any(name not in refused for name in others):
+        return None
+    return len(claimed), [refused[name] for name in others]
+
+
+def test_workloads_agree_with_the_api_server(api: KubeClient) -> None:
+    """A Deployment's pods each get a claim from its template, or are refused one (an event with
+    the API server's message): as many as `check` admits, refused with one of its messages."""
+    rng = random.Random(SEED + 1)
+    pods = refused_pods = 0
+    disagreements: list[str] = []
+    for case in range(WORKLOAD_CASES):
+        quotas, _ = _case(rng)
+        namespace = f"quota-workload-{case}"
+        ledger = _namespace(api, namespace, quotas)
+        template = {**_claim(rng, "template"), "kind": "ResourceClaimTemplate"}
+        template["spec"] = {"spec": template["spec"]}
+        replicas = rng.randint(1, 4)
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "work", "namespace": namespace},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "work"}},
+                "template": {
+                    "metadata": {"labels": {"app": "work"}},
+                    "spec": {
+                        "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": "template"}],
+                        "containers": [
+                            {"name": "c", "image": "none", "resources": {"claims": [{"name": "devices"}]}}
+                        ],
+                    },
+                },
+            },
+        }
+        template["metadata"]["namespace"] = namespace
+        outcomes = check(ledger, admissions([(template, parse_claim(template))], [deployment], EXTENDED))
+        ours_admitted = sum(1 for o in outcomes if not o.refusals)
+        ours = {r.message for o in outcomes for r in o.refusals}
+        api.request(
+            "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", body=template
+        )
+        api.request("POST", f"/apis/apps/v1/namespaces/{namespace}/deployments", body=deployment)
+        found: tuple[int, list[str]] | None = None
+
+        def settled(ns: str = namespace, count: int = replicas) -> bool:
+            nonlocal found
+            found = _settled(api, ns, count)
+            return found is not None
+
+        wait_until(settled, 60, f"the pods of {namespace} to get or be refused their claims")
+        assert found is not None
+        admitted, messages = found
+        theirs = {m.split(" is forbidden: ", 1)[1] for m in messages}
+        pods += replicas
+        refused_pods += len(messages)
+        if admitted != ours_admitted or not theirs <= ours:
+            disagreements.append(
+                f"{namespace}: quotas {json.dumps([q['spec']['hard'] for q in quotas])}, "
+                f"{replicas} x {json.dumps(template['spec'])}: API server: {admitted} admitted, {theirs}; "
+                f"ours: {ours_admitted}, {ours}"
+            )
+        with contextlib.suppress(ApiError):
+            api.request("DELETE", f"/api/v1/namespaces/{namespace}")
+    print(f"\nworkload agreement: {WORKLOAD_CASES - len(disagreements)}/{WORKLOAD_CASES} Deployments, "
+          f"{pods} pods ({refused_pods} refused their claim)")  # fmt: skip
+    assert disagreements == []
+    assert 0 < refused_pods < pods, "the generated cases should both admit and refuse"
 
 
 def test_quota_examples_classes_and_a_migrated_quota_are_accepted(
