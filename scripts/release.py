@@ -9,6 +9,7 @@
       deploy-fake.yaml                         ... deploy/overlays/fake
       deploy-gpu-operator.yaml                 ... deploy/overlays/gpu-operator
       deviceclasses.yaml                       every DeviceClass of deviceclasses/
+      deviceclasses-quota.yaml                 the optional ones of deviceclasses/quota/
       release.json                             version, commit, image reference and digest, file names
       SHA256SUMS                               `sha256sum -c SHA256SUMS`
 
@@ -47,6 +48,7 @@ KUSTOMIZATIONS = {
     "overlays/gpu-operator": "deploy-gpu-operator.yaml",
 }
 DEVICECLASSES = "deviceclasses.yaml"
+QUOTA_DEVICECLASSES = "deviceclasses-quota.yaml"
 
 
 class ReleaseError(Exception):
@@ -133,8 +135,8 @@ def render(kustomization: str, reference: str, digest: str, work: Path) -> str:
     return done.stdout
 
 
-def device_classes() -> str:
-    files = sorted((REPO / "deviceclasses").glob("*.yaml"))
+def device_classes(directory: str = "deviceclasses") -> str:
+    files = sorted((REPO / directory).glob("*.yaml"))
     return "---\n".join(path.read_text() for path in files)
 
 
@@ -167,6 +169,7 @@ def release(wanted: str, out: Path) -> Path:
         for kustomization, file in KUSTOMIZATIONS.items():
             (out / file).write_text(render(kustomization, reference, digest, Path(work)))
     (out / DEVICECLASSES).write_text(device_classes())
+    (out / QUOTA_DEVICECLASSES).write_text(device_classes("deviceclasses/quota"))
     shutil.copyfile(LOCK, out / LOCK.name)
     buildinfo = json.loads(wheel_member(wheel, "dradriver/_build.json"))
     if buildinfo["tree_state"] != "clean":
@@ -189,6 +192,7 @@ def release(wanted: str, out: Path) -> Path:
         "lock": LOCK.name,
         "manifests": KUSTOMIZATIONS,
         "deviceClasses": DEVICECLASSES,
+        "quotaDeviceClasses": QUOTA_DEVICECLASSES,
     }
     (out / "release.json").write_text(json.dumps(manifest, indent=2) + "\n")
     files = sorted(p for p in out.iterdir() if p.is_file())

@@ -22,7 +22,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DEVICECLASSES = REPO / "deviceclasses"
+QUOTA_DEVICECLASSES_DIR = DEVICECLASSES / "quota"
 EXAMPLES = REPO / "examples" / "claims"
+QUOTA_EXAMPLES = REPO / "examples" / "quotas"
 
 #: Kustomizations an operator can apply, relative to deploy/.
 KUSTOMIZATIONS = ("base", "overlays/fake", "overlays/gpu-operator")
@@ -86,18 +88,18 @@ def load_documents(path: Path) -> list[Manifest]:
         return [doc for doc in yaml.safe_load_all(f) if doc]
 
 
-def deviceclass_files() -> list[Path]:
-    return sorted(DEVICECLASSES.glob("*.yaml"))
+def deviceclass_files(directory: Path = DEVICECLASSES) -> list[Path]:
+    return sorted(directory.glob("*.yaml"))
 
 
 def example_files() -> list[Path]:
     return sorted(EXAMPLES.glob("*.yaml"))
 
 
-def deviceclasses() -> dict[str, Manifest]:
-    """DeviceClass name -> object, over every file in deviceclasses/."""
+def deviceclasses(directory: Path = DEVICECLASSES) -> dict[str, Manifest]:
+    """DeviceClass name -> object, over every file in deviceclasses/ (or deviceclasses/quota/)."""
     classes: dict[str, Manifest] = {}
-    for path in deviceclass_files():
+    for path in deviceclass_files(directory):
         for doc in load_documents(path):
             assert doc["kind"] == "DeviceClass", f"{path.name}: unexpected {doc['kind']}"
             name = doc["metadata"]["name"]

@@ -288,7 +288,8 @@ def add_output_flag(parser: argparse.ArgumentParser, default: str = "table") -> 
 
 
 # Kubernetes feature gates whose semantics the local CEL evaluation follows (defaults: 1.36).
-FEATURE_GATES = {"DRAListTypeAttributes": False}
+#: The gates whose effect dradriver's offline tools reproduce, at their Kubernetes 1.36 defaults.
+FEATURE_GATES = {"DRAExtendedResource": True, "DRAListTypeAttributes": False}
 
 
 def feature_gates(text: str) -> dict[str, bool]:

@@ -29,7 +29,8 @@ COMMAND = _common.Command(
     description=(
         "Rewrite DeviceClasses, ResourceClaims, ResourceClaimTemplates and workloads written for\n"
         "NVIDIA's GPU DRA driver, or for the NVIDIA device plugin (nvidia.com/gpu and\n"
-        "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors), for dradriver.\n"
+        "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors, ResourceQuotas of\n"
+        "requests.nvidia.com/gpu and requests.nvidia.com/mig-<profile>), for dradriver.\n"
         "Every change is explained in a comment (-o json: a report). Whatever has no equivalent\n"
         "is printed as FILE:DOC: OBJECT: FIELD: MESSAGE, and its file is not written.\n"
         "Exit status: 0 migrated, 2 problems or unreadable input."
@@ -94,10 +95,20 @@ def _read(paths: list[str]) -> list[_Input]:
     return inputs
 
 
+def _shipped_classes() -> list[Any]:
+    """dradriver's DeviceClasses, which migrated ResourceQuotas name."""
+    from dradriver import data
+    from dradriver.cli._dra_inputs import ClassDirectory
+
+    directories = ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES))
+    return [doc.obj for doc in directories.device_classes()]
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.offline.migrate import describe, migrate
 
     inputs = _read(args.paths)
+    shipped = _shipped_classes()
     results = []
     for item in inputs:
         # Objects are translated per file: a file is the unit an operator applies together.
@@ -106,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
             doc for doc in item.documents if not (doc.obj.get("apiVersion") and doc.obj.get("kind"))
         ]
         migrations = migrate(
-            [o for o in objects if o.get("apiVersion") and o.get("kind")], driver=args.driver_name
+            [o for o in objects if o.get("apiVersion") and o.get("kind")],
+            driver=args.driver_name,
+            shipped=shipped,
         )
         results.append((item, [d for d in item.documents if d not in not_objects], migrations, not_objects))
     problems = 0

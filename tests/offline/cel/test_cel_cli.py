@@ -154,7 +154,7 @@ def test_cel_eval_list_attributes_follow_the_feature_gate(cache_home: Path, tmp_
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
         "dradriver cel eval: error: argument --feature-gates: unknown feature gate 'DRAListTypes' "
-        "(dradriver follows: DRAListTypeAttributes) (see 'dradriver cel eval --help')"
+        "(dradriver follows: DRAExtendedResource, DRAListTypeAttributes) (see 'dradriver cel eval --help')"
     ]
 
 
