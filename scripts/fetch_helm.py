@@ -126,7 +126,9 @@ def fetch(cache: Path | None = None) -> Tools:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, help="cache directory (default: $DRADRIVER_TOOLS_CACHE or build/tools)")
+    parser.add_argument(
+        "--cache", type=Path, help="cache directory (default: $DRADRIVER_TOOLS_CACHE or build/tools)"
+    )
     args = parser.parse_args()
     try:
         tools = fetch(args.cache)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dradriver.cli import build_parser
 from scripts.fetch_helm import FetchError, fetch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ def stderr_lines(stderr: str) -> str:
 
 
 def is_test_hook(manifest: Manifest) -> bool:
-    return manifest["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
+    return bool(manifest["metadata"].get("annotations", {}).get("helm.sh/hook") == "test")
 
 
 def by_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
@@ -123,3 +124,13 @@ def plugin_container(objects: list[Manifest]) -> Manifest:
 def env_of(objects: list[Manifest]) -> dict[str, str]:
     """The plugin container's plain-value env vars."""
     return {e["name"]: e["value"] for e in plugin_container(objects)["env"] if "value" in e}
+
+
+def serve_args(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What `dradriver serve` parses from these env vars (and no others of ours)."""
+    for name in os.environ:
+        if name.startswith("DRADRIVER_") or name == "NODE_NAME":
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return vars(build_parser().parse_args(["serve"]))

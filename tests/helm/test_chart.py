@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import pytest
 import yaml
 
-from dradriver.cli import build_parser
 from dradriver.health.config import load_health_config
 from tests.deploy.manifests import KUBERNETES_VERSIONS
 from tests.deploy.test_schemas import validate
@@ -31,6 +28,7 @@ from tests.helm.chart import (
     plugin_container,
     render,
     render_error,
+    serve_args,
 )
 
 COMBINATIONS = [None, *CI_VALUES]
@@ -60,16 +58,6 @@ def pod_spec(objects: list[Manifest]) -> Manifest:
 def host_path(objects: list[Manifest], volume: str) -> str | None:
     volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
     return str(volumes[volume]["hostPath"]["path"]) if volume in volumes else None
-
-
-def serve_args(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What `dradriver serve` parses from these env vars (and no others of ours)."""
-    for name in os.environ:
-        if name.startswith("DRADRIVER_") or name == "NODE_NAME":
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return vars(build_parser().parse_args(["serve"]))
 
 
 @pytest.mark.parametrize("values", COMBINATIONS, ids=combination_id)
@@ -103,7 +91,11 @@ def test_volumes_mounts_and_paths_agree(values: Path | None, monkeypatch: pytest
     mounts = {m["name"]: m["mountPath"] for m in plugin_container(objects)["volumeMounts"]}
     assert set(mounts) == {v["name"] for v in spec["volumes"]}
     args = serve_args(env_of(objects), monkeypatch)
-    assert mounts["plugins-registry"] == str(args["kubelet_registry_dir"]) == host_path(objects, "plugins-registry")
+    assert (
+        mounts["plugins-registry"]
+        == str(args["kubelet_registry_dir"])
+        == host_path(objects, "plugins-registry")
+    )
     plugin_dir = str(PurePosixPath(args["kubelet_plugins_dir"]) / args["driver_name"])
     assert mounts["plugin-data"] == plugin_dir == host_path(objects, "plugin-data")
     assert mounts["cdi"] == str(args["cdi_dir"]) == host_path(objects, "cdi")
@@ -136,9 +128,11 @@ def test_fake_layout_runs_unprivileged_on_every_node_without_host_paths() -> Non
     env = env_of(objects)
     assert env["DRADRIVER_FAKE_GPUS"] == "t4x4"
     assert not {"DRADRIVER_DRIVER_ROOT", "DRADRIVER_DRIVER_ROOT_MOUNT", "DRADRIVER_HOST_DEV"} & set(env)
-    assert host_path(objects, "driver-root") is None and host_path(objects, "host-dev") is None
+    assert host_path(objects, "driver-root") is None
+    assert host_path(objects, "host-dev") is None
     context = plugin_container(objects)["securityContext"]
-    assert context["privileged"] is False and context["capabilities"] == {"drop": ["ALL"]}
+    assert context["privileged"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
     assert "affinity" not in pod_spec(objects)
 
 
@@ -147,9 +141,11 @@ def test_all_options_reach_serve_and_the_objects(monkeypatch: pytest.MonkeyPatch
     objects = render(None, values_file("all-options"))
     args = serve_args(env_of(objects), monkeypatch)
     assert (args["log_format"], args["verbosity"], args["partitionable"]) == ("console", 4, True)
-    assert args["gpu_shares"] == "mps:0,1" and args["gpu_share_count"] == 8
+    assert args["gpu_shares"] == "mps:0,1"
+    assert args["gpu_share_count"] == 8
     assert (args["rescan_interval"], args["stale_claim_grace"], args["shutdown_grace"]) == (60, 600, 15)
-    assert args["metrics_tenant_labels"] is False and args["telemetry_interval"] == 10
+    assert args["metrics_tenant_labels"] is False
+    assert args["telemetry_interval"] == 10
     assert (args["idle_threshold"], args["idle_window"]) == (5, 1800)
     assert args["require_admission_policy"] is True
     assert env_of(objects)["TZ"] == "UTC"
@@ -167,7 +163,9 @@ def test_all_options_reach_serve_and_the_objects(monkeypatch: pytest.MonkeyPatch
     health_file = tmp_path / "health.yaml"
     health_file.write_text(config_map["data"]["health.yaml"])
     assert load_health_config(health_file).taint_effect == "NoExecute"
-    assert "checksum/health-config" in only(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        "checksum/health-config" in only(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    )
 
     # Idle claims: Events in every namespace, as deploy/components/idle-events grants.
     assert any(r["metadata"]["name"].endswith("-idle-events") for r in by_kind(objects, "ClusterRoleBinding"))
@@ -183,7 +181,14 @@ def test_all_options_reach_serve_and_the_objects(monkeypatch: pytest.MonkeyPatch
 
 def test_minimal_renders_the_plugin_and_its_access_only() -> None:
     kinds = sorted(o["kind"] for o in render(None, values_file("minimal"), tests=True))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
     assert "priorityClassName" not in pod_spec(render(None, values_file("minimal")))
 
 
@@ -223,7 +228,11 @@ def test_smoke_test_is_a_helm_test_hook_claiming_one_gpu() -> None:
         ({"driverName": "GPU.Example.com"}, "/driverName", "does not match pattern"),
         ({"serve": {"gpuShares": {"enforcement": "mig"}}}, "/serve/gpuShares/enforcement", "must be one of"),
         ({"serve": {"idleThreshold": 5}}, "/serve", "missing property 'idleWindow'"),
-        ({"serve": {"idleThreshold": 5, "idleWindow": 60, "telemetryInterval": 0}}, "/serve/telemetryInterval", ""),
+        (
+            {"serve": {"idleThreshold": 5, "idleWindow": 60, "telemetryInterval": 0}},
+            "/serve/telemetryInterval",
+            "",
+        ),
         ({"serve": {"rescanInterval": -1}}, "/serve/rescanInterval", "minimum"),
         ({"kubelet": {"rootDir": "var/lib/kubelet"}}, "/kubelet/rootDir", "does not match pattern"),
         ({"metrics": {"port": 0}}, "/metrics/port", "minimum"),
@@ -236,12 +245,14 @@ def test_schema_refuses_a_wrong_value_naming_it(values: Manifest, field: str, me
     failure = render_error(values)
     assert failure.code == 1
     assert "values don't meet the specifications of the schema" in failure.errors
-    assert f"at '{field}'" in failure.errors and message in failure.errors, failure.errors
+    assert f"at '{field}'" in failure.errors, failure.errors
+    assert message in failure.errors, failure.errors
 
 
 def test_lint_strict_refuses_what_the_schema_refuses() -> None:
     done = helm("lint", "--strict", str(CHART), "--set", "serve.verbosity=high")
-    assert done.returncode == 1 and "at '/serve/verbosity'" in done.stdout + done.stderr
+    assert done.returncode == 1
+    assert "at '/serve/verbosity'" in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
