@@ -71,8 +71,10 @@ class Failure:
     errors: str
 
 
-def template_args(values: Manifest | None, files: tuple[Path, ...], namespace: str) -> list[str]:
-    args = ["template", RELEASE, str(CHART), "--namespace", namespace]
+def template_args(
+    values: Manifest | None, files: tuple[Path, ...], namespace: str, chart: Path = CHART
+) -> list[str]:
+    args = ["template", RELEASE, str(chart), "--namespace", namespace]
     for path in files:
         args += ["--values", str(path)]
     for key, value in (values or {}).items():  # merged into the defaults, as a values file is
@@ -81,10 +83,15 @@ def template_args(values: Manifest | None, files: tuple[Path, ...], namespace: s
 
 
 def render(
-    values: Manifest | None = None, *files: Path, namespace: str = NAMESPACE, tests: bool = False
+    values: Manifest | None = None,
+    *files: Path,
+    namespace: str = NAMESPACE,
+    tests: bool = False,
+    chart: Path = CHART,
 ) -> list[Manifest]:
-    """The objects `helm template` renders; the `helm test` hooks only with `tests`."""
-    done = helm(*template_args(values, files, namespace))
+    """The objects `helm template` renders of the chart (or a packaged one); the `helm test`
+    hooks only with `tests`."""
+    done = helm(*template_args(values, files, namespace, chart))
     assert done.returncode == 0, f"helm template failed:\n{stderr_lines(done.stderr)}"
     objects = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
     return [o for o in objects if tests or not is_test_hook(o)]
