@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.build_image import IMAGE_REPOSITORY, LOCK, REPO, image_reference, source_date_epoch, version
-from scripts.fetch_helm import FetchError, fetch
+from scripts.fetch_helm import HELM_ENV, FetchError, helm_path
 
 #: Kustomization (under deploy/) -> the file its rendering is written to.
 KUSTOMIZATIONS = {
@@ -51,8 +51,6 @@ KUSTOMIZATIONS = {
 }
 DEVICECLASSES = "deviceclasses.yaml"
 CHART = REPO / "deploy/helm/dradriver"
-#: A helm binary to use instead of the one scripts/fetch_helm.py fetches.
-HELM_ENV = "DRADRIVER_HELM"
 
 
 class ReleaseError(Exception):
@@ -145,11 +143,8 @@ def render(kustomization: str, reference: str, digest: str, work: Path) -> str:
 
 
 def helm() -> str:
-    given = os.environ.get(HELM_ENV)
-    if given:
-        return given
     try:
-        return str(fetch().helm)
+        return helm_path()
     except (FetchError, OSError) as err:
         raise ReleaseError(f"no helm to package the chart with ({HELM_ENV} unset): {err}") from None
 

@@ -90,7 +90,6 @@ def test_install_test_upgrade_rollback_uninstall(
         old_pod = deployment.pod()
         stream = PodStream(client, interval=1.0)
         stream.start()
-        most_plugin_pods = 1
         try:
             wait(lambda: len(stream.names) >= 3, 60, "the stream to get going")
             started = time.monotonic()
@@ -100,28 +99,13 @@ def test_install_test_upgrade_rollback_uninstall(
                 *("--set", f"image.tag={UPGRADE_TAG}", "--set", "image.digest="),
             )
 
-            def rolled() -> bool:
-                nonlocal most_plugin_pods
-                pods = deployment.pods()
-                most_plugin_pods = max(most_plugin_pods, len(pods))
-                return (
-                    len(pods) == 1
-                    and pods[0]["metadata"]["name"] != old_pod
-                    and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
-                )
-
-            wait(rolled, 180, "the new plugin pod serving and the old one gone", interval=0.1)
+            most_plugin_pods = deployment.wait_replaced(old_pod)
             upgraded_after = time.monotonic() - started
             count = len(stream.names)
             wait(lambda: len(stream.names) >= count + 3, 60, "the stream to go on after the upgrade")
         finally:
             stream.stop()
-        wait(lambda: all(phase(client, n) == "Succeeded" for n in stream.names), 240, "every stream pod done")
-        failed = real_cluster.get_json(
-            "events", "-n", "default", "--field-selector", "reason=FailedPrepareDynamicResources"
-        )["items"]
-        assert isinstance(failed, list)
-        assert failed == [], [e["message"] for e in failed]
+        stream.assert_all_prepared(real_cluster)
         assert most_plugin_pods == 2, "the upgrade did not surge"
         assert plugin_image(real_cluster) == f"{IMAGE_REPOSITORY}:{UPGRADE_TAG}"
         keeper = client.request("GET", "/api/v1/namespaces/default/pods/single-gpu")

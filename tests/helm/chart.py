@@ -16,14 +16,12 @@ import pytest
 import yaml
 
 from dradriver.cli import build_parser
-from scripts.fetch_helm import FetchError, fetch
+from scripts.fetch_helm import HELM_ENV, FetchError, helm_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "dradriver"
 #: The documented values combinations (chart-testing's convention): each is linted and rendered.
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-#: A helm binary to use instead of the one scripts/fetch_helm.py fetches.
-HELM_ENV = "DRADRIVER_HELM"
 #: The release name and namespace that give deploy/'s object names.
 RELEASE = "dradriver"
 NAMESPACE = "dradriver"
@@ -33,11 +31,8 @@ Manifest = dict[str, Any]
 
 @functools.cache
 def helm_binary() -> str:
-    given = os.environ.get(HELM_ENV)
-    if given:
-        return given
     try:
-        return str(fetch().helm)
+        return helm_path()
     except (FetchError, OSError) as err:
         pytest.skip(f"helm not available ({HELM_ENV} unset and scripts/fetch_helm.py failed: {err})")
 
