@@ -69,14 +69,18 @@ def cell(text: str) -> str:
 
 
 def rows(node: dict[str, Any], values: Any, prefix: str) -> Iterator[str]:
-    """One table row a value; objects with named properties are walked into."""
+    """One table row a value; objects with named properties are walked into, unless values.yaml
+    leaves them empty (serve.healthConfig: one row naming its settings)."""
     for name, child in node.get("properties", {}).items():
         path = f"{prefix}.{name}" if prefix else name
         default = values.get(name) if isinstance(values, dict) else None
-        if child.get("type") == "object" and "properties" in child:
+        settings = child.get("properties", {})
+        if child.get("type") == "object" and settings and default != {}:
             yield from rows(child, default, path)
             continue
         description = cell(child.get("description", ""))
+        if settings:  # a map values.yaml leaves empty, with a schema of its own
+            description += " Settings: " + ", ".join(f"`{key}`" for key in settings) + "."
         yield f"| `{path}` | {cell(schema_type(child))} | {default_text(default)} | {description} |"
 
 

@@ -238,6 +238,16 @@ def test_smoke_test_is_a_helm_test_hook_claiming_one_gpu() -> None:
         ({"metrics": {"port": 0}}, "/metrics/port", "minimum"),
         ({"serve": {"partitonable": True}}, "/serve", "additional properties 'partitonable' not allowed"),
         ({"imageTag": "0.1.0"}, "", "additional properties 'imageTag' not allowed"),
+        (
+            {"serve": {"healthConfig": {"taintEffect": "Evict"}}},
+            "/serve/healthConfig/taintEffect",
+            "must be one of",
+        ),
+        (
+            {"serve": {"healthConfig": {"quietPeriod": 60}}},
+            "/serve/healthConfig",
+            "additional properties 'quietPeriod' not allowed",
+        ),
     ],
     ids=lambda v: str(v) if isinstance(v, str) else None,
 )
