@@ -3,9 +3,11 @@ kept off the user's files and any cluster."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ def helm_binary() -> str:
 def isolated_env() -> dict[str, str]:
     """Helm's cache, config and data in a directory of their own, and no cluster: an empty kubeconfig."""
     home = Path(tempfile.mkdtemp(prefix="dradriver-helm-"))
+    atexit.register(shutil.rmtree, home, True)
     kubeconfig = home / "kubeconfig"
     kubeconfig.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
