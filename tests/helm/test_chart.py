@@ -7,10 +7,12 @@ deploy/'s kustomizations against the chart, field by field: test_parity.py.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path, PurePosixPath
 
+import jsonschema
 import pytest
 import yaml
 
@@ -257,6 +259,19 @@ def test_schema_refuses_a_wrong_value_naming_it(values: Manifest, field: str, me
     assert "values don't meet the specifications of the schema" in failure.errors
     assert f"at '{field}'" in failure.errors, failure.errors
     assert message in failure.errors, failure.errors
+
+
+def test_schema_holds_where_helm_keeps_the_defaults_nulls() -> None:
+    """Helm 3 keeps a default's `null` (serve.idleThreshold, serve.idleWindow) as a key, Helm 4
+    drops it: the idle pair's rule must hold either way (checked here by jsonschema, draft 7)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    validator.validate(defaults)
+    half = copy.deepcopy(defaults)
+    half["serve"]["idleThreshold"] = 5
+    with pytest.raises(jsonschema.ValidationError, match="None is not of type 'number'"):
+        validator.validate(half)
 
 
 def test_lint_strict_refuses_what_the_schema_refuses() -> None:
