@@ -18,6 +18,7 @@ import yaml
 
 from dradriver.health.config import load_health_config
 from tests.deploy.manifests import KUBERNETES_VERSIONS
+from tests.deploy.test_render import assert_policy_constrains
 from tests.deploy.test_schemas import validate
 from tests.helm.chart import (
     CHART,
@@ -208,6 +209,18 @@ def test_driver_name_reaches_every_object_that_names_the_driver() -> None:
     assert "gpu.dradriver.dev/v1alpha1" in yaml.safe_dump(by_kind(objects, "ValidatingAdmissionPolicy"))
     claim_template = only(objects, "ResourceClaimTemplate")
     assert claim_template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == name
+
+
+@pytest.mark.parametrize("values", [{"fullnameOverride": "acme"}, {"nameOverride": "gpus"}], ids=str)
+def test_renamed_objects_still_refer_to_each_other(values: Manifest) -> None:
+    """Another prefix for every name: the DaemonSet runs as the account its bindings name, and
+    the admission policy constrains exactly that account."""
+    objects = render(values)
+    assert only(objects, "DaemonSet")["metadata"]["name"] != "dradriver-kubelet-plugin"
+    assert_policy_constrains(tuple(objects))
+    account = pod_spec(objects)["serviceAccountName"]
+    assert only(objects, "ServiceAccount")["metadata"]["name"] == account
+    assert only(objects, "RoleBinding")["subjects"][0]["name"] == account
 
 
 def test_smoke_test_is_a_helm_test_hook_claiming_one_gpu() -> None:
