@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from pydantic import BaseModel
 
 from dradriver.cli import main
-from dradriver.offline.migrate.helm import _RULES, NvidiaValues, migrate_values
+from dradriver.offline.migrate.helm import _RULES, OUR_DEFAULTS, NvidiaValues, migrate_values
 
 FIXTURES = Path(__file__).parent / "nvidia-helm-values"
 
@@ -199,3 +200,31 @@ def test_every_value_of_nvidias_chart_has_a_rule() -> None:
         return found
 
     assert [path for path in leaves(NvidiaValues, "") if path not in _RULES] == []
+
+
+CHART = Path(__file__).resolve().parents[3] / "deploy" / "helm" / "dradriver"
+
+
+def _merged(defaults: Any, given: Any) -> Any:
+    """`given` over `defaults` as Helm merges a values file into the chart's values."""
+    if isinstance(defaults, dict) and isinstance(given, dict):
+        return {k: _merged(defaults.get(k), given[k]) if k in given else v for k, v in defaults.items()} | {
+            k: v for k, v in given.items() if k not in defaults
+        }
+    return given
+
+
+def test_migrated_values_are_valid_values_of_our_chart() -> None:
+    """Each fixture's output, over the chart's values.yaml, satisfies its values.schema.json; the
+    defaults migrate leaves out are the chart's."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in sorted(FIXTURES.glob("*.yaml")):
+        migration = migrate_values(yaml.safe_load(path.read_text()))
+        for values in migration.outputs:
+            jsonschema.validate(_merged(defaults, values), schema)
+    for dotted, value in OUR_DEFAULTS.items():
+        node = defaults
+        for part in dotted.split("."):
+            node = node[part]
+        assert node == value, dotted
