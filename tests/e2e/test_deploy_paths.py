@@ -178,17 +178,16 @@ def test_cuda_loads_and_sees_exactly_its_gpus_in_each_image(
         assert (os.major(rdev), os.minor(rdev)) == (driver.inventory.nvidia_uvm_major, minor), node
 
 
-def _exit_code_on_deletion(watch_log: Path) -> int | None:
-    """The plugin container's exit code in the pod's DELETED watch event, once kubectl wrote it."""
-    decoder, text, events = json.JSONDecoder(), watch_log.read_text(), []
-    position = 0
+def _terminated_on_deletion(watch_log: Path) -> dict[str, Any] | None:
+    """The plugin container's terminated state in the pod's DELETED watch event, once kubectl
+    wrote it."""
+    decoder, text, position = json.JSONDecoder(), watch_log.read_text(), 0
     while (start := text.find("{", position)) != -1:
         event, position = decoder.raw_decode(text, start)
-        events.append(event)
-    for event in events:
         if event["type"] == "DELETED":
             (status,) = event["object"]["status"]["containerStatuses"]
-            return int(status["state"]["terminated"]["exitCode"])
+            terminated: dict[str, Any] = status["state"]["terminated"]
+            return terminated
     return None
 
 
@@ -234,11 +233,12 @@ def test_the_gpu_operator_takes_the_plugin_off_for_a_driver_upgrade_and_back(
             real_cluster.kubectl(
                 "label", "node", node, f"{GPU_CLIENT_LABEL}=paused-for-driver-upgrade", "--overwrite"
             )
-            code = wait(lambda: _exit_code_on_deletion(watch_log), 90, "the plugin pod deleted")
+            terminated = wait(lambda: _terminated_on_deletion(watch_log), 90, "the plugin pod deleted")
         finally:
             watcher.terminate()
             watcher.wait(10)
-        assert code == 0  # serve stopped on SIGTERM, NVML shut down, within the grace period
+        # serve stopped on SIGTERM, NVML shut down, within the grace period.
+        assert terminated["exitCode"] == 0, terminated
         daemonset = real_cluster.get_json("daemonset", "-n", "dradriver", "dradriver-kubelet-plugin")
         assert daemonset["status"]["desiredNumberScheduled"] == 0  # type: ignore[index]
         # While it is away: the workload runs on, its claim prepared on the node.
