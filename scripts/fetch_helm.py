@@ -34,6 +34,8 @@ BINARIES = {
     "kubectl": ("kubectl/kubectl", "65691ff77eb6fa44c908b77a1082c9f092c3b9733b5cefabec0d1104890e21a8"),
 }
 HELM_VERSION = "v4.3.1"
+#: A helm binary to use instead of the fetched one.
+HELM_ENV = "DRADRIVER_HELM"
 KUBECTL_VERSION = "v1.37.1"
 
 
@@ -124,9 +126,16 @@ def fetch(cache: Path | None = None) -> Tools:
     return tools
 
 
+def helm_path() -> str:
+    """$DRADRIVER_HELM, else the fetched helm (FetchError or OSError when it cannot be had)."""
+    return os.environ.get(HELM_ENV) or str(fetch().helm)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, help="cache directory (default: $DRADRIVER_TOOLS_CACHE or build/tools)")
+    parser.add_argument(
+        "--cache", type=Path, help="cache directory (default: $DRADRIVER_TOOLS_CACHE or build/tools)"
+    )
     args = parser.parse_args()
     try:
         tools = fetch(args.cache)

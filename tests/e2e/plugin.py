@@ -132,6 +132,24 @@ class Deployment:
         )
         wait(lambda: len(self.pods()) == 1, 60, "exactly one plugin pod on the node")
 
+    def wait_replaced(self, old_pod: str, timeout: float = 180) -> int:
+        """Wait until the node's one plugin pod is a ready one other than `old_pod`, watching the
+        rollout; returns the most plugin pods seen on the node at once (2: it surged)."""
+        most = 1
+
+        def replaced() -> bool:
+            nonlocal most
+            pods = self.pods()
+            most = max(most, len(pods))
+            return (
+                len(pods) == 1
+                and pods[0]["metadata"]["name"] != old_pod
+                and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
+            )
+
+        wait(replaced, timeout, "the new plugin pod ready and the old one gone")
+        return most
+
     def pods(self) -> list[dict[str, Any]]:
         items = self.cluster.get_json(
             "pods",

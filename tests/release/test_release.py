@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 from scripts.build_image import IMAGE_REPOSITORY, VENV, version
 from scripts.release import DEVICECLASSES, KUSTOMIZATIONS, ReleaseError, check_version
 from tests.deploy.manifests import deviceclasses, render
+from tests.helm import chart as helm_chart
 from tests.release.release import (
     RELEASE_ENV,
     REPO,
@@ -105,14 +106,16 @@ def test_every_artifact_is_there_with_its_checksum(release: Release) -> None:
         m["lock"],
         *KUSTOMIZATIONS.values(),
         DEVICECLASSES,
+        m["chart"],
         "release.json",
         "SHA256SUMS",
     }
     assert {p.name for p in release.out.iterdir()} == expected
-    assert (m["wheel"], m["sdist"], m["image"]["archive"]) == (
+    assert (m["wheel"], m["sdist"], m["image"]["archive"], m["chart"]) == (
         f"dradriver-{VERSION}-py3-none-any.whl",
         f"dradriver-{VERSION}.tar.gz",
         f"dradriver-{VERSION}.oci.tar",
+        f"dradriver-{VERSION}.tgz",
     )
     sums: dict[str, str] = {}
     for line in (release.out / "SHA256SUMS").read_text().splitlines():
@@ -152,6 +155,21 @@ def test_manifests_are_the_kustomizations_with_the_image_pinned(release: Release
                 assert container["image"] == f"{IMAGE_REPOSITORY}:{VERSION}"
                 container["image"] = release.manifest["image"]["pinned"]
     assert rendered == expected
+
+
+def test_chart_is_packaged_with_the_image_pinned(release: Release) -> None:
+    """The packaged chart renders the plugin from the archive's image, by digest, as the
+    manifests do; its version is the release's, and it holds what its links point to."""
+    with tarfile.open(release.chart) as archive:
+        names = set(archive.getnames())
+        chart_yaml = archive.extractfile("dradriver/Chart.yaml")
+        assert chart_yaml is not None
+        meta = yaml.safe_load(chart_yaml)
+    assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+    assert "dradriver/files/deviceclasses/gpu.yaml" in names
+    assert not any(name.startswith("dradriver/ci/") for name in names)
+    objects = helm_chart.render(chart=release.chart)
+    assert helm_chart.plugin_container(objects)["image"] == release.manifest["image"]["pinned"]
 
 
 def test_deviceclasses_yaml_holds_every_builtin_class(release: Release) -> None:

@@ -86,9 +86,10 @@ null: with the gpu-operator layout), so that its driver manager can take them of
 {{- if not (kindIs "invalid" .Values.serve.idleThreshold) }}true{{ end -}}
 {{- end -}}
 
-{{/* A file of the repository the chart links to (files/), with the driver name substituted. */}}
+{{/* A file of the repository the chart links to (files/), with this driver name in place of
+every quoted "gpu.dradriver.dev" (CEL; the config API version gpu.dradriver.dev/v1alpha1 stays). */}}
 {{- define "dradriver.file" -}}
-{{- .root.Files.Get .path | replace "gpu.dradriver.dev" .root.Values.driverName -}}
+{{- .root.Files.Get .path | replace "\"gpu.dradriver.dev\"" (printf "%q" .root.Values.driverName) -}}
 {{- end -}}
 
 {{/* The objects of a multi-document file under files/ (one source with deploy/), each renamed
