@@ -3,6 +3,7 @@ NVIDIA's DRA driver chart, rewritten for dradriver.
 
 A document without apiVersion and kind that holds values of NVIDIA's chart (nvidiaDriverRoot,
 kubeletPlugin, ...) becomes values of dradriver's chart (`dradriver.offline.migrate.helm`).
+
 Reads files, directories (every *.yaml, *.yml, *.json below them) or stdin (`-`); writes the
 migrated manifests as YAML with a comment per object saying what changed and why (`-o json`: a
 report), to stdout or, with --output-dir, one file per input file. The translation itself is
