@@ -63,6 +63,14 @@ app.kubernetes.io/component: kubelet-plugin
 {{- if eq .Values.hostDriver.layout "fake" }}true{{ end -}}
 {{- end -}}
 
+{{/* "true" when the pods are GPU clients of the GPU operator (hostDriver.gpuOperatorClient;
+null: with the gpu-operator layout), so that its driver manager can take them off the node. */}}
+{{- define "dradriver.gpuOperatorClient" -}}
+{{- $on := .Values.hostDriver.gpuOperatorClient -}}
+{{- if kindIs "invalid" $on }}{{ $on = eq .Values.hostDriver.layout "gpu-operator" }}{{ end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}
+
 {{/* The host driver's root on the host: hostDriver.root, else the layout's. */}}
 {{- define "dradriver.driverRoot" -}}
 {{- $roots := dict "host" "/" "gpu-operator" "/run/nvidia/driver" "gke" "/home/kubernetes/bin/nvidia" -}}

@@ -45,12 +45,14 @@ Outcome = Literal["migrated", "unchanged", "replaced", "failed"]
 
 @dataclass(frozen=True)
 class Change:
-    """One edit: where (a field path of the input object), from what, to what, and why."""
+    """One edit: where (a field path of the input object), from what, to what, and why; `target`
+    is the field path of the new value where it moved (Helm values), else empty."""
 
     path: str
     before: Any
     after: Any
     reason: str
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ class Migration:
             return "replaced"
         return "migrated" if self.changes else "unchanged"
 
-    def change(self, path: str, before: Any, after: Any, reason: str) -> None:
-        self.changes.append(Change(path, before, after, reason))
+    def change(self, path: str, before: Any, after: Any, reason: str, *, target: str = "") -> None:
+        self.changes.append(Change(path, before, after, reason, target))
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(Problem(path, message))
