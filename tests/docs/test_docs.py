@@ -25,10 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
-#: Pages linked before they land (written on another branch); each entry goes once its page exists.
-PENDING = frozenset({"docs/helm.md"})
-
-
 def markdown_files() -> list[str]:
     """Every Markdown file of the tree, committed or about to be (git's view: nothing ignored)."""
     listed = subprocess.run(
@@ -56,8 +52,6 @@ def link_problem(source: str, target: str) -> str | None:
     resolved = os.path.normpath(os.path.join(os.path.dirname(source), unquote(path))) if path else source
     if resolved.startswith(".."):
         return "points outside the repository"
-    if resolved in PENDING:
-        return None
     if not (REPO / resolved).exists():
         return f"{resolved} does not exist"
     if anchor and resolved.endswith(".md") and unquote(anchor) not in page(resolved).anchors:
@@ -102,11 +96,6 @@ def test_every_relative_link_and_anchor_resolves() -> None:
         if (problem := link_problem(name, link.target)) is not None
     ]
     assert not problems, "\n".join(problems)
-
-
-def test_pending_pages_are_still_pending() -> None:
-    landed = sorted(name for name in PENDING if (REPO / name).exists())
-    assert not landed, f"{landed} exist now: remove them from PENDING, so that links to them are checked"
 
 
 @pytest.mark.usefixtures("clean_env")
