@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
+
 def markdown_files() -> list[str]:
     """Every Markdown file of the tree, committed or about to be (git's view: nothing ignored)."""
     listed = subprocess.run(
