@@ -39,8 +39,8 @@ FAST_RECOVERY = "quietPeriodSeconds: 0.3\nrecheckIntervalSeconds: 0.1\n"
 class TimedStream:
     """The health stream, each response stamped with time.perf_counter() on arrival."""
 
-    def __init__(self, socket: Path) -> None:
-        self._client = kubeletclient.DRAClient(socket)
+    def __init__(self, socket: Path, service: str = kubeletclient.V1ALPHA1_HEALTH) -> None:
+        self._client = kubeletclient.DRAClient(socket, health_service=service)
         self.arrivals: list[tuple[float, dict[str, int]]] = []
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -24,6 +24,7 @@ PROTOS: dict[str, str] = {
     "v1/api.proto": "dradriver/kubeletapi/dra/v1",
     "v1beta1/api.proto": "dradriver/kubeletapi/dra/v1beta1",
     "health/v1alpha1/api.proto": "dradriver/kubeletapi/health/v1alpha1",
+    "health/v1/api.proto": "dradriver/kubeletapi/health/v1",
 }
 
 

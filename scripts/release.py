@@ -9,6 +9,8 @@
       deploy-fake.yaml                         ... deploy/overlays/fake
       deploy-gpu-operator.yaml                 ... deploy/overlays/gpu-operator
       deviceclasses.yaml                       every DeviceClass of deviceclasses/
+      deviceclasses-quota.yaml                 the optional ones of deviceclasses/quota/
+      dradriver-<version>.tgz                  the Helm chart (`helm package`), image pinned by digest
       release.json                             version, commit, image reference and digest, file names
       SHA256SUMS                               `sha256sum -c SHA256SUMS`
 
@@ -18,7 +20,8 @@ it resolvable on a node without a registry. VERSION must be the package's versio
 CHANGELOG.md must have its section. Timestamps come from the last commit (SOURCE_DATE_EPOCH).
 
 Usage: release.py VERSION [--out DIR]
-Needs what scripts/build_image.py needs (mmdebstrap, network) and kubectl (the dev extra's).
+Needs what scripts/build_image.py needs (mmdebstrap, network), kubectl (the dev extra's) and
+Helm (scripts/fetch_helm.py's, or DRADRIVER_HELM).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.build_image import IMAGE_REPOSITORY, LOCK, REPO, image_reference, source_date_epoch, version
+from scripts.fetch_helm import HELM_ENV, FetchError, helm_path
 
 #: Kustomization (under deploy/) -> the file its rendering is written to.
 KUSTOMIZATIONS = {
@@ -47,6 +51,8 @@ KUSTOMIZATIONS = {
     "overlays/gpu-operator": "deploy-gpu-operator.yaml",
 }
 DEVICECLASSES = "deviceclasses.yaml"
+QUOTA_DEVICECLASSES = "deviceclasses-quota.yaml"
+CHART = REPO / "deploy/helm/dradriver"
 
 
 class ReleaseError(Exception):
@@ -62,6 +68,11 @@ def check_version(wanted: str) -> None:
     tags = re.findall(r"^\s*newTag:\s*(\S+)", (REPO / "deploy/base/kustomization.yaml").read_text(), re.M)
     if tags != [wanted]:
         raise ReleaseError(f"deploy/base/kustomization.yaml: newTag {tags}, not [{wanted!r}]")
+    chart = (CHART / "Chart.yaml").read_text()
+    for field in ("version", "appVersion"):
+        found = re.findall(rf"^{field}:\s*\"?([^\s\"]+)\"?\s*$", chart, re.M)
+        if found != [wanted]:
+            raise ReleaseError(f"deploy/helm/dradriver/Chart.yaml: {field} {found}, not [{wanted!r}]")
 
 
 def build_dists(out: Path, env: dict[str, str]) -> tuple[Path, Path]:
@@ -133,8 +144,43 @@ def render(kustomization: str, reference: str, digest: str, work: Path) -> str:
     return done.stdout
 
 
-def device_classes() -> str:
-    files = sorted((REPO / "deviceclasses").glob("*.yaml"))
+def helm() -> str:
+    try:
+        return helm_path()
+    except (FetchError, OSError) as err:
+        raise ReleaseError(f"no helm to package the chart with ({HELM_ENV} unset): {err}") from None
+
+
+def package_chart(out: Path, digest: str, work: Path, epoch: int) -> Path:
+    """`helm package` of the chart with image.digest set to the released image's: its links to
+    deploy/ and deviceclasses/ resolved into the copy, every file dated from the last commit."""
+    stage = work / "chart" / CHART.name
+    shutil.copytree(CHART, stage, ignore=shutil.ignore_patterns("ci"))
+    values = stage / "values.yaml"
+    pinned, count = re.subn(r'^(  digest: )""$', rf'\g<1>"{digest}"', values.read_text(), flags=re.M)
+    if count != 1:
+        raise ReleaseError(f'{CHART.relative_to(REPO)}/values.yaml: no single image.digest "" to pin')
+    values.write_text(pinned)
+    for path in [stage, *stage.rglob("*")]:
+        os.utime(path, (epoch, epoch))
+    home = work / "helm-home"
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home),
+        "HELM_CONFIG_HOME": str(home),
+        "HELM_DATA_HOME": str(home),
+        "KUBECONFIG": os.devnull,
+    }
+    command = [helm(), "package", str(stage), "--destination", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise ReleaseError(f"helm package: {done.stderr.strip()}")
+    [chart] = out.glob(f"{CHART.name}-*.tgz")
+    return chart
+
+
+def device_classes(directory: str = "deviceclasses") -> str:
+    files = sorted((REPO / directory).glob("*.yaml"))
     return "---\n".join(path.read_text() for path in files)
 
 
@@ -166,7 +212,9 @@ def release(wanted: str, out: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=REPO / "build") as work:
         for kustomization, file in KUSTOMIZATIONS.items():
             (out / file).write_text(render(kustomization, reference, digest, Path(work)))
+        chart = package_chart(out, digest, Path(work), int(env["SOURCE_DATE_EPOCH"]))
     (out / DEVICECLASSES).write_text(device_classes())
+    (out / QUOTA_DEVICECLASSES).write_text(device_classes("deviceclasses/quota"))
     shutil.copyfile(LOCK, out / LOCK.name)
     buildinfo = json.loads(wheel_member(wheel, "dradriver/_build.json"))
     if buildinfo["tree_state"] != "clean":
@@ -189,6 +237,8 @@ def release(wanted: str, out: Path) -> Path:
         "lock": LOCK.name,
         "manifests": KUSTOMIZATIONS,
         "deviceClasses": DEVICECLASSES,
+        "quotaDeviceClasses": QUOTA_DEVICECLASSES,
+        "chart": chart.name,
     }
     (out / "release.json").write_text(json.dumps(manifest, indent=2) + "\n")
     files = sorted(p for p in out.iterdir() if p.is_file())

@@ -248,8 +248,8 @@ DeviceStates = dict[str, tuple[int, str]]
 class HealthStream:
     """The kubelet's NodeWatchResources stream, read in a thread; `latest` is the last full list."""
 
-    def __init__(self, socket: Path) -> None:
-        self._client = kubeletclient.DRAClient(socket)
+    def __init__(self, socket: Path, service: str = kubeletclient.V1ALPHA1_HEALTH) -> None:
+        self._client = kubeletclient.DRAClient(socket, health_service=service)
         self.responses: list[DeviceStates] = []
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()

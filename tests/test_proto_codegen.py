@@ -6,13 +6,15 @@ import filecmp
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from dradriver.kubeletapi.dra.v1 import api_pb2 as v1
 from dradriver.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1
-from dradriver.kubeletapi.health.v1alpha1 import api_pb2 as health
+from dradriver.kubeletapi.health.v1 import api_pb2 as health_v1
+from dradriver.kubeletapi.health.v1alpha1 import api_pb2 as health_v1alpha1
 from dradriver.kubeletapi.pluginregistration import api_pb2 as registration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,10 +94,12 @@ def test_dra_wire_names(pb: object, package: str) -> None:
         assert claims.message_type.GetOptions().map_entry
 
 
-def test_health_wire_names() -> None:
-    assert health.DESCRIPTOR.package == "v1alpha1"
+@pytest.mark.parametrize(("health", "package"), [(health_v1alpha1, "v1alpha1"), (health_v1, "v1")])
+def test_health_wire_names(health: Any, package: str) -> None:
+    """The same messages in both versions; only the package (so the service name) differs."""
+    assert health.DESCRIPTOR.package == package
     service = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
-    assert service.full_name == "v1alpha1.DRAResourceHealth"
+    assert service.full_name == f"{package}.DRAResourceHealth"
     (method,) = service.methods
     assert method.name == "NodeWatchResources"
     assert method.server_streaming

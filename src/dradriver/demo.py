@@ -139,15 +139,19 @@ def run_flow(
     wait_for_file(reg_socket, serve)
     console.print(f"registration socket up after {time.perf_counter() - started:.2f}s: {reg_socket}")
 
-    step("Kubelet: registration handshake (GetInfo, then NotifyRegistrationStatus)")
-    registration = kubeletclient.register(reg_socket)
+    step("Kubelet 1.37: registration handshake (GetInfo, then NotifyRegistrationStatus)")
+    registration = kubeletclient.register(reg_socket, kubelet_minor=37)
     console.print(f"driver name:        {registration.driver_name}")
     console.print(f"DRA endpoint:       {registration.endpoint}")
     console.print(f"supported services: {', '.join(registration.supported_versions)}")
-    console.print(f"kubelet picked:     [bold]{registration.service}[/]")
+    console.print(
+        f"kubelet picked:     [bold]{registration.service}[/], [bold]{registration.health_service}[/]"
+    )
+    health = registration.health_service
+    assert health is not None, "the driver advertises its health services"
 
-    with kubeletclient.DRAClient(registration.endpoint, registration.service) as client:
-        step("Kubelet: subscribe to the health stream (v1alpha1.DRAResourceHealth)")
+    with kubeletclient.DRAClient(registration.endpoint, registration.service, health) as client:
+        step(f"Kubelet: subscribe to the health stream ({health})")
         stream = iter(client.watch_health(timeout=60))
         first = next(stream)
         names = {1: "HEALTHY", 2: "UNHEALTHY"}

@@ -140,6 +140,14 @@ def qualified_name_error(value: str) -> str | None:
     return c_identifier_error(name)
 
 
+def fully_qualified_name_error(value: str) -> str | None:
+    """An attribute named with its domain, as claims' constraints and a slice's
+    partitionTypeAttribute name them: `<domain>/<C identifier>`."""
+    if "/" not in value:
+        return "a fully qualified name must be a domain and a name separated by a slash"
+    return qualified_name_error(value)
+
+
 def semver_error(value: str) -> str | None:
     """A version attribute value: strict semver 2.0.0, at most 64 bytes."""
     if len(value.encode()) > ATTRIBUTE_VALUE_MAX_BYTES:

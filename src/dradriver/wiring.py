@@ -527,5 +527,6 @@ def _telemetry(
         proc_root=config.proc_root,
         interval=config.telemetry_interval,
         idle=idle,
+        usage=telemetry.UsageStore(config.state_dir / telemetry.USAGE_FILE),
         tenant_labels=config.metrics_tenant_labels,
     )

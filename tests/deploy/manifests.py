@@ -22,13 +22,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DEVICECLASSES = REPO / "deviceclasses"
+QUOTA_DEVICECLASSES_DIR = DEVICECLASSES / "quota"
 EXAMPLES = REPO / "examples" / "claims"
+QUOTA_EXAMPLES = REPO / "examples" / "quotas"
 
 #: Kustomizations an operator can apply, relative to deploy/.
 KUSTOMIZATIONS = ("base", "overlays/fake", "overlays/gpu-operator")
 
 #: Kubernetes versions whose OpenAPI schemas everything must satisfy (the supported range).
-KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
+KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 #: Built-in fake GPU profiles of `--fake-gpus`, the only profiles the examples table may name.
 FAKE_PROFILES = frozenset({"dgx-h100", "dgx-a100-mig", "t4x4", "mixed", "a100-mig-empty"})
@@ -86,18 +88,18 @@ def load_documents(path: Path) -> list[Manifest]:
         return [doc for doc in yaml.safe_load_all(f) if doc]
 
 
-def deviceclass_files() -> list[Path]:
-    return sorted(DEVICECLASSES.glob("*.yaml"))
+def deviceclass_files(directory: Path = DEVICECLASSES) -> list[Path]:
+    return sorted(directory.glob("*.yaml"))
 
 
 def example_files() -> list[Path]:
     return sorted(EXAMPLES.glob("*.yaml"))
 
 
-def deviceclasses() -> dict[str, Manifest]:
-    """DeviceClass name -> object, over every file in deviceclasses/."""
+def deviceclasses(directory: Path = DEVICECLASSES) -> dict[str, Manifest]:
+    """DeviceClass name -> object, over every file in deviceclasses/ (or deviceclasses/quota/)."""
     classes: dict[str, Manifest] = {}
-    for path in deviceclass_files():
+    for path in deviceclass_files(directory):
         for doc in load_documents(path):
             assert doc["kind"] == "DeviceClass", f"{path.name}: unexpected {doc['kind']}"
             name = doc["metadata"]["name"]

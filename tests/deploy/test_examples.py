@@ -25,6 +25,8 @@ from tests.deploy.manifests import (
     FAKE_PROFILES,
     OUTCOMES,
     PROFILE_FLAGS,
+    QUOTA_DEVICECLASSES_DIR,
+    QUOTA_EXAMPLES,
     ExampleRow,
     Manifest,
     claim_specs,
@@ -71,7 +73,14 @@ def selector_problems(expression: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", deviceclass_files() + example_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    deviceclass_files()
+    + deviceclass_files(QUOTA_DEVICECLASSES_DIR)
+    + example_files()
+    + sorted(QUOTA_EXAMPLES.glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_file_starts_with_a_comment_saying_what_it_shows(path: Path) -> None:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# "), f"{path.name}: must open with a comment saying what it shows"
@@ -79,7 +88,7 @@ def test_file_starts_with_a_comment_saying_what_it_shows(path: Path) -> None:
 
 
 def test_deviceclasses_select_on_our_driver() -> None:
-    for name, cls in deviceclasses().items():
+    for name, cls in (deviceclasses() | deviceclasses(QUOTA_DEVICECLASSES_DIR)).items():
         expressions = cel_expressions(cls["spec"]["selectors"])
         assert any(f'device.driver == "{DRIVER}"' in e for e in expressions), (
             f"{name} does not select {DRIVER}"
@@ -271,8 +280,8 @@ def test_deviceclasses_table_matches_the_files() -> None:
 
 def test_readmes_are_not_applied_as_manifests() -> None:
     """`kubectl apply -f <dir>` reads .yaml/.yml/.json only; nothing else in these dirs."""
-    for directory in (DEVICECLASSES, EXAMPLES):
-        others = {p.name for p in directory.iterdir() if p.suffix != ".yaml"}
+    for directory in (DEVICECLASSES, QUOTA_DEVICECLASSES_DIR, EXAMPLES, QUOTA_EXAMPLES):
+        others = {p.name for p in directory.iterdir() if p.is_file() and p.suffix != ".yaml"}
         assert others == {"README.md"}
 
 
@@ -294,7 +303,23 @@ def test_validate_accepts_every_device_class_and_the_rendered_deployment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`dradriver validate` (the API server's rules, our CEL, our opaque config) on everything shipped."""
-    assert main(["validate", *map(str, deviceclass_files())]) == 0, capsys.readouterr()
+    shipped = [*deviceclass_files(), *deviceclass_files(QUOTA_DEVICECLASSES_DIR)]
+    assert main(["validate", *map(str, shipped)]) == 0, capsys.readouterr()
     rendered = tmp_path / "deploy.yaml"
     rendered.write_text(yaml.safe_dump_all(render("overlays/fake")))
     assert main(["validate", str(rendered)]) == 0, capsys.readouterr()
+
+
+def test_quota_examples_close_every_other_class() -> None:
+    """A quota counts each class under its own name: every example names every class dradriver
+    ships (those it does not cap, at 0), so that no class is a way around it."""
+    shipped = set(deviceclasses()) | set(deviceclasses(QUOTA_DEVICECLASSES_DIR))
+    for path in sorted(QUOTA_EXAMPLES.glob("*.yaml")):
+        [quota] = load_documents(path)
+        named = {
+            key.removesuffix(".deviceclass.resource.k8s.io/devices")
+            for key in quota["spec"]["hard"]
+            if key.endswith(".deviceclass.resource.k8s.io/devices")
+        }
+        assert named == shipped, f"{path.name}: {sorted(shipped ^ named)}"
+        assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "0", path.name

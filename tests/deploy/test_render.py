@@ -38,7 +38,7 @@ EXPECTED_OBJECTS = {
 }
 
 #: The plugin's whole API access: (api group, resource) -> verbs. Widening it is a decision
-#: to document in deploy/base/rbac.yaml and the README, not something to slip in.
+#: to document in deploy/base/rbac.yaml and docs/install.md, not something to slip in.
 EXPECTED_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
     ("resource.k8s.io", "resourceclaims"): {"get"},
@@ -381,6 +381,9 @@ def test_gpu_operator_overlay_reads_the_driver_container_root() -> None:
     ]
     assert volume["hostPath"]["type"] == "Directory"
     assert container["securityContext"]["privileged"] is True
+    # A GPU client of the GPU operator: its driver manager flips this label to take the plugin off.
+    assert daemonset_pod(objects)["nodeSelector"] == {"nvidia.com/gpu.deploy.client": "true"}
+    assert "nodeSelector" not in daemonset_pod(render("base"))
     # Everything else is the base unchanged.
     base_env = container_env(plugin_container(render("base")))
     assert {k: v for k, v in env.items() if k != "DRADRIVER_DRIVER_ROOT"} == {

@@ -22,6 +22,9 @@ NAMESPACE = "dradriver"
 DAEMONSET = "dradriver-kubelet-plugin"
 #: The node label that admits the GPU DaemonSets (base, gpu-operator) to a node.
 GPU_NODE_LABEL = "gpu.dradriver.dev/present"
+#: The GPU operator's label for GPU clients, which the gpu-operator overlay's nodeSelector names
+#: ("true" as the operator sets it; its driver manager flips it around a host driver upgrade).
+GPU_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
 DRIVER = DEFAULT_DRIVER_NAME
 CDI_DIR = "/var/run/cdi"
 STATE_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
@@ -63,11 +66,19 @@ class Deployment:
     kustomization: str
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def node_labels(self) -> list[str]:
+        """The labels a node of this kustomization carries where dradriver is to run."""
+        return {
+            "overlays/fake": [],
+            "base": [GPU_NODE_LABEL],
+            "overlays/gpu-operator": [GPU_NODE_LABEL, GPU_CLIENT_LABEL],
+        }[self.kustomization]
+
     def install(self) -> None:
-        if self.kustomization != "overlays/fake":
-            self.cluster.kubectl(
-                "label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite"
-            )
+        if self.node_labels:
+            pairs = [f"{label}=true" for label in self.node_labels]
+            self.cluster.kubectl("label", "node", self.cluster.node_name, *pairs, "--overwrite")
         self.cluster.kubectl("apply", "-f", str(self.release.manifests(self.kustomization)))
         self.cluster.kubectl("apply", "-f", str(self.release.device_classes))
         if self.env:
@@ -120,6 +131,24 @@ class Deployment:
             "-n", NAMESPACE, "rollout", "status", f"daemonset/{DAEMONSET}", "--timeout=180s", timeout=200
         )
         wait(lambda: len(self.pods()) == 1, 60, "exactly one plugin pod on the node")
+
+    def wait_replaced(self, old_pod: str, timeout: float = 180) -> int:
+        """Wait until the node's one plugin pod is a ready one other than `old_pod`, watching the
+        rollout; returns the most plugin pods seen on the node at once (2: it surged)."""
+        most = 1
+
+        def replaced() -> bool:
+            nonlocal most
+            pods = self.pods()
+            most = max(most, len(pods))
+            return (
+                len(pods) == 1
+                and pods[0]["metadata"]["name"] != old_pod
+                and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
+            )
+
+        wait(replaced, timeout, "the new plugin pod ready and the old one gone")
+        return most
 
     def pods(self) -> list[dict[str, Any]]:
         items = self.cluster.get_json(
@@ -234,5 +263,6 @@ class Deployment:
         self.cluster.kubectl(
             "delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", "--ignore-not-found"
         )
-        if self.kustomization != "overlays/fake":
-            self.cluster.kubectl("label", "node", self.cluster.node_name, f"{GPU_NODE_LABEL}-")
+        if self.node_labels:
+            removed = [f"{label}-" for label in self.node_labels]
+            self.cluster.kubectl("label", "node", self.cluster.node_name, *removed)

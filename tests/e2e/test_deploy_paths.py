@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 
 from dradriver.slices import stored_differences
-from tests.deploy.manifests import EXAMPLES
+from tests.deploy.manifests import EXAMPLES, kubectl
 from tests.e2e.cudaimages import NAMESPACE, PODS, allocated, import_probe_images, manifests
 from tests.e2e.fakedriver import NVIDIA_SMI_LOG, UVM_NODES, FakeHostDriver, fake_host_driver
-from tests.e2e.plugin import Deployment, wait
+from tests.e2e.plugin import CDI_DIR, DRIVER, GPU_CLIENT_LABEL, STATE_DIR, Deployment, wait
 from tests.e2e.realcluster import RealCluster
 from tests.e2e.workloads import (
     check_container,
     claim_history,
+    claim_names,
     load,
     pods_of,
     promised,
@@ -175,3 +176,81 @@ def test_cuda_loads_and_sees_exactly_its_gpus_in_each_image(
         rdev = node.stat().st_rdev
         assert node.is_char_device(), node
         assert (os.major(rdev), os.minor(rdev)) == (driver.inventory.nvidia_uvm_major, minor), node
+
+
+def _terminated_on_deletion(watch_log: Path) -> dict[str, Any] | None:
+    """The plugin container's terminated state in the pod's DELETED watch event, once kubectl
+    wrote it."""
+    decoder, text, position = json.JSONDecoder(), watch_log.read_text(), 0
+    while (start := text.find("{", position)) != -1:
+        event, position = decoder.raw_decode(text, start)
+        if event["type"] == "DELETED":
+            (status,) = event["object"]["status"]["containerStatuses"]
+            terminated: dict[str, Any] = status["state"]["terminated"]
+            return terminated
+    return None
+
+
+def test_the_gpu_operator_takes_the_plugin_off_for_a_driver_upgrade_and_back(
+    real_cluster: RealCluster, gpu_deployment: tuple[Deployment, FakeHostDriver], tmp_path: Path
+) -> None:
+    """The GPU operator's driver manager sets nvidia.com/gpu.deploy.client to
+    paused-for-driver-upgrade before it unloads the host driver, waits until the DaemonSet pods
+    whose nodeSelector names the label are gone, and sets it back to "true" after. A running
+    pod's claim stays prepared meanwhile and is served again (unprepared at its deletion)."""
+    deployment, _driver = gpu_deployment
+    if deployment.kustomization != "overlays/gpu-operator":
+        pytest.skip("only the gpu-operator layout takes part in the GPU operator's driver upgrades")
+    node = real_cluster.node_name
+    plugin = deployment.pods()[0]
+    # What the driver manager's wait looks for: a DaemonSet's pod with the key in its nodeSelector.
+    assert plugin["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+    assert plugin["spec"]["nodeSelector"] == {GPU_CLIENT_LABEL: "true"}
+    path = EXAMPLES / "single-gpu.yaml"
+    documents = load(path)
+    real_cluster.kubectl("apply", "-f", str(path))
+    try:
+        (pod,) = wait_pods(
+            real_cluster,
+            documents,
+            lambda p: p["status"].get("phase") == "Running",
+            120,
+            "single-gpu Running",
+        )
+        (claim_name,) = claim_names(pod).values()
+        uid = real_cluster.get_json("resourceclaim", "-n", "default", claim_name)["metadata"]["uid"]  # type: ignore[index]
+        cdi_spec = Path(CDI_DIR) / f"k8s.{DRIVER}-claim_{uid}.json"
+        spec_before = cdi_spec.read_text()
+        watch_log = tmp_path / "plugin-watch.json"
+        with watch_log.open("w") as out:
+            watcher = subprocess.Popen(
+                [kubectl(), "--kubeconfig", str(real_cluster.kubeconfig), "-n", "dradriver", "get", "pod",
+                 plugin["metadata"]["name"], "-w", "-o", "json", "--output-watch-events"],
+                stdout=out, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        try:
+            wait(lambda: '"ADDED"' in watch_log.read_text(), 30, "the watch on the plugin pod")
+            real_cluster.kubectl(
+                "label", "node", node, f"{GPU_CLIENT_LABEL}=paused-for-driver-upgrade", "--overwrite"
+            )
+            terminated = wait(lambda: _terminated_on_deletion(watch_log), 90, "the plugin pod deleted")
+        finally:
+            watcher.terminate()
+            watcher.wait(10)
+        # serve stopped on SIGTERM, NVML shut down, within the grace period.
+        assert terminated["exitCode"] == 0, terminated
+        daemonset = real_cluster.get_json("daemonset", "-n", "dradriver", "dradriver-kubelet-plugin")
+        assert daemonset["status"]["desiredNumberScheduled"] == 0  # type: ignore[index]
+        # While it is away: the workload runs on, its claim prepared on the node.
+        assert real_cluster.get_json("pod", "single-gpu")["status"]["phase"] == "Running"  # type: ignore[index]
+        assert cdi_spec.read_text() == spec_before
+        assert uid in (Path(STATE_DIR) / "checkpoint.json").read_text()
+        real_cluster.kubectl("label", "node", node, f"{GPU_CLIENT_LABEL}=true", "--overwrite")
+        deployment.wait_ready()
+        assert uid in {c["uid"] for c in deployment.status()["claims"]}
+        assert deployment.cdi_spec(uid) == json.loads(spec_before)
+    finally:
+        real_cluster.kubectl("label", "node", node, f"{GPU_CLIENT_LABEL}=true", "--overwrite")
+        real_cluster.kubectl("delete", "-f", str(path), "--wait=true", "--timeout=90s", timeout=120)
+    wait(lambda: not pods_of(real_cluster, documents), 60, "single-gpu: pods gone")
+    wait_unprepared(deployment)

@@ -156,6 +156,10 @@ def test_xid_reaches_the_pod_taints_the_device_and_recovers(
     )
     (taint,) = wait(lambda: taints(fake_deployment), 30, "the device taint")
     assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unhealthy", "NoSchedule")
+    # The 1.36 kubelet opens the v1alpha1 stream whatever else is advertised (a 1.37 one opens v1).
+    opened = [line for line in fake_deployment.all_logs().splitlines() if "health stream opened" in line]
+    assert opened, "no health stream opened"
+    assert all('"api": "v1alpha1"' in line for line in opened), opened
 
     real_cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=yaml.safe_dump_all(first))
     wait_unprepared(fake_deployment)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,6 +69,19 @@ class PodStream(threading.Thread):
         self.stopped.set()
         self.join(30)
 
+    def assert_all_prepared(self, cluster: RealCluster) -> None:
+        """Every pod of the stream ran to completion, and none waited for a failed prepare."""
+        wait(
+            lambda: all(phase(self.client, n) == "Succeeded" for n in self.names),
+            240,
+            "every stream pod to run to completion",
+        )
+        failed = cluster.get_json(
+            "events", "-n", "default", "--field-selector", "reason=FailedPrepareDynamicResources"
+        )["items"]
+        assert isinstance(failed, list)
+        assert failed == [], [e["message"] for e in failed]
+
 
 @pytest.fixture
 def claim_template(real_cluster: RealCluster) -> Iterator[None]:
@@ -112,24 +124,13 @@ def test_surge_rollout_under_a_stream_of_claims_loses_no_prepare(
         watcher.start()
     stream = PodStream(client, interval=1.0)
     stream.start()
-    most_plugin_pods = 1
     try:
         wait(lambda: len(stream.names) >= 5, 60, "the stream to get going")
         real_cluster.kubectl(
             "-n", NAMESPACE, "set", "env", f"daemonset/{DAEMONSET}", "-c", "plugin", "DRADRIVER_VERBOSITY=1"
         )
         # Watch the surge happen: the new pod beside the old one, then the old one gone.
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            pods = fake_deployment.pods()
-            most_plugin_pods = max(most_plugin_pods, len(pods))
-            if (
-                len(pods) == 1
-                and pods[0]["metadata"]["name"] != old_pod
-                and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
-            ):
-                break
-            time.sleep(0.2)
+        most_plugin_pods = fake_deployment.wait_replaced(old_pod)
         fake_deployment.wait_ready()
         started = len(stream.names)
         wait(lambda: len(stream.names) >= started + 5, 60, "the stream to go on after the rollout")
@@ -138,16 +139,7 @@ def test_surge_rollout_under_a_stream_of_claims_loses_no_prepare(
         for watcher in watchers:
             watcher.stop()
 
-    wait(
-        lambda: all(phase(client, n) == "Succeeded" for n in stream.names),
-        240,
-        "every stream pod to run to completion",
-    )
-    failed = real_cluster.get_json(
-        "events", "-n", "default", "--field-selector", "reason=FailedPrepareDynamicResources"
-    )["items"]
-    assert isinstance(failed, list)
-    assert failed == [], [e["message"] for e in failed]
+    stream.assert_all_prepared(real_cluster)
     assert most_plugin_pods == 2, "the rollout did not surge"
     assert fake_deployment.pod() != old_pod
     assert {c["uid"] for c in fake_deployment.status()["claims"]} >= prepared

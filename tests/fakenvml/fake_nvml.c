@@ -52,6 +52,9 @@
  *   temp GPU CELSIUS         its temperature from now on (no event; default 40)
  *   ecc GPU COUNT            its volatile uncorrected ECC error count (no event; default 0)
  *   remap GPU PENDING FAIL   its row-remapping state (no event; default 0 0)
+ *   recovery GPU ACTION      what nvmlDeviceGetFieldValues answers for NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+ *                            from now on (no event; NVML's action number, 0 none .. 7 system reboot;
+ *                            default -1: the field is not supported, as on host drivers before it)
  *   mig GPU                  a MIG config change event (nvmlEventMigConfigChange), delivered only if
  *                            the GPU registered for it; rewrite the config file first
  *
@@ -161,6 +164,7 @@ struct gpu {
     /* Health state, changed through the events FIFO. */
     int lost;
     unsigned temperature, remap_pending, remap_failure;
+    int recovery; /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; -1: not supported */
     unsigned long long ecc_uncorrected, registered_events;
 };
 
@@ -267,6 +271,22 @@ typedef struct {
     unsigned long long eventType, eventData;
     unsigned gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
+
+/* pynvml's c_nvmlFieldValue_t. */
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned valueType;
+    nvmlReturn_t nvmlReturn;
+    union {
+        double dVal;
+        unsigned uiVal;
+        unsigned long long ullVal;
+    } value;
+} nvmlFieldValue_t;
+
+#define FI_DEV_GET_GPU_RECOVERY_ACTION 230u
+#define VALUE_TYPE_UNSIGNED_INT 1u
 
 static void copy_field(char *dst, size_t size, const char *src) {
     snprintf(dst, size, "%s", src ? src : "");
@@ -454,6 +474,7 @@ static nvmlReturn_t load_config(void) {
             g->addressing_mode = atoi(f[12]);
             g->module_id = u(f[13]);
             g->temperature = 40;
+            g->recovery = -1;
         } else if (n == 16 && !strcmp(f[0], "profile") && state.nprofiles < MAX_PROFILES) {
             struct profile *p = &state.profiles[state.nprofiles++];
             unsigned *nums[] = {&p->index, &p->id, &p->slices, &p->instances, &p->sm, &p->ce,
@@ -590,6 +611,7 @@ static void reload_config(void) {
                 g->temperature = old->temperature;
                 g->remap_pending = old->remap_pending;
                 g->remap_failure = old->remap_failure;
+                g->recovery = old->recovery;
                 g->ecc_uncorrected = old->ecc_uncorrected;
                 g->registered_events = old->registered_events;
             }
@@ -1320,6 +1342,26 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(void *device, unsigned *corrected, unsign
     return NVML_SUCCESS;
 }
 
+/* Only the GPU recovery action; every other field is not supported. */
+nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
+    GUARD;
+    ENTER("nvmlDeviceGetFieldValues", device);
+    struct gpu *g = as_gpu(device);
+    if (!g || count <= 0 || !values)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        if (v->fieldId != FI_DEV_GET_GPU_RECOVERY_ACTION || g->recovery < 0) {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
+        }
+        v->nvmlReturn = NVML_SUCCESS;
+        v->valueType = VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = (unsigned)g->recovery;
+    }
+    return NVML_SUCCESS;
+}
+
 static int g_mig_capable(void *device) {
     struct gpu *g = as_gpu(device);
     return g && g->mig_mode >= 0;
@@ -1431,6 +1473,8 @@ static nvmlReturn_t apply_command(const char *line, nvmlEventData_t *data) {
         g->temperature = (unsigned)a[1];
     else if (!strcmp(verb, "ecc") && n == 3)
         g->ecc_uncorrected = (unsigned long long)a[1];
+    else if (!strcmp(verb, "recovery") && n == 3)
+        g->recovery = (int)a[1];
     else if (!strcmp(verb, "remap") && n == 4) {
         g->remap_pending = (unsigned)a[1];
         g->remap_failure = (unsigned)a[2];

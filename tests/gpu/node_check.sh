@@ -9,8 +9,8 @@
 # A fourth run starts from a /dev as a node has it moments after boot (the GPUs' nodes and
 # nvidiactl, not yet nvidia-uvm's): prepare must make what the spec names.
 # Dependencies come from the wheels in .whl/ when there is one (a node that cannot reach an index:
-# README, "On a GPU node"), else from the interpreter. Each BASELINE_SRC, an earlier build's src/,
-# is prepared beside this build by bench_gpu.
+# docs/development.md, "Testing on a real GPU"), else from the interpreter. Each BASELINE_SRC, an
+# earlier build's src/, is prepared beside this build by bench_gpu.
 set -uo pipefail
 out=${1:?usage: node_check.sh OUT_DIR [LABEL=BASELINE_SRC ...]}
 shift

@@ -6,8 +6,9 @@ import pytest
 
 from dradriver.health.board import Health
 from dradriver.health.config import HealthConfig
-from dradriver.health.events import GpuLostEvent, HardwareRef, ThresholdEvent, XidEvent
-from dradriver.health.policy import HealthTracker, Problem, Transition, assess, timestamp
+from dradriver.health.events import GpuLostEvent, HardwareRef, RecoveryEvent, ThresholdEvent, XidEvent
+from dradriver.health.policy import Assessment, HealthTracker, Problem, Transition, assess, timestamp
+from dradriver.health.recovery import RecoveryAction
 from dradriver.health.xid import XidClass, classify, describe
 
 GPU = HardwareRef("GPU-1")
@@ -129,3 +130,55 @@ def test_zero_quiet_period_rechecks_at_once() -> None:
 
 def test_timestamp_is_utc_to_the_second() -> None:
     assert timestamp(AT + 0.9) == "2024-06-01T12:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("xid", "action", "expected"),
+    [
+        (79, RecoveryAction.NONE, XidClass.INFORMATIONAL),  # NVML: nothing to do, whatever the table says
+        (13, RecoveryAction.NONE, XidClass.APPLICATION),  # an application's fault stays one
+        (13, RecoveryAction.GPU_RESET, XidClass.FATAL),  # NVML says the GPU needs a reset: it does
+        (63, RecoveryAction.NODE_REBOOT, XidClass.FATAL),
+        (94, RecoveryAction.DRAIN_P2P, XidClass.FATAL),
+        (48, RecoveryAction.DRAIN_AND_RESET, XidClass.FATAL),
+        (48, 42, XidClass.FATAL),  # an action newer than this code: still an action
+        (13, None, XidClass.APPLICATION),  # no recovery action (older host driver): the table
+        (79, None, XidClass.FATAL),
+    ],
+)
+def test_nvmls_recovery_action_decides_where_reported(
+    xid: int, action: int | None, expected: XidClass
+) -> None:
+    assert classify(xid, recovery=action) is expected
+
+
+def test_the_operators_xid_classes_beat_the_recovery_action() -> None:
+    overrides = {94: XidClass.APPLICATION, 31: XidClass.FATAL}
+    assert classify(94, overrides, recovery=RecoveryAction.GPU_RESET) is XidClass.APPLICATION
+    assert classify(31, overrides, recovery=RecoveryAction.NONE) is XidClass.FATAL
+
+
+def test_the_recovery_action_is_in_the_message() -> None:
+    reset = assess(XidEvent(GPU, 13, AT, RecoveryAction.GPU_RESET), HealthConfig()).problem
+    assert reset == Problem(
+        "13",
+        "XID 13 (Graphics Engine Exception) at 2024-06-01T12:00:00Z: GPU reset needed (NVML recovery action)",
+    )
+    reboot = assess(XidEvent(GPU, 79, AT, RecoveryAction.NODE_REBOOT), HealthConfig()).problem
+    assert reboot is not None
+    assert reboot.message.endswith(": node reboot needed (NVML recovery action)")
+    unknown = assess(XidEvent(GPU, 79, AT, 42), HealthConfig()).problem
+    assert unknown is not None
+    assert unknown.message.endswith(": recovery action 42 (NVML recovery action)")
+    fine = assess(XidEvent(GPU, 79, AT, RecoveryAction.NONE), HealthConfig())
+    assert (fine.event_class, fine.problem) == (XidClass.INFORMATIONAL, None)
+
+
+def test_a_gpu_found_needing_a_recovery_action_is_a_problem() -> None:
+    found = assess(RecoveryEvent(GPU, RecoveryAction.DRAIN_AND_RESET, AT), HealthConfig())
+    assert found == Assessment(
+        XidClass.FATAL,
+        Problem(
+            "recovery-action", "drain and GPU reset needed (NVML recovery action) at 2024-06-01T12:00:00Z"
+        ),
+    )

@@ -13,6 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from dradriver import kubeletclient
+from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
 from dradriver.health.board import Health
 from tests.helpers import DRIVER, HealthStream, ServeProcess, free_port, scrape, short_tmpdir, wait_for
 from tests.publish.apiservers import TEST_DRIVER, Backend
@@ -125,6 +129,75 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         assert "device health: all 8 devices healthy (source: fake)" in status(serve).stdout
 
 
+def test_each_kubelet_opens_its_health_version_and_every_stream_sees_the_same_change() -> None:
+    with serving() as (serve, v1alpha1):
+        # 1.34-1.36 open v1alpha1 whatever is advertised; 1.37 the newest both know: v1.
+        picked = {
+            minor: kubeletclient.register(serve.registration_socket, kubelet_minor=minor).health_service
+            for minor in (34, 35, 36, 37)
+        }
+        assert picked == {
+            34: "v1alpha1.DRAResourceHealth",
+            35: "v1alpha1.DRAResourceHealth",
+            36: "v1alpha1.DRAResourceHealth",
+            37: "v1.DRAResourceHealth",
+        }
+        v1 = HealthStream(serve.dra_socket, "v1.DRAResourceHealth")
+        try:
+            wait_for(lambda: len(v1.latest) == 8, 20, "the first v1 health list")
+            assert v1.latest == v1alpha1.latest
+            append_fake_event(serve.plugins_dir / DRIVER, FakeEventRecord(device="gpu-4", xid=79, at=1e9))
+            message = v1.wait("gpu-4", Health.UNHEALTHY)
+            assert message.startswith("XID 79 (GPU has fallen off the bus) at ")
+            assert v1alpha1.wait("gpu-4", Health.UNHEALTHY) == message
+            assert v1.latest == v1alpha1.latest
+        finally:
+            v1.close()
+
+
+@pytest.mark.parametrize(
+    ("advertised", "minor", "opened"),
+    [
+        (kubeletclient.KUBELET_HEALTH_SERVICES, 37, "v1.DRAResourceHealth"),
+        (["v1alpha1.DRAResourceHealth"], 37, "v1alpha1.DRAResourceHealth"),  # an older dradriver
+        (["v1.DRAResourceHealth"], 37, "v1.DRAResourceHealth"),
+        ([], 37, None),  # a plugin without health: no stream, no retries
+        ([], 36, "v1alpha1.DRAResourceHealth"),  # 1.36 opens it anyway (and retries on Unimplemented)
+        (["v1.DRAResourceHealth"], 34, "v1alpha1.DRAResourceHealth"),
+    ],
+)
+def test_kubelet_choice_of_health_service(advertised: Sequence[str], minor: int, opened: str | None) -> None:
+    assert kubeletclient.pick_health_service(["v1.DRAPlugin", *advertised], minor) == opened
+
+
+def test_health_follows_the_recovery_action_nvml_reports_with_an_xid() -> None:
+    port = free_port()
+    with serving(["--metrics-address", f"127.0.0.1:{port}"]) as (serve, stream):
+        # An application XID, but the host driver says the GPU needs a reset: it is unhealthy.
+        reset = fake_event(serve, "--device", "gpu-2", "--xid", "13", "--recovery-action", "gpu-reset")
+        assert reset.returncode == 0, reset.stderr
+        assert reset.stdout.startswith(
+            "XID 13 (Graphics Engine Exception) on gpu-2 with recovery action gpu-reset: "
+        )
+        message = stream.wait("gpu-2", Health.UNHEALTHY)
+        assert message.startswith("XID 13 (Graphics Engine Exception) at ")
+        assert message.endswith(": GPU reset needed (NVML recovery action)")
+        # A fatal-looking XID with no action needed leaves its GPU healthy.
+        state_dir = serve.plugins_dir / DRIVER
+        append_fake_event(state_dir, FakeEventRecord(device="gpu-5", xid=79, recovery="none", at=1e9))
+        counted = 'dradriver_xid_events_total{class="informational",xid="79"} 1.0'
+        wait_for(lambda: counted in scrape(port), 10, "the XID counted")
+        assert all(r["gpu-5"][0] == Health.HEALTHY for r in stream.responses)
+        # Past the quiet period the re-check asks the action again: still a reset to do.
+        wait_for(lambda: "re-check at " in stream.latest["gpu-2"][1], 15, "a failed re-check")
+        assert stream.latest["gpu-2"][1].endswith(
+            "failed: GPU reset needed (NVML recovery action); "
+            "dradriver fake-event --device gpu-2 --recovery-action none clears it"
+        )
+        append_fake_event(state_dir, FakeEventRecord(device="gpu-2", recovery="none", at=1e9))
+        assert stream.wait("gpu-2", Health.HEALTHY).startswith("healthy again at ")
+
+
 def test_lost_gpu_stays_unhealthy_until_it_answers_again() -> None:
     with serving() as (serve, stream):
         assert fake_event(serve, "--device", "gpu-5", "--lost").returncode == 0
@@ -141,18 +214,25 @@ def test_lost_gpu_stays_unhealthy_until_it_answers_again() -> None:
         assert stream.wait("gpu-5", Health.HEALTHY).startswith("healthy again at ")
 
 
-def test_lost_gpu_is_still_lost_after_a_restart() -> None:
+def test_lost_gpu_and_a_pending_recovery_action_outlive_a_restart() -> None:
     with serving() as (serve, stream):
         assert fake_event(serve, "--device", "gpu-1", "--lost").returncode == 0
         stream.wait("gpu-1", Health.UNHEALTHY)
         assert fake_event(serve, "--device", "gpu-2", "--xid", "79").returncode == 0
         stream.wait("gpu-2", Health.UNHEALTHY)
+        reset = FakeEventRecord(device="gpu-3", xid=13, recovery="gpu-reset", at=1e9)
+        append_fake_event(serve.plugins_dir / DRIVER, reset)
+        stream.wait("gpu-3", Health.UNHEALTHY)
         stream.close()
         assert serve.stop() == 0
         serve.start()
         again = HealthStream(serve.dra_socket)
         try:
             again.wait("gpu-1", Health.UNHEALTHY)
+            # The XID is history, but the GPU still needs its reset: found at start.
+            assert again.wait("gpu-3", Health.UNHEALTHY).startswith(
+                "GPU reset needed (NVML recovery action) at "
+            )
             assert again.latest["gpu-2"][0] == Health.HEALTHY  # an old XID is history
         finally:
             again.close()
@@ -186,6 +266,16 @@ def test_fake_event_refuses_what_no_daemon_would_read(tmp_path: Path) -> None:
     both = run("--device", "gpu-0", "--lost", "--xid", "1")
     assert both.returncode == 2
     assert "not allowed with argument" in both.stderr
+    lost_with_action = run("--device", "gpu-0", "--lost", "--recovery-action", "none")
+    assert (lost_with_action.returncode, lost_with_action.stderr) == (
+        2,
+        "dradriver fake-event: error: --recovery-action goes with --xid or alone\n",
+    )
+    nothing = run("--device", "gpu-0")
+    assert nothing.returncode == 2
+    assert (
+        "one of --xid, --lost, --restore, --recovery-action and --utilization is required" in nothing.stderr
+    )
     negative = run("--device", "gpu-0", "--xid", "-3")
     assert "invalid XID '-3'" in negative.stderr
     assert not (tmp_path / "fake-events.jsonl").exists()

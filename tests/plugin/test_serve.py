@@ -58,6 +58,7 @@ def test_get_info_matches_the_go_helper() -> None:
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
 

@@ -76,7 +76,7 @@ def test_serve_publishes_and_prepares_claims_from_the_api_server(backend: Backen
                 "republish",
             )
             assert serve.stop(signal.SIGTERM) == 0
-            assert len(backend.slices(node)) == 1  # left in place on purpose (see README)
+            assert len(backend.slices(node)) == 1  # left in place on purpose (docs/design.md)
         finally:
             serve.kill()
 

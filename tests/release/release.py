@@ -46,6 +46,11 @@ class ReleaseDirectory:
     def device_classes(self) -> Path:
         return self.out / str(self.manifest["deviceClasses"])
 
+    @property
+    def chart(self) -> Path:
+        """The packaged Helm chart, image.digest pinned to the archive's image."""
+        return self.out / str(self.manifest["chart"])
+
     def manifests(self, kustomization: str) -> Path:
         """The rendered manifests of deploy/<kustomization>, the image pinned by digest."""
         return self.out / str(self.manifest["manifests"][kustomization])

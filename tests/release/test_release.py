@@ -23,8 +23,15 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from scripts.build_image import IMAGE_REPOSITORY, VENV, version
-from scripts.release import DEVICECLASSES, KUSTOMIZATIONS, ReleaseError, check_version
-from tests.deploy.manifests import deviceclasses, render
+from scripts.release import (
+    DEVICECLASSES,
+    KUSTOMIZATIONS,
+    QUOTA_DEVICECLASSES,
+    ReleaseError,
+    check_version,
+)
+from tests.deploy.manifests import QUOTA_DEVICECLASSES_DIR, deviceclasses, render
+from tests.helm import chart as helm_chart
 from tests.release.release import (
     RELEASE_ENV,
     REPO,
@@ -105,14 +112,17 @@ def test_every_artifact_is_there_with_its_checksum(release: Release) -> None:
         m["lock"],
         *KUSTOMIZATIONS.values(),
         DEVICECLASSES,
+        QUOTA_DEVICECLASSES,
+        m["chart"],
         "release.json",
         "SHA256SUMS",
     }
     assert {p.name for p in release.out.iterdir()} == expected
-    assert (m["wheel"], m["sdist"], m["image"]["archive"]) == (
+    assert (m["wheel"], m["sdist"], m["image"]["archive"], m["chart"]) == (
         f"dradriver-{VERSION}-py3-none-any.whl",
         f"dradriver-{VERSION}.tar.gz",
         f"dradriver-{VERSION}.oci.tar",
+        f"dradriver-{VERSION}.tgz",
     )
     sums: dict[str, str] = {}
     for line in (release.out / "SHA256SUMS").read_text().splitlines():
@@ -154,10 +164,30 @@ def test_manifests_are_the_kustomizations_with_the_image_pinned(release: Release
     assert rendered == expected
 
 
+def test_chart_is_packaged_with_the_image_pinned(release: Release) -> None:
+    """The packaged chart renders the plugin from the archive's image, by digest, as the
+    manifests do; its version is the release's, and it holds what its links point to."""
+    with tarfile.open(release.chart) as archive:
+        names = set(archive.getnames())
+        chart_yaml = archive.extractfile("dradriver/Chart.yaml")
+        assert chart_yaml is not None
+        meta = yaml.safe_load(chart_yaml)
+    assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
+    assert "dradriver/files/deviceclasses/gpu.yaml" in names
+    assert not any(name.startswith("dradriver/ci/") for name in names)
+    objects = helm_chart.render(chart=release.chart)
+    assert helm_chart.plugin_container(objects)["image"] == release.manifest["image"]["pinned"]
+
+
 def test_deviceclasses_yaml_holds_every_builtin_class(release: Release) -> None:
     shipped = [d for d in yaml.safe_load_all((release.out / DEVICECLASSES).read_text()) if d]
     assert {d["metadata"]["name"]: d for d in shipped} == deviceclasses()
     assert len(shipped) == len(deviceclasses())
+
+
+def test_deviceclasses_quota_yaml_holds_every_optional_class(release: Release) -> None:
+    shipped = [d for d in yaml.safe_load_all((release.out / QUOTA_DEVICECLASSES).read_text()) if d]
+    assert {d["metadata"]["name"]: d for d in shipped} == deviceclasses(QUOTA_DEVICECLASSES_DIR)
 
 
 def test_image_holds_the_released_wheel_and_exactly_the_lock(release: Release, rootfs: Path) -> None:

@@ -44,7 +44,7 @@ def test_every_builtin_profile_renders_valid_slices(profile: str, partitionable:
         assert ("devices" in spec) != ("sharedCounters" in spec)  # counters live in slices of their own
         assert "ownerReferences" not in obj["metadata"]
     # The OpenAPI schemas of every supported Kubernetes version agree (strict: no unknown fields).
-    for version in ("1.34.0", "1.35.0", "1.36.0"):
+    for version in ("1.34.0", "1.35.0", "1.36.0", "1.37.0"):
         for obj in slices:
             kubernetes_validate.validate(obj, version, strict=True)
 

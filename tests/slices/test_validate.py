@@ -6,6 +6,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from dradriver.slices import Finding, build_node_slices, validate_slice, validate_slices
@@ -248,9 +249,39 @@ STATIC_CASES: list[tuple[str, Callable[[Slices], None], str, str]] = [
     ),
     (
         "unknown spec field",
-        lambda s: s[0]["spec"].update(partitionTypeAttribute="x"),
-        "[0].spec.partitionTypeAttribute",
+        lambda s: s[0]["spec"].update(partitionType="x"),
+        "[0].spec.partitionType",
         "unknown",
+    ),
+    (
+        "1.36's name of the node-allocatable field",
+        lambda s: _device(s).update(nodeAllocatableResourceMappings={}),
+        "[0].spec.devices[0].nodeAllocatableResourceMappings",
+        "unknown field",
+    ),
+    (
+        "partition type attribute without a domain",
+        lambda s: s[0]["spec"].update(partitionTypeAttribute="profile"),
+        "[0].spec.partitionTypeAttribute",
+        "domain and a name separated by a slash",
+    ),
+    (
+        "unknown node operation",
+        lambda s: s[0]["spec"].update(skipNodeOperations=["NodeUnprepareResources", "Reboot"]),
+        "[0].spec.skipNodeOperations[1]",
+        'supported values: "*", "NodePrepareResources", "NodeUnprepareResources"',
+    ),
+    (
+        "skipping prepare but not unprepare",
+        lambda s: s[0]["spec"].update(skipNodeOperations=["NodePrepareResources"]),
+        "[0].spec.skipNodeOperations",
+        'requires "NodeUnprepareResources"',
+    ),
+    (
+        "repeated node operation",
+        lambda s: s[0]["spec"].update(skipNodeOperations=["*", "*"]),
+        "[0].spec.skipNodeOperations[1]",
+        "Duplicate value",
     ),
     (
         "bare and qualified twin",
@@ -422,6 +453,17 @@ def test_bad_shapes_are_findings_not_exceptions(junk: Any) -> None:
     findings = validate_slices([junk])
     assert findings
     assert all(isinstance(f, Finding) for f in findings)
+
+
+def test_fields_new_in_137_are_accepted(static: Slices) -> None:
+    slices = copy.deepcopy(static)
+    slices[0]["spec"].update(
+        partitionTypeAttribute=f"{DRIVER}/profile",
+        skipNodeOperations=["NodePrepareResources", "NodeUnprepareResources"],
+    )
+    _device(slices)["nodeAllocatableResources"] = {"memory": {"overhead": {"perPod": "512Mi"}}}
+    assert validate_slices(slices) == []
+    kubernetes_validate.validate(slices[0], "1.37.0", strict=True)  # the shapes 1.37's API has
 
 
 def test_validate_slice_on_one_object(static: Slices) -> None:

@@ -1,21 +1,24 @@
-"""deploy/monitoring: the Grafana dashboard and the dcgm-exporter compatibility rules name only
-series that serve exports, with labels it sets."""
+"""deploy/monitoring: the Grafana dashboard and the rule files (dcgm-exporter compatibility, cost,
+alerts) name only series that serve exports, with labels it sets."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from dradriver.metrics import StateCollector
+from dradriver.telemetry.cost import CostTracker
 from dradriver.telemetry.idle import IdlePolicy, IdleTracker
 from dradriver.telemetry.model import DeviceSample, Holder, PodRef, ProcessSample, Reading, Target, pod_shares
 from dradriver.telemetry.sampler import Snapshot, render
+from tests.telemetry.monitoring import MONITORING
 
-MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
-NAME = re.compile(r"\b(dradriver_[a-z_]+)\b")
+#: A series name, not a part of a recording rule's `level:metric:operations` name.
+NAME = re.compile(r"(?<![\w:])(dradriver_[a-z_]+)(?![\w:])")
+SELECTOR = re.compile(r"(?<![\w:])(dradriver_[a-z_]+)\{([^}]*)\}")
 LABELS = re.compile(r'\b([a-z_]+)\s*(?:=~|!=|=)\s*"')
 
 
@@ -43,9 +46,13 @@ def exported() -> dict[str, set[str]]:
     tracker = IdleTracker(IdlePolicy(50, 0))
     tracker.update(0, [reading])
 
-    text = render(Snapshot(1.0, 0.01, [reading]), tracker.idle(1)).decode()
+    costs, _ = CostTracker({}).update(1.0, [reading])
+    text = render(Snapshot(1.0, 0.01, [reading], costs), tracker.idle(1)).decode()
     found: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(text):
+    state = StateCollector(
+        devices=lambda: [("gpu", "healthy")], prepared_claims=lambda: 1, registered=lambda: True
+    )
+    for family in [*state.collect(), *text_string_to_metric_families(text)]:
         for s in family.samples:
             found.setdefault(s.name, set()).update(s.labels)
     return found
@@ -76,3 +83,16 @@ def test_the_dcgm_compatibility_rules_record_from_exported_series() -> None:
         "DCGM_FI_DEV_GPU_TEMP",
     }
     check("\n".join(r["expr"] for r in rules), "dcgm-compat-rules.yaml")
+
+
+def test_the_cost_and_alert_rules_read_exported_series() -> None:
+    for name in ("cost-rules.yaml", "alert-rules.yaml"):
+        rules = yaml.safe_load((MONITORING / name).read_text())["groups"][0]["rules"]
+        text = "\n".join(r["expr"] for r in rules)
+        series = exported()
+        names = set(NAME.findall(text))
+        assert names, f"{name} names no dradriver series"
+        assert names <= set(series), f"{name}: not exported: {sorted(names - set(series))}"
+        # Other selectors are kube-state-metrics' and kube-controller-manager's series.
+        for metric, matchers in SELECTOR.findall(text):
+            assert set(LABELS.findall(matchers)) <= series[metric] | {"instance", "job"}, (name, metric)

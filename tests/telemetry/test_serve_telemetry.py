@@ -202,3 +202,55 @@ def test_without_tenant_labels_metrics_name_no_claim_pod_or_namespace() -> None:
             assert uid(7) not in text
         finally:
             serve.kill()
+
+
+def test_a_claims_cost_counters_carry_on_across_a_serve_killed_and_restarted() -> None:
+    """Allocated device-seconds run from the claim's prepare time in the checkpoint; busy ones
+    are written to the state directory before they are served: neither goes back after `kill -9`."""
+    port = free_port()
+    claim = allocated_claim("train", uid(8), [{"request": "gpu", "device": "gpu-0"}], namespace="ml")
+    args = ["--metrics-address", f"127.0.0.1:{port}", "--telemetry-interval", "0.2"]
+    allocated, busy = (
+        "dradriver_gpu_allocated_device_seconds_total",
+        "dradriver_gpu_busy_device_seconds_total",
+    )
+    with short_tmpdir() as root:
+        serve = ServeProcess(root, args)
+        (serve.claims_dir / "train.yaml").write_text(yaml.safe_dump(claim))
+        serve.start()
+        try:
+            state_dir = serve.plugins_dir / serve.driver
+            wait_for((state_dir / HEALTH_FILE).exists, 15, "the health report fake-event checks devices in")
+            subprocess.run(
+                [sys.executable, "-m", "dradriver", "fake-event", "--state-dir", str(state_dir),
+                 "--device", "gpu-0", "--utilization", "100"],
+                check=True,
+                capture_output=True,
+            )  # fmt: skip
+            with kubeletclient.DRAClient(serve.dra_socket) as client:
+                ref = ClaimRef("ml", "train", uid(8))
+                assert client.prepare([ref]).claims[ref.uid].error == ""
+            wait_for(
+                lambda: (value(port, busy, claim_name="train") or 0) > 0,
+                10,
+                f"busy time (log: {serve.log()})",
+            )
+            before = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
+            assert value(port, "dradriver_gpu_allocated_devices", claim_name="train") == 1
+            assert before[busy] <= before[allocated]
+            serve.kill()
+            restarted = time.time()
+            serve.start(wait=False)
+            wait_for(
+                lambda: (
+                    http_get(port, "/metrics")[0] == 200
+                    and (value(port, "dradriver_telemetry_timestamp_seconds") or 0) > restarted
+                ),
+                20,
+                f"a reading of the restarted serve (log: {serve.log()})",
+            )
+            after = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
+            assert after[allocated] > before[allocated]
+            assert after[busy] >= before[busy] > 0
+        finally:
+            serve.kill()

@@ -287,8 +287,8 @@ def add_output_flag(parser: argparse.ArgumentParser, default: str = "table") -> 
     )
 
 
-# Kubernetes feature gates whose semantics the local CEL evaluation follows (defaults: 1.36).
-FEATURE_GATES = {"DRAListTypeAttributes": False}
+#: The gates whose effect dradriver's offline tools reproduce, at their Kubernetes 1.36 defaults.
+FEATURE_GATES = {"DRAExtendedResource": True, "DRAListTypeAttributes": False}
 
 
 def feature_gates(text: str) -> dict[str, bool]:
@@ -312,7 +312,10 @@ def add_feature_gates_flag(parser: argparse.ArgumentParser) -> None:
         type=feature_gates,
         default=None,
         metavar="GATE=BOOL,...",
-        help="Kubernetes feature gates of the cluster to follow: DRAListTypeAttributes (default false)",
+        help=(
+            "Kubernetes feature gates of the cluster to follow: "
+            + ", ".join(f"{name} (default {str(on).lower()})" for name, on in sorted(FEATURE_GATES.items()))
+        ),
     )
 
 

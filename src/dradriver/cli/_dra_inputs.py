@@ -214,13 +214,18 @@ class FakeGPUs:
 
 @dataclass(frozen=True)
 class ClassDirectory:
-    directory: Path
+    """The DeviceClass files directly in each directory (not below)."""
+
+    directories: tuple[Path, ...]
 
     def device_classes(self) -> list[Document]:
-        files = sorted(str(p) for p in self.directory.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
-        if not files:
-            raise CLIError(f"{self.directory}: no DeviceClass files (*.yaml, *.json)")
-        return read_objects(files, ["DeviceClass"], str(self.directory))
+        documents = []
+        for directory in self.directories:
+            files = sorted(str(p) for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+            if not files:
+                raise CLIError(f"{directory}: no DeviceClass files (*.yaml, *.json)")
+            documents += read_objects(files, ["DeviceClass"], str(directory))
+        return documents
 
 
 class Cluster:

@@ -1,7 +1,8 @@
 """`dradriver dry-run`: would the scheduler allocate these claims on a node, and why (not)?
 
-Exit 0 when every claim can be allocated on some node, 1 when not (including the errors the
-scheduler would stop with, such as a CEL runtime error), 2 for invalid input (unreadable files,
+Exit 0 when every claim can be allocated on some node (and, given ResourceQuotas, the API server
+would admit them), 1 when not (including the errors the scheduler would stop with, such as a
+CEL runtime error, and a quota refusing a claim), 2 for invalid input (unreadable files,
 malformed objects, selectors that do not compile).
 """
 
@@ -11,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from dradriver.cli import _common
+from dradriver.cli import _common, _quota
 from dradriver.cli._common import env_list_flag
 from dradriver.cli._dra_inputs import (
     ClassDirectory,
@@ -39,8 +40,11 @@ COMMAND = _common.Command(
         "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
         "each selector's outcome per request and device, then the allocation or why there is none.\n"
         "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
-        "(the repository's deviceclasses/, shipped with dradriver: see 'dradriver examples').\n"
-        "Exit status: 0 satisfiable, 1 unsatisfiable, 2 invalid input."
+        "(the repository's deviceclasses/ and deviceclasses/quota/, shipped with dradriver: see\n"
+        "'dradriver examples').\n"
+        "With --resource-quota (or --cluster), also whether the namespaces' ResourceQuotas admit\n"
+        "the claims (and pods) the input creates, counted as the API server counts them.\n"
+        "Exit status: 0 satisfiable, 1 unsatisfiable or refused by a quota, 2 invalid input."
     ),
 )
 
@@ -63,6 +67,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help="give up on a node after this long, as the scheduler does after its filter timeout (0: never)",
     )
     add_inventory_flags(parser)
+    _quota.add_quota_flags(parser, cluster=True)
     _common.add_output_flag(parser)
     _common.env_switch(
         parser,
@@ -78,7 +83,7 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
         return Cluster(args.kubeconfig)
     from dradriver import data
 
-    return ClassDirectory(data.DEVICE_CLASSES)
+    return ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES))
 
 
 def _name_of(document: Document) -> str | None:
@@ -109,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
     class_docs = [
         d for d in _class_source(args).device_classes() if _name_of(d) not in own_names
     ] + own_classes
+    outcomes = _quota.check_quotas(
+        args,
+        claim_docs,
+        workloads,
+        class_docs,
+        _common.cluster_client(args.kubeconfig) if args.cluster else None,
+    )
     claim_docs += extended_resource_claims(workloads, class_docs)
     if not claim_docs:
         raise _common.CLIError(
@@ -140,10 +152,16 @@ def run(args: argparse.Namespace) -> int:
     if args.output != "table":
         from dradriver.cli._output import write_document
 
-        write_document(to_json(simulation, hints), args.output, compact=True)
+        report = to_json(simulation, hints)
+        if outcomes is not None:
+            report["quota"] = _quota.to_json(outcomes)
+        write_document(report, args.output, compact=True)
     else:
         _print_tables(simulation, hints, max_rows=None if args.all_devices else DEFAULT_MAX_ROWS)
-    return 0 if simulation.satisfiable else 1
+        if outcomes is not None:
+            print("\nResourceQuota admission:")
+            print("\n".join(f"  {line}" for line in _quota.lines(outcomes)) or "  nothing to admit")
+    return 0 if simulation.satisfiable and _quota.admitted(outcomes) else 1
 
 
 def _in_use(args: argparse.Namespace, claims: list[Any]) -> list[Any]:
@@ -272,7 +290,7 @@ def _hints(claims: list[Any], classes: Any, driver: str) -> list[dict[str, str]]
 
 
 def to_json(simulation: Any, hints: list[dict[str, str]]) -> dict[str, Any]:
-    """The documented `-o json` schema (schemaVersion 1); see README "dry-run JSON output"."""
+    """The documented `-o json` schema (schemaVersion 1); see docs/tools.md, "dry-run JSON output"."""
     chosen = simulation.chosen
     return {
         "schemaVersion": JSON_SCHEMA_VERSION,

@@ -1,6 +1,7 @@
-"""`dradriver examples`: the DeviceClasses and example claims that ship with dradriver.
+"""`dradriver examples`: the DeviceClasses, example claims and quotas that ship with dradriver.
 
-The same files as the repository's deviceclasses/ and examples/claims/, from any installation:
+The same files as the repository's deviceclasses/ (and quota/) and examples/claims/ (and
+quotas/), from any installation:
 listed without arguments, printed (multi-document YAML) when named.
 """
 
@@ -12,9 +13,10 @@ from pathlib import Path
 from dradriver.cli import _common
 
 COMMAND = _common.Command(
-    help="list or print the built-in DeviceClasses and example claims",
+    help="list or print the built-in DeviceClasses, example claims and example quotas",
     description=(
-        "List the DeviceClasses and example claims that ship with dradriver, or print the named ones.\n"
+        "List the DeviceClasses, example claims and quotas that ship with dradriver, or print the\n"
+        "named ones.\n"
         "  dradriver examples deviceclasses | kubectl apply -f -\n"
         "  dradriver examples single-gpu > claim.yaml\n"
         "  dradriver validate $(dradriver examples --path)/examples/claims/*.yaml"
@@ -27,7 +29,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "names",
         nargs="*",
         metavar="NAME",
-        help="a file (single-gpu, deviceclasses/gpu.yaml) or a directory (deviceclasses, examples/claims)",
+        help="a file (single-gpu, deviceclasses/gpu.yaml) or a directory (deviceclasses, "
+        "deviceclasses/quota, examples/claims, examples/quotas)",
     )
     parser.add_argument("--path", action="store_true", help="print the directory holding the files, and exit")
 

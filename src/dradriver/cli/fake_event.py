@@ -5,6 +5,9 @@ checked against the daemon's own health report (`health.json`), so a typo or a d
 not on fake GPUs is an error here rather than an event nobody reads.
 
     dradriver fake-event --state-dir D --device gpu-3 --xid 79    # a fatal XID
+    dradriver fake-event --state-dir D --device gpu-3 --xid 13 --recovery-action gpu-reset
+                                          # an XID, with NVML's recovery action for the GPU
+    dradriver fake-event --state-dir D --device gpu-3 --recovery-action none   # the GPU was reset
     dradriver fake-event --state-dir D --device gpu-3 --lost      # the GPU falls off the bus
     dradriver fake-event --state-dir D --device gpu-3 --restore   # ... and answers again
     dradriver fake-event --state-dir D --device gpu-3 --utilization 80 --memory-used 20Gi \
@@ -33,6 +36,7 @@ from dradriver.cli._common import (
     state_dir,
 )
 from dradriver.health import HEALTH_FILE
+from dradriver.health.recovery import RecoveryAction
 
 COMMAND = Command(
     help="inject a GPU health event (XID, GPU lost / restored) into a running serve --fake-gpus",
@@ -45,12 +49,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     add_plugins_dir_flag(parser)
     add_state_dir_flag(parser)
     parser.add_argument("--device", required=True, help="the published device name, e.g. gpu-3")
-    kind = parser.add_mutually_exclusive_group(required=True)
+    kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--xid", type=_xid, metavar="CODE", help="raise this XID on the device")
     kind.add_argument("--lost", action="store_true", help="mark the device's GPU lost (fallen off the bus)")
     kind.add_argument("--restore", action="store_true", help="make the device's GPU answer again")
     kind.add_argument(
         "--utilization", type=percent, metavar="PERCENT", help="the device's SM utilisation from now on"
+    )
+    parser.add_argument(
+        "--recovery-action",
+        choices=[a.flag_name for a in RecoveryAction],
+        help="NVML's recovery action for the device's GPU from now on (with --xid: reported with it)",
     )
     parser.add_argument(
         "--memory-used", type=_quantity, metavar="BYTES", help="with --utilization: memory in use"
@@ -129,13 +138,23 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--device: no device {args.device!r} on this node (it has {shown})")
     if args.utilization is None and (args.memory_used is not None or args.power is not None or args.process):
         raise CLIError("--memory-used, --power and --process go with --utilization")
+    if args.recovery_action is not None and (args.lost or args.restore or args.utilization is not None):
+        raise CLIError("--recovery-action goes with --xid or alone")
+    kinds = (args.xid is not None, args.lost, args.restore, args.utilization is not None)
+    if args.recovery_action is None and not any(kinds):
+        raise CLIError("one of --xid, --lost, --restore, --recovery-action and --utilization is required")
     if args.utilization is not None:
         return _set_telemetry(directory, args)
     lost = True if args.lost else False if args.restore else None
-    record = FakeEventRecord(device=args.device, xid=args.xid, lost=lost, at=time.time())
+    action = args.recovery_action
+    record = FakeEventRecord(device=args.device, xid=args.xid, recovery=action, lost=lost, at=time.time())
     path = append_fake_event(directory, record)
-    what = describe(args.xid) if args.xid is not None else "GPU lost" if args.lost else "GPU restored"
-    print(f"{what} on {args.device}: appended to {path}")
+    if args.xid is not None:
+        what = describe(args.xid)
+    else:
+        what = f"recovery action {action}" if action else "GPU lost" if args.lost else "GPU restored"
+    with_action = f" with recovery action {action}" if action and args.xid is not None else ""
+    print(f"{what} on {args.device}{with_action}: appended to {path}")
     return 0
 
 

@@ -1,4 +1,8 @@
-"""`dradriver migrate`: manifests for NVIDIA's DRA driver or its device plugin, rewritten for dradriver.
+"""`dradriver migrate`: manifests for NVIDIA's DRA driver or its device plugin, and Helm values of
+NVIDIA's DRA driver chart, rewritten for dradriver.
+
+A document without apiVersion and kind that holds values of NVIDIA's chart (nvidiaDriverRoot,
+kubeletPlugin, ...) becomes values of dradriver's chart (`dradriver.offline.migrate.helm`).
 
 Reads files, directories (every *.yaml, *.yml, *.json below them) or stdin (`-`); writes the
 migrated manifests as YAML with a comment per object saying what changed and why (`-o json`: a
@@ -25,11 +29,13 @@ SUFFIXES = (".yaml", ".yml", ".json")
 
 
 COMMAND = _common.Command(
-    help="rewrite manifests for NVIDIA's DRA driver or device plugin (and GFD labels) for dradriver",
+    help="rewrite manifests and Helm values for NVIDIA's DRA driver or device plugin for dradriver",
     description=(
         "Rewrite DeviceClasses, ResourceClaims, ResourceClaimTemplates and workloads written for\n"
         "NVIDIA's GPU DRA driver, or for the NVIDIA device plugin (nvidia.com/gpu and\n"
-        "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors), for dradriver.\n"
+        "nvidia.com/mig-<profile> limits, GPU Feature Discovery node selectors, ResourceQuotas of\n"
+        "requests.nvidia.com/gpu and requests.nvidia.com/mig-<profile>), for dradriver; and a\n"
+        "values file of NVIDIA's DRA driver Helm chart as values of dradriver's chart.\n"
         "Every change is explained in a comment (-o json: a report). Whatever has no equivalent\n"
         "is printed as FILE:DOC: OBJECT: FIELD: MESSAGE, and its file is not written.\n"
         "Exit status: 0 migrated, 2 problems or unreadable input."
@@ -94,21 +100,50 @@ def _read(paths: list[str]) -> list[_Input]:
     return inputs
 
 
-def run(args: argparse.Namespace) -> int:
-    from dradriver.offline.migrate import describe, migrate
+def _shipped_classes() -> list[Any]:
+    """dradriver's DeviceClasses, which migrated ResourceQuotas name."""
+    from dradriver import data
+    from dradriver.cli._dra_inputs import ClassDirectory
 
-    inputs = _read(args.paths)
-    results = []
-    for item in inputs:
-        # Objects are translated per file: a file is the unit an operator applies together.
-        objects = [doc.obj for doc in item.documents]
-        not_objects = [
-            doc for doc in item.documents if not (doc.obj.get("apiVersion") and doc.obj.get("kind"))
-        ]
-        migrations = migrate(
-            [o for o in objects if o.get("apiVersion") and o.get("kind")], driver=args.driver_name
+    directories = ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES))
+    return [doc.obj for doc in directories.device_classes()]
+
+
+def _describe(obj: Any) -> str:
+    from dradriver.offline.migrate import describe
+    from dradriver.offline.migrate.helm import VALUES, is_nvidia_values
+
+    return VALUES if is_nvidia_values(obj) else describe(obj)
+
+
+def _migrate(documents: list[Any], driver: str, shipped: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(documents translated, their migrations, documents that are neither objects nor values)."""
+    from dradriver.offline.migrate import migrate
+    from dradriver.offline.migrate.helm import is_nvidia_values, migrate_values
+
+    objects = [doc for doc in documents if doc.obj.get("apiVersion") and doc.obj.get("kind")]
+    values = [doc for doc in documents if is_nvidia_values(doc.obj)]
+    # Objects are translated per file: a file is the unit an operator applies together.
+    done = dict(
+        zip(
+            [d.index for d in objects],
+            migrate([d.obj for d in objects], driver=driver, shipped=shipped),
+            strict=True,
         )
-        results.append((item, [d for d in item.documents if d not in not_objects], migrations, not_objects))
+    )
+    done.update((doc.index, migrate_values(doc.obj, driver=driver)) for doc in values)
+    translated = [doc for doc in documents if doc.index in done]
+    return (
+        translated,
+        [done[doc.index] for doc in translated],
+        [doc for doc in documents if doc.index not in done],
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    inputs = _read(args.paths)
+    shipped = _shipped_classes()
+    results = [(item, *_migrate(item.documents, args.driver_name, shipped)) for item in inputs]
     problems = 0
     for _item, documents, migrations, not_objects in results:
         for doc in not_objects:
@@ -116,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
             problems += 1
         for doc, migration in zip(documents, migrations, strict=True):
             for problem in migration.problems:
-                print(f"{doc.where}: {describe(doc.obj)}: {problem.path}: {problem.message}", file=sys.stderr)
+                print(
+                    f"{doc.where}: {_describe(doc.obj)}: {problem.path}: {problem.message}", file=sys.stderr
+                )
                 problems += 1
     if args.output == "json":
         _print_json(results, args.driver_name)
@@ -137,7 +174,9 @@ def _failed(migrations: list[Any], not_objects: list[Any]) -> bool:
 
 def _short(value: Any) -> str | None:
     """A value fit for a one-line comment, or None when it is too long to be helpful there."""
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
         text = ", ".join(value)
     elif isinstance(value, (str, int)):
         text = str(value)
@@ -150,8 +189,12 @@ def _comment(change: Any) -> str:
     if change.path.endswith(".cel.expression"):
         return f"#   {change.path}: rewritten ({change.reason})"
     before, after = _short(change.before), _short(change.after)
-    if change.after is None and before is not None:
-        edit = f"{before} removed"
+    if change.target:
+        edit = f"{before if before is not None else 'set'} -> {change.target}" + (
+            f": {after}" if after is not None else ""
+        )
+    elif change.after is None:
+        edit = f"{before} removed" if before is not None else "removed"
     elif change.before is None and after is not None:
         edit = f"{after} added"
     elif before is not None and after is not None:
@@ -163,14 +206,13 @@ def _comment(change: Any) -> str:
 
 def _render_file(item: _Input, documents: list[Any], migrations: list[Any], *, failed: bool) -> str:
     from dradriver.cli._output import dump_manifest
-    from dradriver.offline.migrate import describe
 
     if failed:
         return f"# dradriver migrate: {item.source}: not migrated: it has problems (listed on stderr)\n"
     parts = []
     for doc, migration in zip(documents, migrations, strict=True):
         outcome = migration.outcome if not migration.replaced_by else f"replaced by {migration.replaced_by}"
-        lines = [f"# dradriver migrate: {doc.where}: {describe(doc.obj)}: {outcome}"]
+        lines = [f"# dradriver migrate: {doc.where}: {_describe(doc.obj)}: {outcome}"]
         lines += [_comment(c) for c in migration.changes]
         if not migration.outputs:
             parts.append("\n".join(lines) + "\n")
@@ -195,7 +237,6 @@ def _write_files(results: list[Any], directory: Path, inputs: list[_Input]) -> N
 
 def _print_json(results: list[Any], driver: str) -> None:
     from dradriver.cli._output import dump_json
-    from dradriver.offline.migrate import describe
 
     files = []
     for item, documents, migrations, not_objects in results:
@@ -210,11 +251,12 @@ def _print_json(results: list[Any], driver: str) -> None:
             objects.append(
                 {
                     "document": doc.index,
-                    "object": describe(doc.obj),
+                    "object": _describe(doc.obj),
                     "outcome": migration.outcome,
                     "replacedBy": migration.replaced_by or None,
                     "changes": [
                         {"path": c.path, "from": c.before, "to": c.after, "reason": c.reason}
+                        | ({"toPath": c.target} if c.target else {})
                         for c in migration.changes
                     ],
                     "problems": [{"path": p.path, "message": p.message} for p in migration.problems],

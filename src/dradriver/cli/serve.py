@@ -194,7 +194,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         type=absolute_path,
         metavar="FILE",
         help="YAML file overriding the GPU health policy (XID classes, quiet period, taint effect, "
-        "thresholds); see README 'GPU health'",
+        "thresholds); see docs/operations.md, 'GPU health'",
     )
 
 

@@ -7,6 +7,7 @@ DRADRIVER_METRICS_ADDRESS as in the plugin pod, else 127.0.0.1:8080): run it in 
     dradriver top                 # one table, 80 columns, no TTY needed
     dradriver top --watch 2       # again every 2 seconds
     dradriver top -o json         # the same as one JSON document
+    dradriver top --by namespace  # per namespace: claims, GPUs held, GPU-hours allocated and busy
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ADDRESS,
         metavar="[HOST]:PORT",
         help="where the node's serve serves /metrics",
+    )
+    parser.add_argument(
+        "--by",
+        choices=("device", "namespace"),
+        default="device",
+        help="a line per device and holder (device), or per claim namespace (namespace): the "
+        "prepared claims' GPUs now and their device-hours so far",
     )
     parser.add_argument(
         "--watch", type=_seconds, nargs="?", const=2.0, metavar="SECONDS", help="refresh every SECONDS (2)"
@@ -150,6 +158,62 @@ def rows_from_metrics(text: str) -> list[DeviceRow]:
     return sorted(rows.values(), key=lambda r: (_natural(r.device), r.claim))
 
 
+@dataclass
+class NamespaceRow:
+    namespace: str
+    claims: int = 0
+    #: Devices held now, a share counted as its fraction.
+    devices: float = 0.0
+    allocated_device_hours: float = 0.0
+    busy_device_hours: float = 0.0
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.busy_device_hours / self.allocated_device_hours if self.allocated_device_hours else None
+
+
+_COSTS = {
+    "dradriver_gpu_allocated_devices": "devices",
+    "dradriver_gpu_allocated_device_seconds_total": "allocated_device_hours",
+    "dradriver_gpu_busy_device_seconds_total": "busy_device_hours",
+}
+
+
+def namespaces_from_metrics(text: str) -> list[NamespaceRow]:
+    """One row per namespace of the prepared claims, from serve's cost series (pure)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows: dict[str, NamespaceRow] = {}
+    claims: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            attribute = _COSTS.get(sample.name)
+            if attribute is None:
+                continue
+            namespace = sample.labels["claim_namespace"]
+            row = rows.setdefault(namespace, NamespaceRow(namespace))
+            claims.setdefault(namespace, set()).add(sample.labels["claim_uid"])
+            scale = 1.0 if attribute == "devices" else 1 / 3600
+            setattr(row, attribute, getattr(row, attribute) + sample.value * scale)
+    for namespace, row in rows.items():
+        row.claims = len(claims[namespace])
+    return sorted(rows.values(), key=lambda r: r.namespace)
+
+
+def render_namespaces(rows: list[NamespaceRow], width: int = WIDTH) -> str:
+    """The per-namespace table, each line at most `width` characters (pure)."""
+    if not rows:
+        return "no claims prepared on this node\n"
+    head = f"{'CLAIMS':>6} {'GPUS':>6} {'GPU-H ALLOC':>11} {'GPU-H BUSY':>10} {'EFF':>4}  NAMESPACE"
+    lines = [head]
+    for row in rows:
+        lines.append(
+            f"{row.claims:>6} {row.devices:>6.2f} {row.allocated_device_hours:>11.3f} "
+            f"{row.busy_device_hours:>10.3f} {_percent(row.efficiency):>4}  {row.namespace}"
+        )
+    return "\n".join(_fit(line, width) for line in lines) + "\n"
+
+
 def _natural(name: str) -> list[Any]:
     """gpu-2 before gpu-10, a GPU's MIG devices after it."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -212,11 +276,20 @@ def fetch(address: str, timeout: float = 5.0) -> str:
 
 
 def _show(args: argparse.Namespace) -> None:
-    rows = rows_from_metrics(fetch(args.metrics_address))
-    if args.output == "table":
-        sys.stdout.write(render(rows))
+    text = fetch(args.metrics_address)
+    if args.by == "namespace":
+        namespaces = namespaces_from_metrics(text)
+        if args.output == "table":
+            sys.stdout.write(render_namespaces(namespaces))
+        else:
+            documents = [{**asdict(r), "efficiency": r.efficiency} for r in namespaces]
+            write_document({"namespaces": documents}, args.output)
     else:
-        write_document({"devices": [asdict(r) for r in rows]}, args.output)
+        rows = rows_from_metrics(text)
+        if args.output == "table":
+            sys.stdout.write(render(rows))
+        else:
+            write_document({"devices": [asdict(r) for r in rows]}, args.output)
     sys.stdout.flush()
 
 

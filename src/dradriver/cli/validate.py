@@ -3,7 +3,9 @@
 DeviceClasses, ResourceClaims and ResourceClaimTemplates are checked here (structure, names,
 limits, CEL compilation, our opaque config); ResourceSlices by the slice publisher's own
 validator. Objects outside resource.k8s.io (the Pod or Job beside a claim) are skipped.
-Findings print as `file:doc:path: message`; the exit status is 1 when there is any.
+Findings print as `file:doc:path: message`; the exit status is 1 when there is any. With
+--resource-quota, the claims and pods the files create are also checked against those quotas
+(as the API server's ResourceQuota admission counts them); a refusal is a finding too.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dradriver.cli import _common
-from dradriver.cli._dra_inputs import read_documents
+from dradriver.cli import _common, _quota
+from dradriver.cli._dra_inputs import ClassDirectory, read_documents
+from dradriver.offline.workloads import pod_spec
 
 CHECKED_KINDS = ("DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "ResourceSlice")
 
@@ -24,7 +27,9 @@ COMMAND = _common.Command(
     description=(
         "Validate DRA objects (structure, names, limits, CEL selectors, opaque config) before\n"
         "applying them. Findings print as FILE:DOC:PATH: MESSAGE, DOC counting objects from 1.\n"
-        "Exit status: 0 no findings, 1 findings, 2 unreadable input."
+        "With --resource-quota, also whether those quotas admit the claims (and pods) the files\n"
+        "create, counted as the API server counts them.\n"
+        "Exit status: 0 no findings, 1 findings or refused by a quota, 2 unreadable input."
     ),
 )
 
@@ -33,6 +38,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, lists)")
     _common.add_driver_name_flag(parser)
     _common.add_feature_gates_flag(parser)
+    _quota.add_quota_flags(parser, cluster=False)
     _common.add_output_flag(parser)
 
 
@@ -80,18 +86,40 @@ def run(args: argparse.Namespace) -> int:
             for path, message, hints in found
         ]
     checked = len(documents) - skipped
+    outcomes = _quotas(args, documents) if args.resource_quotas and not findings else None
     if args.output != "table":
         from dradriver.cli._output import write_document
 
-        write_document({"checked": checked, "skipped": skipped, "findings": findings}, args.output)
+        report: dict[str, Any] = {"checked": checked, "skipped": skipped, "findings": findings}
+        if outcomes is not None:
+            report["quota"] = _quota.to_json(outcomes)
+        write_document(report, args.output)
     else:
         for f in findings:
             print(f"{f['file']}:{f['document']}:{f['path']}: {f['message']}")
             for hint in f["hints"]:
                 print(f"  hint: {hint}")
+        for line in _quota.lines(outcomes or []):
+            print(line)
     note = f" ({skipped} other object(s) not checked)" if skipped else ""
+    if not _quota.admitted(outcomes):
+        refused = sum(1 for o in outcomes or [] if o.refusals)
+        print(f"{refused} object(s) refused by a ResourceQuota", file=sys.stderr)
+        return 1
     if findings:
         print(f"{len(findings)} finding(s) in {checked} object(s){note}", file=sys.stderr)
         return 1
     print(f"{checked} object(s) valid{note}", file=sys.stderr)
     return 0
+
+
+def _quotas(args: argparse.Namespace, documents: Sequence[Any]) -> list[Any] | None:
+    """The quota outcome of the files' claims, templates and workloads; classes mapping an
+    extended resource come from the files and the built-in classes."""
+    from dradriver import data
+
+    claims = [d for d in documents if d.obj.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")]
+    workloads = [d for d in documents if pod_spec(d.obj) is not None]
+    classes = [d for d in documents if d.obj.get("kind") == "DeviceClass"]
+    builtin = ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES)).device_classes()
+    return _quota.check_quotas(args, claims, workloads, builtin + classes)

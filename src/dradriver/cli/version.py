@@ -18,7 +18,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def version_info() -> dict[str, Any]:
-    """The documented `-o json` object (README "dradriver version")."""
+    """The documented `-o json` object (docs/tools.md, "The `dradriver` command on your PATH")."""
     from dradriver import DEFAULT_DRIVER_NAME, __version__, buildinfo
     from dradriver.kube.client import MIN_KUBERNETES, RESOURCE_API
     from dradriver.offline.allocation.model import API_VERSIONS

@@ -11,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent
 DEVICE_CLASSES = ROOT / "deviceclasses"
+#: The optional classes a ResourceQuota can cap GPUs of one model, MIG devices of one profile by.
+QUOTA_DEVICE_CLASSES = DEVICE_CLASSES / "quota"
 EXAMPLE_CLAIMS = ROOT / "examples" / "claims"
 #: What `dradriver examples` serves, relative to ROOT (the repository's layout).
-DIRECTORIES = ("deviceclasses", "examples/claims")
+DIRECTORIES = ("deviceclasses", "deviceclasses/quota", "examples/claims", "examples/quotas")

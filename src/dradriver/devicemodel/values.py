@@ -1,6 +1,6 @@
 """Turning hardware facts into attribute and capacity values the API server accepts.
 
-The value-representation rule (README "Attribute values"):
+The value-representation rule (docs/claims.md, "What is published"):
 - strings longer than 64 bytes are cut at the last UTF-8 character boundary within 64 bytes
   (a warning names the device and attribute); empty strings are left out;
 - versions are normalised to strict semver ("570.124.06" -> "570.124.6", "9.0" -> "9.0.0");

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 
 class Health(enum.IntEnum):
-    """Numerically equal to the v1alpha1.HealthStatus wire enum."""
+    """Numerically equal to the HealthStatus wire enum (the same in v1 and v1alpha1)."""
 
     UNKNOWN = 0
     HEALTHY = 1

@@ -2,7 +2,8 @@
 
 Every setting has a default that suits a production node, so the file holds only what differs:
 
-    xids:                         # per-XID class: fatal | application | informational
+    xids:                         # per-XID class: fatal | application | informational (beats the
+                                  # recovery action NVML reports with an XID, which beats the table)
       94: application             # e.g. treat contained ECC errors as the application's problem
       13: fatal                   # or distrust the GPU after a graphics exception
     unlistedXids: fatal           # the class of XIDs neither the defaults nor `xids` name

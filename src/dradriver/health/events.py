@@ -32,6 +32,9 @@ class XidEvent:
     xid: int
     #: Unix seconds.
     at: float
+    #: NVML's recovery action for the GPU right after the XID (`recovery.RecoveryAction`, or a
+    #: newer number); None where the host driver does not report one.
+    recovery: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,18 @@ class ThresholdEvent:
     at: float
 
 
-HealthEvent = XidEvent | GpuLostEvent | ThresholdEvent
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """NVML reports a recovery action needed on a GPU, with no XID to go with it: found when the
+    source starts watching the GPU (it failed before, e.g. under the `serve` this one replaced)."""
+
+    where: HardwareRef
+    #: `recovery.RecoveryAction`, or a newer number.
+    action: int
+    at: float
+
+
+HealthEvent = XidEvent | GpuLostEvent | ThresholdEvent | RecoveryEvent
 
 
 class HealthMetrics(Protocol):
@@ -105,7 +119,8 @@ class HealthSource(Protocol):
         ...
 
     def check(self, gpu_uuid: str) -> str | None:
-        """Re-check a GPU before it is trusted again: None if fine, else what is still wrong."""
+        """Re-check a GPU before it is trusted again: None if fine, else what is still wrong
+        (a recovery action still needed, where the host driver reports one)."""
         ...
 
     def watch(self, gpu_uuids: Sequence[str]) -> None:

@@ -2,8 +2,9 @@
 
 A fatal event makes the devices it concerns UNHEALTHY at once. A device becomes HEALTHY again
 by itself, never by a restart: once no fatal event has arrived for the quiet period its GPU is
-re-checked (NVML: it answers, no row remapping pending, thresholds kept; fake GPUs: not marked
-lost), and only a passing re-check clears it. A failing re-check is repeated every re-check
+re-checked (NVML: it answers, no recovery action needed where the host driver reports one, no
+row remapping pending, thresholds kept; fake GPUs: not marked lost, no recovery action set), and
+only a passing re-check clears it. A failing re-check is repeated every re-check
 interval. Time comes in as arguments, so every rule is tested without waiting.
 """
 
@@ -13,15 +14,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dradriver.health import recovery
 from dradriver.health.board import Health
 from dradriver.health.config import HealthConfig
-from dradriver.health.events import GpuLostEvent, HealthEvent, ThresholdEvent, XidEvent
+from dradriver.health.events import GpuLostEvent, HealthEvent, RecoveryEvent, ThresholdEvent, XidEvent
 from dradriver.health.xid import XidClass, classify, describe
 
 #: The taint value (and health.json reason) of a lost GPU.
 GPU_LOST = "gpu-lost"
 #: ... of a device that vanished from the node while a prepared claim holds it (live inventory).
 DEVICE_GONE = "device-gone"
+#: ... of a GPU found needing a recovery action with no XID to name.
+RECOVERY_ACTION = "recovery-action"
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,18 @@ def assess(event: HealthEvent, config: HealthConfig) -> Assessment:
     """Classify an event under `config` and describe the problem it causes."""
     when = timestamp(event.at)
     if isinstance(event, XidEvent):
-        xid_class = classify(event.xid, config.xids, config.unlisted_xids)
-        problem = Problem(str(event.xid), f"{describe(event.xid)} at {when}")
+        xid_class = classify(event.xid, config.xids, config.unlisted_xids, event.recovery)
+        action = "" if event.recovery is None else f": {recovery.describe(event.recovery)}"
+        problem = Problem(str(event.xid), f"{describe(event.xid)} at {when}{action}")
         return Assessment(xid_class, problem if xid_class is XidClass.FATAL else None)
     if isinstance(event, GpuLostEvent):
         return Assessment(XidClass.FATAL, Problem(GPU_LOST, f"GPU lost ({event.detail}) at {when}"))
     if isinstance(event, ThresholdEvent):
         return Assessment(XidClass.FATAL, Problem(event.kind, f"{event.detail} at {when}"))
+    if isinstance(event, RecoveryEvent):
+        return Assessment(
+            XidClass.FATAL, Problem(RECOVERY_ACTION, f"{recovery.describe(event.action)} at {when}")
+        )
     raise TypeError(f"unknown health event {event!r}")
 
 

@@ -6,12 +6,18 @@ is fine; taking the GPU away for those would let one bad job drain a node. The d
 NVIDIA's own ignore list (13, 31, 43, 45, 68, 109; the same list their device plugin and DRA
 driver use), and an XID nobody listed is treated as fatal: a GPU that reports something unknown
 is not trusted with new work until it has been quiet for a while and answers again.
+
+Where the host driver reports NVML's recovery action with the XID (`recovery`), the action decides
+instead of the table: any action needed makes the XID fatal, none leaves the GPU healthy. The
+operator's per-XID classes (`xids` in the health config) still come first.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+
+from dradriver.health.recovery import needs_action
 
 
 class XidClass(enum.StrEnum):
@@ -71,9 +77,18 @@ def describe(xid: int) -> str:
 
 
 def classify(
-    xid: int, overrides: Mapping[int, XidClass] | None = None, unlisted: XidClass = XidClass.FATAL
+    xid: int,
+    overrides: Mapping[int, XidClass] | None = None,
+    unlisted: XidClass = XidClass.FATAL,
+    recovery: int | None = None,
 ) -> XidClass:
-    """The class of `xid`: an override first, then the defaults, else `unlisted`."""
+    """The class of `xid`: an override first, then NVML's `recovery` action where the host driver
+    reports one (an action needed: fatal; none: the table's class, if not fatal), then the
+    defaults, else `unlisted`."""
     if overrides and xid in overrides:
         return overrides[xid]
+    if recovery is not None:
+        if needs_action(recovery):
+            return XidClass.FATAL
+        return DEFAULT_CLASSES.get(xid, XidClass.INFORMATIONAL)
     return DEFAULT_CLASSES.get(xid, unlisted)

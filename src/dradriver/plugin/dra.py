@@ -1,8 +1,9 @@
-"""The gRPC services on the DRA socket: DRAPlugin v1 and v1beta1, and the v1alpha1 health stream.
+"""The gRPC services on the DRA socket: DRAPlugin v1 and v1beta1, and the health stream v1 and v1alpha1.
 
 Both DRAPlugin versions are thin adapters over one `DRAService`, which enforces the kubelet's
 response contract whatever the driver does: one entry per requested claim UID and nothing else,
-base request names, whole-call failures only through `CallError`.
+base request names, whole-call failures only through `CallError`. Both health versions are thin
+adapters over one `HealthBoard`: the same devices, health and messages on every stream.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from dradriver.kubeletapi.dra.v1 import api_pb2 as v1
 from dradriver.kubeletapi.dra.v1 import api_pb2_grpc as v1_grpc
 from dradriver.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1
 from dradriver.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dradriver.kubeletapi.health.v1alpha1 import api_pb2 as health_pb
-from dradriver.kubeletapi.health.v1alpha1 import api_pb2_grpc as health_grpc
+from dradriver.kubeletapi.health.v1 import api_pb2 as health_v1
+from dradriver.kubeletapi.health.v1 import api_pb2_grpc as health_v1_grpc
+from dradriver.kubeletapi.health.v1alpha1 import api_pb2 as health_v1alpha1
+from dradriver.kubeletapi.health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dradriver.plugin.driver import (
     CallError,
     ClaimRef,
@@ -35,8 +38,11 @@ from dradriver.plugin.driver import (
     base_request_name,
 )
 
-#: What GetInfo advertises, in order of preference: the kubelet takes the first one it knows.
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+#: The health stream's services, newest first: a 1.37+ kubelet opens the newest one it knows of
+#: those advertised; 1.34-1.36 open v1alpha1 whatever is advertised.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+#: What GetInfo advertises. The kubelet takes the first DRAPlugin entry it knows.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 
 #: Per-claim errors end up in Pod events; one that echoes a huge input is cut to this length.
 MAX_ERROR_CHARS = 1024
@@ -307,48 +313,60 @@ class DRAPluginV1beta1(_DRAPluginAdapter, v1beta1_grpc.DRAPluginServicer):
         super().__init__(service, v1beta1, "v1beta1")
 
 
-class DRAResourceHealth(health_grpc.DRAResourceHealthServicer):
-    """NodeWatchResources: the full device list at once, then on every change and periodically."""
+class _HealthAdapter:
+    """NodeWatchResources in one wire version: the full device list at once, then on every
+    change and periodically."""
 
-    def __init__(self, board: HealthBoard, refresh_seconds: float = HEALTH_REFRESH_SECONDS) -> None:
+    def __init__(self, board: HealthBoard, pb: ModuleType, version: str, refresh_seconds: float) -> None:
         self._board = board
+        self._pb = pb
+        self._version = version
         self._refresh = refresh_seconds
 
-    def NodeWatchResources(  # noqa: N802
-        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         context.add_callback(self._board.wake)
-        log.info("health stream opened", peer=context.peer())
+        log.info("health stream opened", api=self._version, peer=context.peer())
         # Right after start-up discovery may still be running: an empty list would tell the
         # kubelet we have no devices, so wait for the real one (bounded).
         self._board.wait_until_known(self._refresh)
         version, devices = self._board.snapshot()
-        yield _health_response(devices)
+        yield self._response(devices)
         while context.is_active() and not self._board.closed:
             self._board.wait_for_change(version, self._refresh)
             if not context.is_active() or self._board.closed:
                 break
             version, devices = self._board.snapshot()
-            yield _health_response(devices)
-        log.info("health stream closed")
+            yield self._response(devices)
+        log.info("health stream closed", api=self._version)
+
+    def _response(self, devices: Sequence[DeviceHealth]) -> Any:
+        pb = self._pb
+        return pb.NodeWatchResourcesResponse(
+            devices=[
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
+                    health=int(d.health),
+                    last_updated_time=d.last_updated,
+                    health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
+                    message=d.message,
+                )
+                for d in devices
+            ]
+        )
 
 
-def _health_response(devices: Sequence[DeviceHealth]) -> health_pb.NodeWatchResourcesResponse:
-    return health_pb.NodeWatchResourcesResponse(
-        devices=[
-            health_pb.DeviceHealth(
-                device=health_pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
-                health=int(d.health),  # type: ignore[arg-type]
-                last_updated_time=d.last_updated,
-                health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
-                message=d.message,
-            )
-            for d in devices
-        ]
-    )
+class DRAResourceHealthV1(_HealthAdapter, health_v1_grpc.DRAResourceHealthServicer):
+    def __init__(self, board: HealthBoard, refresh_seconds: float = HEALTH_REFRESH_SECONDS) -> None:
+        super().__init__(board, health_v1, "v1", refresh_seconds)
+
+
+class DRAResourceHealthV1alpha1(_HealthAdapter, health_v1alpha1_grpc.DRAResourceHealthServicer):
+    def __init__(self, board: HealthBoard, refresh_seconds: float = HEALTH_REFRESH_SECONDS) -> None:
+        super().__init__(board, health_v1alpha1, "v1alpha1", refresh_seconds)
 
 
 def add_dra_services(server: grpc.Server, service: DRAService, board: HealthBoard) -> None:
     v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(service), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(service), server)
-    health_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealth(board), server)
+    health_v1_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1(board), server)
+    health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(DRAResourceHealthV1alpha1(board), server)

@@ -118,7 +118,7 @@ def check_slice_admission(
             f"SECURITY: the ResourceSlice admission policy is not in force: the API server accepted "
             f"(dry run) a slice for node {PROBE_NODE!r} from node {node_name!r}'s token, so a stolen "
             "token could rewrite any node's devices; apply deploy/base/admission-policy.yaml "
-            "(README 'Security')"
+            "(docs/operations.md, 'Security')"
         )
         log.error(message, node=node_name)
         if events is not None:

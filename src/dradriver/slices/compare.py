@@ -28,7 +28,9 @@ FIELD_GATES = {
     "bools": "DRAListTypeAttributes",
     "strings": "DRAListTypeAttributes",
     "versions": "DRAListTypeAttributes",
-    "nodeAllocatableResourceMappings": "DRANodeAllocatableResources",
+    "nodeAllocatableResources": "DRANodeAllocatableResources",
+    "partitionTypeAttribute": "DRAPartitionableDevicesType",
+    "skipNodeOperations": "DRAOptionalNodeOperations",
 }
 
 

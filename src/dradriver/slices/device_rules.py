@@ -50,7 +50,8 @@ _DEVICE_KEYS = {
     "bindingConditions",
     "bindingFailureConditions",
     "allowMultipleAllocations",
-    "nodeAllocatableResourceMappings",
+    # 1.37's name of 1.36's alpha `nodeAllocatableResourceMappings`, which 1.37 servers do not know.
+    "nodeAllocatableResources",
 }
 _SCALAR_ATTRIBUTE_TYPES = ("int", "bool", "string", "version")
 LIST_ATTRIBUTE_TYPES = ("ints", "bools", "strings", "versions")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from dradriver.names import dns_subdomain_error, driver_name_error
+from dradriver.names import dns_subdomain_error, driver_name_error, fully_qualified_name_error
 from dradriver.slices.device_rules import (
     LIST_ATTRIBUTE_TYPES,
     counter_lists,
@@ -47,7 +47,13 @@ _SPEC_KEYS = {
     "perDeviceNodeSelection",
     "devices",
     "sharedCounters",
+    # 1.37 alpha (gates DRAPartitionableDevicesType, DRAOptionalNodeOperations).
+    "partitionTypeAttribute",
+    "skipNodeOperations",
 }
+#: What a slice may let the kubelet skip; NodePrepareResources only together with its undo.
+_SKIP_ALL, _SKIP_PREPARE, _SKIP_UNPREPARE = "*", "NodePrepareResources", "NodeUnprepareResources"
+_SKIP_OPERATIONS = (_SKIP_ALL, _SKIP_PREPARE, _SKIP_UNPREPARE)
 _POOL_KEYS = {"name", "generation", "resourceSliceCount"}
 
 
@@ -148,6 +154,29 @@ def _slice(obj: Any, path: str) -> Iterator[Finding]:
                     yield Finding(f"{path}.devices[{index}]", f"Duplicate value: device name {name!r}")
                 names.add(str(name))
     yield from _counter_sets(spec.get("sharedCounters"), f"{path}.sharedCounters")
+    if (partition_type := spec.get("partitionTypeAttribute")) is not None:
+        where = f"{path}.partitionTypeAttribute"
+        if not isinstance(partition_type, str):
+            yield Finding(where, "must be a string")
+        else:
+            yield from checked(fully_qualified_name_error(partition_type), where)
+    yield from _skip_operations(spec.get("skipNodeOperations"), f"{path}.skipNodeOperations")
+
+
+def _skip_operations(value: Any, path: str) -> Iterator[Finding]:
+    if value is None:
+        return
+    if not isinstance(value, list):
+        yield Finding(path, "must be a list")
+        return
+    for index, item in enumerate(value):
+        if item not in _SKIP_OPERATIONS:
+            supported = ", ".join(f'"{s}"' for s in _SKIP_OPERATIONS)
+            yield Finding(f"{path}[{index}]", f"Unsupported value: {item!r}: supported values: {supported}")
+        elif item in value[:index]:
+            yield Finding(f"{path}[{index}]", f"Duplicate value: {item!r}")
+    if _SKIP_PREPARE in value and not any(v in (_SKIP_ALL, _SKIP_UNPREPARE) for v in value):
+        yield Finding(path, f'"{_SKIP_PREPARE}" requires "{_SKIP_UNPREPARE}" (or "*")')
 
 
 def _counter_sets(counter_sets: Any, path: str) -> Iterator[Finding]:

@@ -6,8 +6,13 @@ GPU itself), and while the device is prepared `claim_namespace`, `claim_name`, `
 `sharing`; a device held by several claims (shares) has one series per claim. Per-pod series
 (`dradriver_pod_gpu_*`) exist where a device's processes map to the pods of its holders.
 
+Cost (`cost_families`): counters of allocated and busy device-seconds per device and holder, and
+per pod the devices its claims hold (a claim's weight split evenly between its pods), the series
+a cost tool reads through the recording rules of deploy/monitoring/cost-rules.yaml.
+
 Without tenant labels (`--metrics-tenant-labels=false`) no series names a claim, a pod or a
-namespace: a device has one series per distinct `sharing`, and the per-pod families are empty.
+namespace: a device has one series per distinct `sharing`, and the per-pod and cost families
+are empty (cost is per claim by nature).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dradriver.telemetry.model import THROTTLE_REASONS, DeviceSample, Holder, Reading
+from dradriver.telemetry.cost import Cost
+from dradriver.telemetry.model import THROTTLE_REASONS, DeviceSample, Holder, Reading, Target
 
 DEVICE_LABELS = [
     "device",
@@ -58,8 +64,7 @@ def device_labels(tenant_labels: bool) -> list[str]:
     return DEVICE_LABELS if tenant_labels else [n for n in DEVICE_LABELS if n not in TENANT_LABELS]
 
 
-def _labels(reading: Reading, holder: Holder | None, tenant_labels: bool = True) -> list[str]:
-    target = reading.target
+def _labels(target: Target, holder: Holder | None, tenant_labels: bool = True) -> list[str]:
     if not tenant_labels:
         return [target.device, target.uuid, target.gpu_uuid, holder.sharing if holder else ""]
     if holder is None:
@@ -85,7 +90,7 @@ def _series(reading: Reading, tenant_labels: bool) -> Iterator[tuple[list[str], 
     holders: list[Holder | None] = [*reading.holders] or [None]
     seen: set[tuple[str, ...]] = set()
     for holder in holders:
-        labels = _labels(reading, holder, tenant_labels)
+        labels = _labels(reading.target, holder, tenant_labels)
         if tuple(labels) not in seen:
             seen.add(tuple(labels))
             yield labels, reading.sample
@@ -159,9 +164,44 @@ def _pod_families(readings: Sequence[Reading]) -> list[GaugeMetricFamily]:
     for reading in readings:
         for share in reading.shares:
             holder = next(h for h in reading.holders if share.pod in h.pods)
-            labels = [share.pod.namespace, share.pod.name, *_labels(reading, holder)[:6]]
+            labels = [share.pod.namespace, share.pod.name, *_labels(reading.target, holder)[:6]]
             if share.sm_util_percent is not None:
                 pod_sm.add_metric(labels, share.sm_util_percent / 100)
             if share.used_bytes is not None:
                 pod_fb.add_metric(labels, share.used_bytes)
     return [pod_sm, pod_fb]
+
+
+def cost_families(costs: Sequence[Cost]) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """Allocated and busy device-seconds per device and holder, what each holds now, and the
+    devices each pod holds."""
+    allocated = CounterMetricFamily(
+        "dradriver_gpu_allocated_device_seconds",
+        "Device-seconds the claim has held the device since it was prepared (a share weighted by its "
+        "dominant fraction of memory and compute)",
+        labels=DEVICE_LABELS,
+    )
+    busy = CounterMetricFamily(
+        "dradriver_gpu_busy_device_seconds",
+        "Device-seconds the device was busy for the claim (SM utilisation over time, at most its "
+        "allocated weight); counted while serve reads the device",
+        labels=DEVICE_LABELS,
+    )
+    held = GaugeMetricFamily(
+        "dradriver_gpu_allocated_devices",
+        "What of the device the claim holds now: 1, or a share's dominant fraction",
+        labels=DEVICE_LABELS,
+    )
+    pods = GaugeMetricFamily(
+        "dradriver_pod_gpu_allocated_devices",
+        "Devices a pod's claims hold now (a claim's weight split evenly between the pods it is reserved for)",
+        labels=POD_LABELS,
+    )
+    for cost in costs:
+        labels = _labels(cost.target, cost.holder)
+        allocated.add_metric(labels, cost.allocated_seconds)
+        busy.add_metric(labels, cost.busy_seconds)
+        held.add_metric(labels, cost.weight)
+        for pod in cost.holder.pods:
+            pods.add_metric([pod.namespace, pod.name, *labels[:6]], cost.weight / len(cost.holder.pods))
+    return [allocated, busy, held, pods]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from dradriver.devicemodel import PossibleMig, PublishedDevice
 from dradriver.discovery import Gpu, MigDevice
 from dradriver.plugin.driver import ClaimRef
-from dradriver.prepare.checkpoint import ClaimRecord, ClaimState
+from dradriver.prepare.checkpoint import ClaimRecord, ClaimState, ShareRecord
 from dradriver.prepare.gpu_shares import sharing_label
 
 #: NVML's clock event ("throttle") reason bits -> the names the metrics use.
@@ -91,6 +91,12 @@ class Holder:
     claim_uid: str
     pods: tuple[PodRef, ...] = ()
     sharing: str = ""
+    #: When the claim was prepared (Unix seconds): where its allocated time starts.
+    prepared_at: float = 0.0
+    #: The share of the GPU it holds (consumable capacity); None: the whole device.
+    share: ShareRecord | None = None
+    #: Allocated for administrative access (monitoring): it consumes nothing.
+    admin_access: bool = False
 
     @property
     def claim(self) -> str:
@@ -162,7 +168,16 @@ def holders_by_device(
         pods = tuple(pods_of(record.uid))
         for device in record.devices:
             found.setdefault(device.device, []).append(
-                Holder(record.namespace, record.name, record.uid, pods, sharing_label(device))
+                Holder(
+                    record.namespace,
+                    record.name,
+                    record.uid,
+                    pods,
+                    sharing_label(device),
+                    record.prepared_at.timestamp(),
+                    device.share if device.share_id is not None else None,
+                    device.admin_access,
+                )
             )
     return found
 

@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 from dradriver import logs
 from dradriver.periodic import Periodic
 from dradriver.prepare.checkpoint import ClaimRecord
-from dradriver.telemetry.exposition import families
+from dradriver.telemetry.cost import Cost
+from dradriver.telemetry.exposition import cost_families, families
 from dradriver.telemetry.model import (
     DeviceSample,
     Holder,
@@ -53,6 +54,8 @@ class Snapshot:
     taken_at: float = 0.0  # time.time() of the reading
     read_seconds: float = 0.0
     readings: list[Reading] = field(default_factory=list)
+    #: Each holder's running cost totals (set by `on_reading`).
+    costs: list[Cost] = field(default_factory=list)
     #: The reading in the Prometheus text format, what a scrape appends.
     exposition: bytes = b""
 
@@ -74,8 +77,8 @@ def pod_of_pid(proc_root: Path) -> Callable[[int], str | None]:
 class TelemetrySampler:
     """Keeps the latest readings of the published devices, refreshed every `interval` seconds.
 
-    `on_reading` sees each reading before it is rendered; `idle` gives the claims below the idle
-    threshold then, with their seconds so far."""
+    `on_reading` sees each reading before it is rendered and returns it with its costs; `idle`
+    gives the claims below the idle threshold then, with their seconds so far."""
 
     reader: TelemetryReader
     _: KW_ONLY
@@ -84,7 +87,7 @@ class TelemetrySampler:
     pods_of: Callable[[str], Sequence[PodRef]]
     pod_of_pid: Callable[[int], str | None]
     interval: float
-    on_reading: Callable[[Snapshot], None] = lambda _snapshot: None
+    on_reading: Callable[[Snapshot], Snapshot] = lambda snapshot: snapshot
     idle: Callable[[], Mapping[str, tuple[Holder, float]]] = dict
     #: Claim, pod and namespace names as labels (see `exposition`).
     tenant_labels: bool = True
@@ -111,7 +114,7 @@ class TelemetrySampler:
             read_seconds=time.perf_counter() - started,
             readings=readings(targets, samples, held, self.pod_of_pid),
         )
-        self.on_reading(snapshot)
+        snapshot = self.on_reading(snapshot)
         snapshot = replace(
             snapshot, exposition=render(snapshot, self.idle(), tenant_labels=self.tenant_labels)
         )
@@ -146,9 +149,12 @@ class _Fixed(Collector):
 def render(
     snapshot: Snapshot, idle: Mapping[str, tuple[Holder, float]], *, tenant_labels: bool = True
 ) -> bytes:
-    """A reading, its age and cost and the idle claims (a series per claim: none without tenant
-    labels, the log lines and Events still tell) in the Prometheus text format."""
+    """A reading, the holders' cost totals, the reading's age and cost and the idle claims (a
+    series per claim: none without tenant labels, the log lines and Events still tell) in the
+    Prometheus text format."""
     out = families(snapshot.readings, tenant_labels=tenant_labels)
+    if tenant_labels:
+        out += cost_families(snapshot.costs)
     out.append(
         GaugeMetricFamily(
             "dradriver_telemetry_read_duration_seconds",

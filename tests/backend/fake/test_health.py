@@ -5,13 +5,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from dradriver.backend.fake.health import (
     FAKE_EVENTS_FILE,
     FakeEventRecord,
     FakeHealthSource,
     append_fake_event,
 )
-from dradriver.health.events import GpuLostEvent, HardwareRef, XidEvent
+from dradriver.health.events import GpuLostEvent, HardwareRef, RecoveryEvent, XidEvent
+from dradriver.health.recovery import RecoveryAction
 
 PLACES = {"gpu-0": HardwareRef("GPU-0"), "gpu-1": HardwareRef("GPU-1"), "mig": HardwareRef("GPU-1", 3, 0)}
 
@@ -104,3 +108,37 @@ def test_idle_wait_polls_at_the_poll_interval_until_the_timeout(tmp_path: Path) 
     assert fake.next_events(0.5) == []
     assert 1 <= len(naps) <= 3
     assert all(0 < n <= 0.2 for n in naps)
+
+
+def test_recovery_actions_travel_with_xids_and_hold_the_recheck(tmp_path: Path) -> None:
+    fake = source(tmp_path)
+    append_fake_event(tmp_path, xid("gpu-0", 79))  # never set: as a host driver without the field
+    append_fake_event(tmp_path, FakeEventRecord(device="mig", xid=13, recovery="gpu-reset", at=101))
+    append_fake_event(tmp_path, xid("gpu-1", 31, at=102))  # later XIDs on that GPU carry its action
+    assert fake.next_events(1) == [
+        XidEvent(HardwareRef("GPU-0"), 79, 100.0, None),
+        XidEvent(HardwareRef("GPU-1", 3, 0), 13, 101.0, RecoveryAction.GPU_RESET),
+        XidEvent(HardwareRef("GPU-1"), 31, 102.0, RecoveryAction.GPU_RESET),
+    ]
+    assert fake.check("GPU-1") == (
+        "GPU reset needed (NVML recovery action); "
+        "dradriver fake-event --device mig --recovery-action none clears it"
+    )
+    assert fake.check("GPU-0") is None
+    again = source(tmp_path)  # a restarted serve: the action is state (reported), the XIDs history
+    (found,) = again.next_events(0.02)
+    assert isinstance(found, RecoveryEvent)
+    assert (found.where, found.action) == (HardwareRef("GPU-1"), RecoveryAction.GPU_RESET)
+    assert again.check("GPU-1") is not None
+    append_fake_event(tmp_path, FakeEventRecord(device="gpu-1", recovery="none", at=103))
+    assert fake.next_events(0.05) == []  # an action alone is no event (read at once): the re-check notices
+    assert fake.check("GPU-1") is None
+
+
+def test_a_record_is_one_kind_of_event() -> None:
+    with pytest.raises(ValidationError, match="lost goes with neither xid nor recovery"):
+        FakeEventRecord(device="gpu-0", lost=True, recovery="none", at=1)
+    with pytest.raises(ValidationError, match="one of xid, recovery and lost must be set"):
+        FakeEventRecord(device="gpu-0", at=1)
+    with pytest.raises(ValidationError, match="recovery"):
+        FakeEventRecord.model_validate({"device": "gpu-0", "recovery": "reboot-please", "at": 1})

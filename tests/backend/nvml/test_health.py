@@ -13,7 +13,15 @@ from dradriver.backend.select import open_backend
 from dradriver.devicemodel import build_devices
 from dradriver.health.board import Health
 from dradriver.health.config import Thresholds
-from dradriver.health.events import GpuLostEvent, HardwareRef, SourceOptions, ThresholdEvent, XidEvent
+from dradriver.health.events import (
+    GpuLostEvent,
+    HardwareRef,
+    RecoveryEvent,
+    SourceOptions,
+    ThresholdEvent,
+    XidEvent,
+)
+from dradriver.health.recovery import RecoveryAction
 from dradriver.health.targets import HealthTargets
 from tests.fakenvml.harness import CONFIG_ENV, EVENTS_ENV, NVML_ERROR_UNKNOWN, EventPipe, Failure, config_text
 from tests.helpers import DRIVER, HealthStream, ServeProcess, short_tmpdir, wait_for
@@ -147,6 +155,78 @@ def test_recheck_fails_while_a_row_remap_is_pending(fake_node: FakeNodeFactory, 
         pipe.send("remap 5 0 0")
         source.next_events(0.05)
         assert source.check(uuid) is None
+    finally:
+        source.close()
+
+
+def test_xids_carry_the_recovery_action_and_the_recheck_asks_it(
+    fake_node: FakeNodeFactory, pipe: EventPipe
+) -> None:
+    inventory = open_backend("dgx-a100-mig").discover()
+    errors = Errors()
+    source, _ = open_source(fake_node(inventory), errors=errors)
+    uuid = inventory.gpus[1].uuid
+    try:
+        # A host driver without the field (NOT_SUPPORTED): no action travels, the table decides.
+        pipe.send("xid 1 79")
+        (old,) = source.next_events(5)
+        assert isinstance(old, XidEvent)
+        assert old.recovery is None
+        assert source.check(uuid) is None
+        # One with it: the action NVML reports right after the XID (here a MIG device's).
+        pipe.send("recovery 1 1", "xid 1 13 3 0")
+        (reset,) = source.next_events(5)
+        assert isinstance(reset, XidEvent)
+        assert (reset.where, reset.recovery) == (HardwareRef(uuid, 3, 0), RecoveryAction.GPU_RESET)
+        assert source.check(uuid) == "GPU reset needed (NVML recovery action)"
+        pipe.send("recovery 1 2")
+        source.next_events(0.05)
+        assert source.check(uuid) == "node reboot needed (NVML recovery action)"
+        pipe.send("recovery 1 0", "xid 1 79")
+        (fine,) = source.next_events(5)
+        assert isinstance(fine, XidEvent)
+        assert fine.recovery == RecoveryAction.NONE
+        assert source.check(uuid) is None
+        assert errors.calls == []
+    finally:
+        source.close()
+
+
+def test_a_gpu_needing_a_recovery_action_is_reported_when_first_watched(
+    fake_node: FakeNodeFactory, pipe: EventPipe
+) -> None:
+    inventory = open_backend("t4x4").discover()
+    source, targets = open_source(fake_node(inventory))
+    watched = targets.gpu_uuids
+    try:
+        source.watch(watched[:2])  # the inventory shrank to two GPUs
+        pipe.send("recovery 2 2")
+        assert source.next_events(0.05) == []  # a changed action alone is no event
+        source.watch(watched)  # ... and grew again: GPU 2 still needs its node reboot
+        (found,) = source.next_events(0.05)
+        assert isinstance(found, RecoveryEvent)
+        assert found.where == HardwareRef(inventory.gpus[2].uuid)
+        assert found.action == RecoveryAction.NODE_REBOOT
+        assert source.next_events(0.05) == []  # reported once
+    finally:
+        source.close()
+
+
+def test_a_failing_recovery_query_leaves_the_xid_to_the_table(
+    fake_node: FakeNodeFactory, pipe: EventPipe
+) -> None:
+    inventory = open_backend("t4x4").discover()
+    errors = Errors()
+    node = fake_node(inventory, [Failure("nvmlDeviceGetFieldValues", NVML_ERROR_UNKNOWN)])
+    source, _ = open_source(node, errors=errors)
+    try:
+        pipe.send("recovery 0 1", "xid 0 79")
+        (event,) = source.next_events(5)
+        assert isinstance(event, XidEvent)
+        assert event.recovery is None
+        assert source.check(inventory.gpus[0].uuid) == "NVML nvmlDeviceGetFieldValues: Unknown Error"
+        # Four GPUs asked when first watched, then the XID's and the re-check's.
+        assert errors.calls == ["nvmlDeviceGetFieldValues"] * 6
     finally:
         source.close()
 

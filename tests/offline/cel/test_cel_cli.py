@@ -154,7 +154,7 @@ def test_cel_eval_list_attributes_follow_the_feature_gate(cache_home: Path, tmp_
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
         "dradriver cel eval: error: argument --feature-gates: unknown feature gate 'DRAListTypes' "
-        "(dradriver follows: DRAListTypeAttributes) (see 'dradriver cel eval --help')"
+        "(dradriver follows: DRAExtendedResource, DRAListTypeAttributes) (see 'dradriver cel eval --help')"
     ]
 
 
@@ -226,7 +226,7 @@ def test_cel_eval_accepts_v1beta1_slices_from_the_environment(cache_home: Path, 
 
 # -- dry-run ---------------------------------------------------------------------------------------------
 
-# The documented `dradriver dry-run -o json` schema (README, "dry-run JSON output").
+# The documented `dradriver dry-run -o json` schema (docs/tools.md, "dry-run JSON output").
 SELECTOR = {
     "type": "object",
     "required": ["source", "index", "expression", "outcome", "message"],

@@ -30,8 +30,8 @@ def test_every_nvidia_attribute_is_ours_or_mapped_or_explained() -> None:
     assert set(nvidia.CAPACITIES) <= set(published.CAPACITIES)
 
 
-def test_the_readme_mapping_table_is_the_code_s() -> None:
-    rows = markdown_table(REPO / "README.md", ["NVIDIA attribute", "type", "on", "dradriver", "note"])
+def test_the_documented_mapping_table_is_the_code_s() -> None:
+    rows = markdown_table(REPO / "docs" / "tools.md", ["NVIDIA attribute", "type", "on", "dradriver", "note"])
     documented: dict[str, tuple[str, str]] = {}
     for names, types, _on, ours, _note in rows:
         split_names = [unquote(n) for n in names.split(", ")]

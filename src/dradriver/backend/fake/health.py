@@ -5,11 +5,17 @@ the running `serve --fake-gpus` follows the file (a stat every 0.2 s while idle)
 line into the event NVML would report for that device:
 
     {"device": "gpu-3", "xid": 79, "at": 1717243200.0}     an XID on the device
+    {"device": "gpu-3", "xid": 79, "recovery": "gpu-reset", "at": ...}
+                                                           ... and NVML's recovery action with it
+    {"device": "gpu-3", "recovery": "none", "at": ...}     its GPU's recovery action from now on
     {"device": "gpu-3", "lost": true, "at": ...}           its GPU falls off the bus
     {"device": "gpu-3", "lost": false, "at": ...}          its GPU answers again
 
-XIDs written while no `serve` ran are history and are skipped at start; whether a GPU is lost
-is state, replayed from the whole file, so a restarted `serve` still sees it lost.
+A GPU whose recovery action was never set reports no action at all, as a host driver without the field
+(the fixed XID table decides); once set, its later XIDs carry it and its re-check fails while
+an action is needed. XIDs written while no `serve` ran are history and are skipped at start;
+whether a GPU is lost, and its recovery action, are state, replayed from the whole file, so a
+restarted `serve` still sees them (a GPU still needing an action is reported at start).
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dradriver import logs
-from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, XidEvent
+from dradriver.health import recovery
+from dradriver.health.events import GpuLostEvent, HardwareRef, HealthEvent, RecoveryEvent, XidEvent
+from dradriver.health.recovery import RecoveryAction
 from dradriver.health.xid import MAX_XID
 
 FAKE_EVENTS_FILE = "fake-events.jsonl"
@@ -36,20 +44,28 @@ MAX_READ_BYTES = 1024 * 1024
 log = logs.get_logger(component="health")
 
 
+#: How the log and `fake-event --recovery-action` spell NVML's recovery actions.
+RECOVERY_NAMES: dict[str, RecoveryAction] = {a.flag_name: a for a in RecoveryAction}
+
+
 class FakeEventRecord(BaseModel):
-    """One line of the log: an XID on a device, or its GPU lost / found again."""
+    """One line of the log: an XID on a device (with its GPU's recovery action, if given), its
+    GPU's recovery action alone, or its GPU lost / found again."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     device: Annotated[str, Field(min_length=1, max_length=63)]
     xid: Annotated[int, Field(ge=0, le=MAX_XID)] | None = None
+    recovery: Literal[tuple(RECOVERY_NAMES)] | None = None  # type: ignore[valid-type]
     lost: bool | None = None
     at: Annotated[float, Field(allow_inf_nan=False)]
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
-        if (self.xid is None) == (self.lost is None):
-            raise ValueError("exactly one of xid and lost must be set")
+        if self.lost is not None and (self.xid is not None or self.recovery is not None):
+            raise ValueError("lost goes with neither xid nor recovery")
+        if self.lost is None and self.xid is None and self.recovery is None:
+            raise ValueError("one of xid, recovery and lost must be set")
         return self
 
 
@@ -85,9 +101,16 @@ class FakeHealthSource:
         self._sleep = sleep
         self._offset = 0
         self._lost: dict[str, str] = {}  # GPU UUID -> the device named when it was marked lost
+        # GPU UUID -> its recovery action and the device named when it was set.
+        self._recovery: dict[str, tuple[RecoveryAction, str]] = {}
         # The last loss of each GPU still lost; the XIDs in the history are not replayed.
         history = {e.where.gpu_uuid: e for e in self._read_new() if isinstance(e, GpuLostEvent)}
         self._pending: list[HealthEvent] = [e for uuid, e in history.items() if uuid in self._lost]
+        self._pending += [
+            RecoveryEvent(HardwareRef(uuid), action, time.time())
+            for uuid, (action, _device) in self._recovery.items()
+            if recovery.needs_action(action)
+        ]
 
     def unmonitored(self) -> Mapping[str, str]:
         return {}
@@ -106,9 +129,13 @@ class FakeHealthSource:
 
     def check(self, gpu_uuid: str) -> str | None:
         device = self._lost.get(gpu_uuid)
-        if device is None:
-            return None
-        return f"GPU marked lost; dradriver fake-event --device {device} --restore brings it back"
+        if device is not None:
+            return f"GPU marked lost; dradriver fake-event --device {device} --restore brings it back"
+        action, device = self._recovery.get(gpu_uuid, (RecoveryAction.NONE, ""))
+        if recovery.needs_action(action):
+            clear = f"dradriver fake-event --device {device} --recovery-action none clears it"
+            return f"{recovery.describe(action)}; {clear}"
+        return None
 
     def watch(self, gpu_uuids: Sequence[str]) -> None:
         """Nothing to register: `locate` follows the published devices."""
@@ -161,9 +188,13 @@ class FakeHealthSource:
                 device=record.device,
             )
             return None
-        if record.lost is None:
-            assert record.xid is not None
-            return XidEvent(where, record.xid, record.at)
+        if record.recovery is not None:
+            self._recovery[where.gpu_uuid] = (RECOVERY_NAMES[record.recovery], record.device)
+        if record.xid is not None:
+            action = self._recovery.get(where.gpu_uuid)
+            return XidEvent(where, record.xid, record.at, None if action is None else action[0])
+        if record.lost is None:  # a recovery action alone: state, no event (as NVML)
+            return None
         gpu = HardwareRef(where.gpu_uuid)
         if not record.lost:
             self._lost.pop(gpu.gpu_uuid, None)

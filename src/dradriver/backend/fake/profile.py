@@ -1,7 +1,7 @@
 """The fake GPU profile file format (`--fake-gpus FILE`), as pydantic models.
 
 A profile describes one node: driver versions and groups of identical GPUs. Every field is
-documented in README.md ("Fake GPU profiles"); the built-in profiles in `profiles/` are
+documented in docs/tools.md ("Fake GPU profiles"); the built-in profiles in `profiles/` are
 examples. Loading turns any problem into a `DiscoveryError` naming the file and the field.
 """
 

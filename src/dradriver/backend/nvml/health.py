@@ -16,6 +16,12 @@ and asks for a rescan (a new driver version changes published attributes). "GPU 
 a problem of each GPU (re-checked, back after the quiet period), even when every GPU has it.
 Re-checking a GPU looks it up afresh and reads its temperature and row-remapping state: a lost
 GPU fails, and so does one with a row remap pending (it needs a reset) or over a threshold.
+
+With every XID the GPU's recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is read and
+travels with the event, so the policy follows it; the re-check asks it again and fails while an
+action is still needed. A GPU that needs one already when it is first watched (at start, when the
+host driver is back, when the inventory adds it) is reported at once. A host driver without the
+field (NOT_SUPPORTED) leaves all of this as before.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ import pynvml
 
 from dradriver import logs
 from dradriver.backend.nvml.discovery import host_driver_gone
+from dradriver.health import recovery
 from dradriver.health.config import Thresholds
 from dradriver.health.events import (
     GpuLostEvent,
     HardwareRef,
     HealthEvent,
     HealthMetrics,
+    RecoveryEvent,
     ThresholdEvent,
     ThresholdKind,
     XidEvent,
@@ -91,6 +99,7 @@ class NvmlHealthSource:
         self._lost: set[str] = set()
         self._next_poll = clock() if thresholds.enabled else None
         self._set: Any = None
+        self._pending: list[HealthEvent] = []
         self._driver_problem: str | None = None
         self._reinit_at = 0.0
         self._reinit_wait = REINIT_FIRST_SECONDS
@@ -111,6 +120,7 @@ class NvmlHealthSource:
                 self._register(uuid)
             except _CallError as err:
                 self._unmonitored[uuid] = str(err)
+        self._pending = self._actions_needed(self._uuids)
 
     def unmonitored(self) -> Mapping[str, str]:
         return dict(self._unmonitored)
@@ -122,6 +132,9 @@ class NvmlHealthSource:
         if self._driver_problem is not None:
             self._reinitialize(timeout)
             return []
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
         if self._set is None:  # nothing to wait on: just let the caller's time pass
             time.sleep(timeout)
             return []
@@ -152,10 +165,13 @@ class NvmlHealthSource:
     def check(self, gpu_uuid: str) -> str | None:
         try:
             handle = self._answering(gpu_uuid)
+            action = self._recovery_action(handle)
             remap = self._supported("nvmlDeviceGetRemappedRows", self._nvml.nvmlDeviceGetRemappedRows, handle)
             over = self._over_thresholds(handle)
         except _CallError as err:
             return f"NVML {err}"
+        if action is not None and recovery.needs_action(action):
+            return recovery.describe(action)
         if remap is not None and remap[3]:
             return "row remapping failed: the GPU's memory needs service"
         if remap is not None and remap[2]:
@@ -181,6 +197,7 @@ class NvmlHealthSource:
                 self._register(uuid)
             except _CallError as err:
                 self._unmonitored[uuid] = str(err)
+        self._pending += self._actions_needed(new)
 
     def close(self) -> None:
         if not self._open:
@@ -233,6 +250,7 @@ class NvmlHealthSource:
                     self._unmonitored[uuid] = str(err)
         except _CallError as err:
             self._unmonitored = dict.fromkeys(self._uuids, str(err))
+        self._pending = self._actions_needed(self._uuids)
         self._driver_problem = None
         log.info("the host driver is back: NVML initialised again", unmonitored=len(self._unmonitored))
         self._inventory_changed()
@@ -256,6 +274,18 @@ class NvmlHealthSource:
         except self._nvml.NVMLError as err:
             self._metrics.nvml_error(call)
             raise _CallError(call, err) from None
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """The GPU's recovery action; None where the host driver does not report it."""
+        nvml, call = self._nvml, "nvmlDeviceGetFieldValues"
+        field = nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        values = self._supported(call, nvml.nvmlDeviceGetFieldValues, handle, [field])
+        if values is None or values[0].nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        if values[0].nvmlReturn != nvml.NVML_SUCCESS:
+            self._metrics.nvml_error(call)
+            raise _CallError(call, nvml.NVMLError(values[0].nvmlReturn))
+        return int(values[0].value.uiVal)
 
     def _answering(self, uuid: str) -> Any:
         """A fresh handle of a GPU that answers a query that reaches the hardware (its temperature)."""
@@ -290,11 +320,32 @@ class NvmlHealthSource:
             log.warning("XID event from a GPU that is not watched", xid=data.eventData)
             return []
         where = HardwareRef(uuid, _instance(data.gpuInstanceId), _instance(data.computeInstanceId))
-        return [XidEvent(where, int(data.eventData), time.time())]
+        try:
+            action = self._recovery_action(data.device)
+        except _CallError as err:  # the fixed XID table decides instead
+            log.warning("reading the GPU's recovery action failed", gpu=uuid, error=str(err))
+            action = None
+        return [XidEvent(where, int(data.eventData), time.time(), action)]
 
     def _watched(self) -> list[str]:
         """The GPUs watched now: neither lost nor unmonitored."""
         return [uuid for uuid in self._uuids if uuid not in self._lost and uuid not in self._unmonitored]
+
+    def _actions_needed(self, uuids: Sequence[str]) -> list[HealthEvent]:
+        """Those of `uuids` watched that NVML says need a recovery action already."""
+        events: list[HealthEvent] = []
+        for uuid in uuids:
+            if uuid in self._unmonitored:
+                continue
+            try:
+                handle = self._call("nvmlDeviceGetHandleByUUID", self._nvml.nvmlDeviceGetHandleByUUID, uuid)
+                action = self._recovery_action(handle)
+            except _CallError as err:
+                log.warning("reading the GPU's recovery action failed", gpu=uuid, error=str(err))
+                continue
+            if action is not None and recovery.needs_action(action):
+                events.append(RecoveryEvent(HardwareRef(uuid), action, time.time()))
+        return events
 
     def _find_lost(self) -> list[HealthEvent]:
         """After "GPU is lost": the watched GPUs that no longer answer, each reported once."""

@@ -19,8 +19,8 @@ from dradriver.names import (
     dns_label_error,
     dns_subdomain_error,
     driver_name_error,
+    fully_qualified_name_error,
     int64_error,
-    qualified_name_error,
 )
 from dradriver.offline.allocation.model import API_VERSIONS, RESOURCE_GROUP
 from dradriver.offline.cel import COST_LIMIT, CELCompileError, compile_selector, hints_for
@@ -255,13 +255,10 @@ class _Checker:
             attr_path = f"{item_path}.{field_name}"
             if not attribute:
                 self.required(attr_path)
-            elif not isinstance(attribute, str) or "/" not in attribute:
-                self.invalid(
-                    attr_path,
-                    attribute,
-                    "a fully qualified name must be a domain and a name separated by a slash",
-                )
-            elif (err := qualified_name_error(attribute)) is not None:
+            # A non-string is no domain/name pair either.
+            elif (
+                err := fully_qualified_name_error(attribute if isinstance(attribute, str) else "")
+            ) is not None:
                 self.invalid(attr_path, attribute, err)
         for item_path, config in self.objects(devices.get("config"), f"{path}.config", DEVICE_CONFIG_MAX):
             self.request_refs(config.get("requests"), f"{item_path}.requests", names)

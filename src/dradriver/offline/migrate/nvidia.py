@@ -1,4 +1,4 @@
-"""NVIDIA's names, and what each becomes with dradriver: the one table `migrate` and the README use.
+"""NVIDIA's names, and what each becomes with dradriver: the one table `migrate` and docs/tools.md use.
 
 Read from NVIDIA's GPU DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, formerly
 NVIDIA/k8s-dra-driver-gpu) at main 95932046 (2026-08-07): `cmd/gpu-kubelet-plugin/deviceinfo.go`

@@ -6,7 +6,7 @@ ResourceClaimTemplates it now needs), every change with its field path and reaso
 problem (something with no equivalent) with its field path. An object with a problem is never
 half-translated silently: its problems say what is missing.
 
-What is translated (the README's "Moving from NVIDIA's driver or the device plugin"):
+What is translated (docs/tools.md, "Moving from NVIDIA's driver or the device plugin"):
 - DeviceClasses, ResourceClaims, ResourceClaimTemplates of `gpu.nvidia.com`: class names, CEL
   selectors (`migrate.selectors`), constraint attributes, health-taint tolerations, opaque config
   (`resource.nvidia.com/v1beta1` GpuConfig / MigDeviceConfig -> ours);
@@ -23,9 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.devicemodel.attributes import DeviceType
 from dradriver.names import dns_label_error, dns_subdomain_error
 from dradriver.offline.migrate import gfd, nvidia
+from dradriver.offline.migrate.quota import resource_quota
 from dradriver.offline.migrate.selectors import rewrite, rewrite_qualified
 from dradriver.offline.workloads import POD_SPEC_PATHS, pod_spec
 from dradriver.prepare import config as our_config
@@ -35,6 +37,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 _ALL: frozenset[DeviceType] = frozenset({"gpu", "mig"})
 _TYPE_TEST = re.compile(r"""\.type\s*==\s*["'](gpu|mig)["']""")
+_PROFILE_TEST = re.compile(r"""\.profile\s*==\s*["']([^"']+)["']""")
 _NOT_LABEL = re.compile(r"[^a-z0-9-]")
 
 Outcome = Literal["migrated", "unchanged", "replaced", "failed"]
@@ -42,12 +45,14 @@ Outcome = Literal["migrated", "unchanged", "replaced", "failed"]
 
 @dataclass(frozen=True)
 class Change:
-    """One edit: where (a field path of the input object), from what, to what, and why."""
+    """One edit: where (a field path of the input object), from what, to what, and why; `target`
+    is the field path of the new value where it moved (Helm values), else empty."""
 
     path: str
     before: Any
     after: Any
     reason: str
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,8 @@ class Migration:
             return "replaced"
         return "migrated" if self.changes else "unchanged"
 
-    def change(self, path: str, before: Any, after: Any, reason: str) -> None:
-        self.changes.append(Change(path, before, after, reason))
+    def change(self, path: str, before: Any, after: Any, reason: str, *, target: str = "") -> None:
+        self.changes.append(Change(path, before, after, reason, target))
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(Problem(path, message))
@@ -115,6 +120,10 @@ class _Context:
     extended: set[str] = field(default_factory=set)
     #: (namespace, name) of every ResourceClaimTemplate, given or generated.
     templates: set[tuple[str, str]] = field(default_factory=set)
+    #: dradriver's own classes (as shipped, named for `driver`) other than the GPU class that hand
+    #: out full GPUs, and those of one MIG profile by profile: what a migrated quota names.
+    other_gpu_classes: list[str] = field(default_factory=list)
+    mig_profile_classes: dict[str, str] = field(default_factory=dict)
 
     def device_class(self, name: Any) -> tuple[str, frozenset[DeviceType], str] | str:
         """(our class, device types, reason when renamed) for a class name, or a problem."""
@@ -169,15 +178,19 @@ def _renamed_class(name: str, driver: str) -> str | None:
     return None
 
 
-def _class_device_types(obj: Mapping[str, Any]) -> frozenset[DeviceType]:
+def _expressions(obj: Mapping[str, Any]) -> str:
+    """A DeviceClass's CEL selectors, joined."""
     spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
-    expressions = " ".join(
+    return " ".join(
         str((s.get("cel") or {}).get("expression", ""))
         for s in spec.get("selectors") or []
         if isinstance(s, Mapping)
     )
-    kinds = set(_TYPE_TEST.findall(expressions))
+
+
+def _class_device_types(obj: Mapping[str, Any]) -> frozenset[DeviceType]:
+    kinds = set(_TYPE_TEST.findall(_expressions(obj)))
     types: set[DeviceType] = set()
     if "gpu" in kinds:
         types.add("gpu")
@@ -186,8 +199,22 @@ def _class_device_types(obj: Mapping[str, Any]) -> frozenset[DeviceType]:
     return frozenset(types) or _ALL
 
 
-def _context(objects: Sequence[Mapping[str, Any]], driver: str) -> _Context:
+def _shipped(ctx: _Context, shipped: Sequence[Mapping[str, Any]]) -> None:
+    for obj in shipped:
+        name = _name(obj).removesuffix(DEFAULT_DRIVER_NAME) + ctx.driver
+        types = _class_device_types(obj)
+        if types == {"gpu"} and name != gpu_class(ctx.driver):
+            ctx.other_gpu_classes.append(name)
+        profile = _PROFILE_TEST.search(_expressions(obj))
+        if types == {"mig"} and profile:
+            ctx.mig_profile_classes[profile.group(1)] = name
+
+
+def _context(
+    objects: Sequence[Mapping[str, Any]], driver: str, shipped: Sequence[Mapping[str, Any]]
+) -> _Context:
     ctx = _Context(driver)
+    _shipped(ctx, shipped)
     for obj in objects:
         group, _ = _api_version(obj)
         if group != RESOURCE_GROUP:
@@ -208,9 +235,13 @@ def _context(objects: Sequence[Mapping[str, Any]], driver: str) -> _Context:
     return ctx
 
 
-def migrate(objects: Sequence[Mapping[str, Any]], *, driver: str) -> list[Migration]:
-    """Translate every object; the result has one Migration per input object, in order."""
-    ctx = _context(objects, driver)
+def migrate(
+    objects: Sequence[Mapping[str, Any]], *, driver: str, shipped: Sequence[Mapping[str, Any]] = ()
+) -> list[Migration]:
+    """Translate every object; the result has one Migration per input object, in order.
+    `shipped`: dradriver's DeviceClasses (deviceclasses/, deviceclasses/quota/), which migrated
+    ResourceQuotas name."""
+    ctx = _context(objects, driver, shipped)
     return [_migrate_one(obj, ctx) for obj in objects]
 
 
@@ -258,6 +289,15 @@ def _migrate_one(obj: Mapping[str, Any], ctx: _Context) -> Migration:
         out.problem("kind", "ComputeDomains (multi-node NVLink/IMEX) have no equivalent in dradriver")
     elif kind in POD_SPEC_PATHS:
         out.outputs.extend(_workload(new, out, ctx))
+    elif obj.get("apiVersion") == "v1" and kind == "ResourceQuota":
+        resource_quota(
+            new,
+            out,
+            gpu_class(ctx.driver),
+            mig_class(ctx.driver),
+            ctx.other_gpu_classes,
+            ctx.mig_profile_classes,
+        )
     if not out.replaced_by and not out.problems:
         _leftovers(new, "", out, ctx)
     if out.problems or out.replaced_by:
