@@ -9,7 +9,7 @@
       deploy-fake.yaml                         ... deploy/overlays/fake
       deploy-gpu-operator.yaml                 ... deploy/overlays/gpu-operator
       deviceclasses.yaml                       every DeviceClass of deviceclasses/
-      deviceclasses-quota.yaml                 the optional ones of deviceclasses/quota/
+      deviceclasses-optional.yaml              the optional ones of deviceclasses/optional/
       dradriver-<version>.tgz                  the Helm chart (`helm package`), image pinned by digest
       release.json                             version, commit, image reference and digest, file names
       SHA256SUMS                               `sha256sum -c SHA256SUMS`
@@ -51,7 +51,7 @@ KUSTOMIZATIONS = {
     "overlays/gpu-operator": "deploy-gpu-operator.yaml",
 }
 DEVICECLASSES = "deviceclasses.yaml"
-QUOTA_DEVICECLASSES = "deviceclasses-quota.yaml"
+OPTIONAL_DEVICECLASSES = "deviceclasses-optional.yaml"
 CHART = REPO / "deploy/helm/dradriver"
 
 
@@ -214,7 +214,7 @@ def release(wanted: str, out: Path) -> Path:
             (out / file).write_text(render(kustomization, reference, digest, Path(work)))
         chart = package_chart(out, digest, Path(work), int(env["SOURCE_DATE_EPOCH"]))
     (out / DEVICECLASSES).write_text(device_classes())
-    (out / QUOTA_DEVICECLASSES).write_text(device_classes("deviceclasses/quota"))
+    (out / OPTIONAL_DEVICECLASSES).write_text(device_classes("deviceclasses/optional"))
     shutil.copyfile(LOCK, out / LOCK.name)
     buildinfo = json.loads(wheel_member(wheel, "dradriver/_build.json"))
     if buildinfo["tree_state"] != "clean":
@@ -237,7 +237,7 @@ def release(wanted: str, out: Path) -> Path:
         "lock": LOCK.name,
         "manifests": KUSTOMIZATIONS,
         "deviceClasses": DEVICECLASSES,
-        "quotaDeviceClasses": QUOTA_DEVICECLASSES,
+        "optionalDeviceClasses": OPTIONAL_DEVICECLASSES,
         "chart": chart.name,
     }
     (out / "release.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -22,7 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DEVICECLASSES = REPO / "deviceclasses"
-QUOTA_DEVICECLASSES_DIR = DEVICECLASSES / "quota"
+OPTIONAL_DEVICECLASSES_DIR = DEVICECLASSES / "optional"
 EXAMPLES = REPO / "examples" / "claims"
 QUOTA_EXAMPLES = REPO / "examples" / "quotas"
 
@@ -97,7 +97,7 @@ def example_files() -> list[Path]:
 
 
 def deviceclasses(directory: Path = DEVICECLASSES) -> dict[str, Manifest]:
-    """DeviceClass name -> object, over every file in deviceclasses/ (or deviceclasses/quota/)."""
+    """DeviceClass name -> object, over every file in deviceclasses/ (or deviceclasses/optional/)."""
     classes: dict[str, Manifest] = {}
     for path in deviceclass_files(directory):
         for doc in load_documents(path):
@@ -202,6 +202,10 @@ def example_table() -> list[ExampleRow]:
     return [ExampleRow(unquote(f), unquote(p), unquote(e), pod, s) for f, p, e, pod, s in rows]
 
 
-def class_table() -> list[ClassRow]:
-    rows = markdown_table(DEVICECLASSES / "README.md", ["class", "file", "selects"])
-    return [ClassRow(unquote(n), unquote(f), s) for n, f, s in rows]
+def class_table(directory: Path = DEVICECLASSES) -> list[ClassRow]:
+    """The README's table of classes; deviceclasses/optional/'s also says what one device counted is."""
+    header = ["class", "file", "selects"]
+    if directory != DEVICECLASSES:
+        header.append("one device counted is")
+    rows = markdown_table(directory / "README.md", header)
+    return [ClassRow(unquote(row[0]), unquote(row[1]), row[2]) for row in rows]

@@ -23,9 +23,9 @@ from tests.deploy.manifests import (
     DEVICECLASSES,
     EXAMPLES,
     FAKE_PROFILES,
+    OPTIONAL_DEVICECLASSES_DIR,
     OUTCOMES,
     PROFILE_FLAGS,
-    QUOTA_DEVICECLASSES_DIR,
     QUOTA_EXAMPLES,
     ExampleRow,
     Manifest,
@@ -76,7 +76,7 @@ def selector_problems(expression: str) -> list[str]:
 @pytest.mark.parametrize(
     "path",
     deviceclass_files()
-    + deviceclass_files(QUOTA_DEVICECLASSES_DIR)
+    + deviceclass_files(OPTIONAL_DEVICECLASSES_DIR)
     + example_files()
     + sorted(QUOTA_EXAMPLES.glob("*.yaml")),
     ids=lambda p: p.name,
@@ -88,7 +88,7 @@ def test_file_starts_with_a_comment_saying_what_it_shows(path: Path) -> None:
 
 
 def test_deviceclasses_select_on_our_driver() -> None:
-    for name, cls in (deviceclasses() | deviceclasses(QUOTA_DEVICECLASSES_DIR)).items():
+    for name, cls in (deviceclasses() | deviceclasses(OPTIONAL_DEVICECLASSES_DIR)).items():
         expressions = cel_expressions(cls["spec"]["selectors"])
         assert any(f'device.driver == "{DRIVER}"' in e for e in expressions), (
             f"{name} does not select {DRIVER}"
@@ -100,9 +100,10 @@ def test_deviceclasses_select_on_our_driver() -> None:
 
 
 def test_the_device_plugins_names_are_mapped_once_each() -> None:
-    """nvidia.com/gpu for full GPUs; nvidia.com/mig-<profile> (a "+" written ".") for that profile."""
+    """nvidia.com/gpu for full GPUs (deviceclasses/); nvidia.com/mig-<profile> (a "+" written ".")
+    for that profile (deviceclasses/optional/, which ResourceQuotas cap by profile too)."""
     mapped: dict[str, str] = {}
-    for name, cls in deviceclasses().items():
+    for name, cls in (deviceclasses() | deviceclasses(OPTIONAL_DEVICECLASSES_DIR)).items():
         if (resource := cls["spec"].get("extendedResourceName")) is None:
             continue
         assert resource not in mapped, f"{resource} mapped by {mapped.get(resource)} and {name}"
@@ -270,17 +271,20 @@ def test_examples_table_covers_every_example() -> None:
     assert {row.expected for row in rows} == OUTCOMES, "the table should show both outcomes"
 
 
-def test_deviceclasses_table_matches_the_files() -> None:
+@pytest.mark.parametrize("directory", [DEVICECLASSES, OPTIONAL_DEVICECLASSES_DIR], ids=lambda d: d.name)
+def test_deviceclasses_table_matches_the_files(directory: Path) -> None:
     shipped = {
-        (doc["metadata"]["name"], path.name) for path in deviceclass_files() for doc in load_documents(path)
+        (doc["metadata"]["name"], path.name)
+        for path in deviceclass_files(directory)
+        for doc in load_documents(path)
     }
-    assert {(row.name, row.file) for row in class_table()} == shipped
-    assert all(row.selects for row in class_table())
+    assert {(row.name, row.file) for row in class_table(directory)} == shipped
+    assert all(row.selects for row in class_table(directory))
 
 
 def test_readmes_are_not_applied_as_manifests() -> None:
     """`kubectl apply -f <dir>` reads .yaml/.yml/.json only; nothing else in these dirs."""
-    for directory in (DEVICECLASSES, QUOTA_DEVICECLASSES_DIR, EXAMPLES, QUOTA_EXAMPLES):
+    for directory in (DEVICECLASSES, OPTIONAL_DEVICECLASSES_DIR, EXAMPLES, QUOTA_EXAMPLES):
         others = {p.name for p in directory.iterdir() if p.is_file() and p.suffix != ".yaml"}
         assert others == {"README.md"}
 
@@ -303,7 +307,7 @@ def test_validate_accepts_every_device_class_and_the_rendered_deployment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`dradriver validate` (the API server's rules, our CEL, our opaque config) on everything shipped."""
-    shipped = [*deviceclass_files(), *deviceclass_files(QUOTA_DEVICECLASSES_DIR)]
+    shipped = [*deviceclass_files(), *deviceclass_files(OPTIONAL_DEVICECLASSES_DIR)]
     assert main(["validate", *map(str, shipped)]) == 0, capsys.readouterr()
     rendered = tmp_path / "deploy.yaml"
     rendered.write_text(yaml.safe_dump_all(render("overlays/fake")))
@@ -313,7 +317,7 @@ def test_validate_accepts_every_device_class_and_the_rendered_deployment(
 def test_quota_examples_close_every_other_class() -> None:
     """A quota counts each class under its own name: every example names every class dradriver
     ships (those it does not cap, at 0), so that no class is a way around it."""
-    shipped = set(deviceclasses()) | set(deviceclasses(QUOTA_DEVICECLASSES_DIR))
+    shipped = set(deviceclasses()) | set(deviceclasses(OPTIONAL_DEVICECLASSES_DIR))
     for path in sorted(QUOTA_EXAMPLES.glob("*.yaml")):
         [quota] = load_documents(path)
         named = {

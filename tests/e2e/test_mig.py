@@ -137,8 +137,11 @@ def test_mig_devices_are_made_for_the_scheduler_s_choice_and_destroyed_after(
     )
     assert state["instances"] == []
 
-    # An unchanged device-plugin pod asking nvidia.com/mig-1g.10gb (deviceclasses/
-    # mig-extended-resources.yaml): the scheduler's claim gets a 1g.10gb MIG device, made for it.
+    # An unchanged device-plugin pod asking nvidia.com/mig-1g.10gb (the optional classes of
+    # deviceclasses/optional/mig-profiles.yaml, in the release's deviceclasses-optional.yaml): the
+    # scheduler's claim of mig-1g-10gb.gpu.dradriver.dev gets a 1g.10gb MIG device, made for it.
+    optional_classes = str(fake_deployment.release.optional_device_classes)
+    real_cluster.kubectl("apply", "-f", optional_classes)
     plugin_pod = tmp_path / "device-plugin-pod.yaml"
     plugin_pod.write_text(yaml.safe_dump(DEVICE_PLUGIN_POD))
     real_cluster.kubectl("apply", "-f", str(plugin_pod))
@@ -160,6 +163,7 @@ def test_mig_devices_are_made_for_the_scheduler_s_choice_and_destroyed_after(
     real_cluster.kubectl("delete", "-f", str(plugin_pod), "--wait=true", "--timeout=90s", timeout=120)
     wait_unprepared(fake_deployment)
     assert created_mig(fake_deployment) == []
+    real_cluster.kubectl("delete", "-f", optional_classes, "--ignore-not-found")
 
 
 #: A pod written for the device plugin's "mixed" MIG strategy, unchanged.

@@ -1,4 +1,4 @@
-"""ResourceQuotas on the real cluster, with the release's optional quota classes applied.
+"""ResourceQuotas on the real cluster, with the release's optional DeviceClasses applied.
 
 A namespace capped at 2 GPUs of gpu.dradriver.dev and 1 share of gpu-share.gpu.dradriver.dev:
 `dradriver dry-run --cluster` reads that quota from the API server and says which claims it
@@ -35,7 +35,7 @@ SHARES = devices_name("gpu-share.gpu.dradriver.dev")
 def namespace(
     real_cluster: RealCluster, fake_deployment: Deployment, release: ReleaseDirectory
 ) -> Iterator[str]:
-    quota_classes = str(release.out / str(release.manifest["quotaDeviceClasses"]))
+    quota_classes = str(release.optional_device_classes)
     real_cluster.kubectl("apply", "-f", quota_classes)
     real_cluster.kubectl("create", "namespace", NAMESPACE)
     try:

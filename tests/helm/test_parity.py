@@ -148,6 +148,14 @@ def test_device_classes_are_deviceclasses_directory() -> None:
     assert ours == manifests.deviceclasses()
 
 
+def test_optional_device_classes_add_the_optional_directory() -> None:
+    """deviceClasses.optional: `kubectl apply -f deviceclasses/optional/` as well."""
+    rendered = by_kind(render({"deviceClasses": {"optional": True}}), "DeviceClass")
+    ours = {o["metadata"]["name"]: without_labels(o) for o in rendered}
+    assert len(ours) == len(rendered)
+    assert ours == manifests.deviceclasses() | manifests.deviceclasses(manifests.OPTIONAL_DEVICECLASSES_DIR)
+
+
 @pytest.mark.parametrize("component", list(COMPONENTS))
 def test_component_values_render_the_components_objects(
     component: str, tmp_path_factory: pytest.TempPathFactory

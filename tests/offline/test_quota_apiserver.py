@@ -300,7 +300,7 @@ def test_quota_examples_classes_and_a_migrated_quota_are_accepted(
         for quota in load_documents(path):
             quota["metadata"]["name"] += "-" + path.stem
             api.request("POST", "/api/v1/namespaces/team-a/resourcequotas", body=quota)
-    for path in sorted((REPO / "deviceclasses/quota").glob("*.yaml")):
+    for path in sorted((REPO / "deviceclasses/optional").glob("*.yaml")):
         for cls in load_documents(path):
             api.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=cls)
     source = tmp_path / "device-plugin-quota.yaml"

@@ -47,6 +47,11 @@ class ReleaseDirectory:
         return self.out / str(self.manifest["deviceClasses"])
 
     @property
+    def optional_device_classes(self) -> Path:
+        """deviceclasses/optional/: whole GPUs, GPU models, one class per MIG profile."""
+        return self.out / str(self.manifest["optionalDeviceClasses"])
+
+    @property
     def chart(self) -> Path:
         """The packaged Helm chart, image.digest pinned to the archive's image."""
         return self.out / str(self.manifest["chart"])

@@ -26,11 +26,11 @@ from scripts.build_image import IMAGE_REPOSITORY, VENV, version
 from scripts.release import (
     DEVICECLASSES,
     KUSTOMIZATIONS,
-    QUOTA_DEVICECLASSES,
+    OPTIONAL_DEVICECLASSES,
     ReleaseError,
     check_version,
 )
-from tests.deploy.manifests import QUOTA_DEVICECLASSES_DIR, deviceclasses, render
+from tests.deploy.manifests import OPTIONAL_DEVICECLASSES_DIR, deviceclasses, render
 from tests.helm import chart as helm_chart
 from tests.release.release import (
     RELEASE_ENV,
@@ -112,7 +112,7 @@ def test_every_artifact_is_there_with_its_checksum(release: Release) -> None:
         m["lock"],
         *KUSTOMIZATIONS.values(),
         DEVICECLASSES,
-        QUOTA_DEVICECLASSES,
+        OPTIONAL_DEVICECLASSES,
         m["chart"],
         "release.json",
         "SHA256SUMS",
@@ -185,9 +185,9 @@ def test_deviceclasses_yaml_holds_every_builtin_class(release: Release) -> None:
     assert len(shipped) == len(deviceclasses())
 
 
-def test_deviceclasses_quota_yaml_holds_every_optional_class(release: Release) -> None:
-    shipped = [d for d in yaml.safe_load_all((release.out / QUOTA_DEVICECLASSES).read_text()) if d]
-    assert {d["metadata"]["name"]: d for d in shipped} == deviceclasses(QUOTA_DEVICECLASSES_DIR)
+def test_deviceclasses_optional_yaml_holds_every_optional_class(release: Release) -> None:
+    shipped = [d for d in yaml.safe_load_all((release.out / OPTIONAL_DEVICECLASSES).read_text()) if d]
+    assert {d["metadata"]["name"]: d for d in shipped} == deviceclasses(OPTIONAL_DEVICECLASSES_DIR)
 
 
 def test_image_holds_the_released_wheel_and_exactly_the_lock(release: Release, rootfs: Path) -> None:

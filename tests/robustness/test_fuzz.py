@@ -62,7 +62,11 @@ json_values = st.recursive(
 
 def _examples() -> list[Any]:
     docs: list[Any] = []
-    for directory in (REPO / "examples" / "claims", REPO / "deviceclasses"):
+    for directory in (
+        REPO / "examples" / "claims",
+        REPO / "deviceclasses",
+        REPO / "deviceclasses" / "optional",
+    ):
         for path in sorted(directory.glob("*.yaml")):
             docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs

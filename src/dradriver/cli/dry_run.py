@@ -40,7 +40,7 @@ COMMAND = _common.Command(
         "Simulate how the Kubernetes scheduler allocates devices for ResourceClaims (or templates):\n"
         "each selector's outcome per request and device, then the allocation or why there is none.\n"
         "Classes come from --class, the cluster (--cluster), else the built-in DeviceClasses\n"
-        "(the repository's deviceclasses/ and deviceclasses/quota/, shipped with dradriver: see\n"
+        "(the repository's deviceclasses/ and deviceclasses/optional/, shipped with dradriver: see\n"
         "'dradriver examples').\n"
         "With --resource-quota (or --cluster), also whether the namespaces' ResourceQuotas admit\n"
         "the claims (and pods) the input creates, counted as the API server counts them.\n"
@@ -83,7 +83,7 @@ def _class_source(args: argparse.Namespace) -> ClassSource:
         return Cluster(args.kubeconfig)
     from dradriver import data
 
-    return ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES))
+    return ClassDirectory((data.DEVICE_CLASSES, data.OPTIONAL_DEVICE_CLASSES))
 
 
 def _name_of(document: Document) -> str | None:

@@ -1,6 +1,6 @@
 """`dradriver examples`: the DeviceClasses, example claims and quotas that ship with dradriver.
 
-The same files as the repository's deviceclasses/ (and quota/) and examples/claims/ (and
+The same files as the repository's deviceclasses/ (and optional/) and examples/claims/ (and
 quotas/), from any installation:
 listed without arguments, printed (multi-document YAML) when named.
 """
@@ -30,7 +30,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="NAME",
         help="a file (single-gpu, deviceclasses/gpu.yaml) or a directory (deviceclasses, "
-        "deviceclasses/quota, examples/claims, examples/quotas)",
+        "deviceclasses/optional, examples/claims, examples/quotas)",
     )
     parser.add_argument("--path", action="store_true", help="print the directory holding the files, and exit")
 

@@ -105,7 +105,7 @@ def _shipped_classes() -> list[Any]:
     from dradriver import data
     from dradriver.cli._dra_inputs import ClassDirectory
 
-    directories = ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES))
+    directories = ClassDirectory((data.DEVICE_CLASSES, data.OPTIONAL_DEVICE_CLASSES))
     return [doc.obj for doc in directories.device_classes()]
 
 

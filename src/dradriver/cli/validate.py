@@ -121,5 +121,5 @@ def _quotas(args: argparse.Namespace, documents: Sequence[Any]) -> list[Any] | N
     claims = [d for d in documents if d.obj.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")]
     workloads = [d for d in documents if pod_spec(d.obj) is not None]
     classes = [d for d in documents if d.obj.get("kind") == "DeviceClass"]
-    builtin = ClassDirectory((data.DEVICE_CLASSES, data.QUOTA_DEVICE_CLASSES)).device_classes()
+    builtin = ClassDirectory((data.DEVICE_CLASSES, data.OPTIONAL_DEVICE_CLASSES)).device_classes()
     return _quota.check_quotas(args, claims, workloads, builtin + classes)

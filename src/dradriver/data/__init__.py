@@ -11,8 +11,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent
 DEVICE_CLASSES = ROOT / "deviceclasses"
-#: The optional classes a ResourceQuota can cap GPUs of one model, MIG devices of one profile by.
-QUOTA_DEVICE_CLASSES = DEVICE_CLASSES / "quota"
+#: The optional classes (not applied by `kubectl apply -f deviceclasses/`): whole GPUs, GPUs of one
+#: model and MIG devices of one profile, which a ResourceQuota can cap by name; the MIG ones also
+#: serve the device plugin's `nvidia.com/mig-<profile>` names as extended resources.
+OPTIONAL_DEVICE_CLASSES = DEVICE_CLASSES / "optional"
 EXAMPLE_CLAIMS = ROOT / "examples" / "claims"
 #: What `dradriver examples` serves, relative to ROOT (the repository's layout).
-DIRECTORIES = ("deviceclasses", "deviceclasses/quota", "examples/claims", "examples/quotas")
+DIRECTORIES = ("deviceclasses", "deviceclasses/optional", "examples/claims", "examples/quotas")

@@ -13,7 +13,7 @@ import yaml
 from dradriver.cli import main
 from dradriver.offline.allocation.model import parse_claim
 from dradriver.offline.quota import QuotaLedger, admissions, check, devices_name, parse_resource_quota
-from tests.deploy.manifests import QUOTA_DEVICECLASSES_DIR, deviceclasses
+from tests.deploy.manifests import OPTIONAL_DEVICECLASSES_DIR, deviceclasses
 
 DEVICE_PLUGIN_QUOTA = {
     "apiVersion": "v1",
@@ -25,7 +25,9 @@ DEVICE_PLUGIN_QUOTA = {
             "requests.nvidia.com/gpu": 4,
             "limits.nvidia.com/gpu": "4",
             "requests.nvidia.com/mig-1g.10gb": "8",
-            "requests.nvidia.com/mig-1g.18gb": "1",
+            "requests.nvidia.com/mig-1g.10gb.me": "2",
+            # A profile with no class of its own in deviceclasses/optional/.
+            "requests.nvidia.com/mig-4g.96gb": "1",
         }
     },
 }
@@ -62,15 +64,17 @@ def test_a_gpu_cap_caps_the_gpu_class_and_closes_every_other(
 ) -> None:
     [quota] = migrated(tmp_path, capsys, DEVICE_PLUGIN_QUOTA)
     hard = quota["spec"]["hard"]
-    shipped = deviceclasses() | deviceclasses(QUOTA_DEVICECLASSES_DIR)
+    shipped = deviceclasses() | deviceclasses(OPTIONAL_DEVICECLASSES_DIR)
     full_gpu = {n for n, c in shipped.items() if '.type == "gpu"' in str(c["spec"]["selectors"])}
     assert {n: hard[devices_name(n)] for n in full_gpu} == {
         n: "4" if n == "gpu.dradriver.dev" else "0" for n in full_gpu
     }
-    assert hard[devices_name("mig-1g.10gb.gpu.dradriver.dev")] == "8"
-    assert hard[devices_name("mig.gpu.dradriver.dev")] == "9", (
-        "the profiles' total, 1g.18gb (no class of its own) included"
+    assert hard[devices_name("mig-1g-10gb.gpu.dradriver.dev")] == "8"
+    assert hard[devices_name("mig-1g-10gb-me.gpu.dradriver.dev")] == "2", "the device plugin's 1g.10gb.me"
+    assert hard[devices_name("mig.gpu.dradriver.dev")] == "11", (
+        "the profiles' total, 4g.96gb (no class of its own) included"
     )
+    assert not any(".4g.96gb" in k or "4g-96gb" in k for k in hard)
     assert hard["requests.cpu"] == "64"
     assert hard["requests.nvidia.com/gpu"] == 4
     assert "limits.nvidia.com/gpu" not in hard
@@ -95,7 +99,7 @@ def test_another_driver_name_names_its_classes(tmp_path: Path, capsys: pytest.Ca
     hard = quota["spec"]["hard"]
     assert hard[devices_name("gpu.example.com")] == "4"
     assert hard[devices_name("h100.gpu.example.com")] == "0"
-    assert hard[devices_name("mig-1g.10gb.gpu.example.com")] == "8"
+    assert hard[devices_name("mig-1g-10gb.gpu.example.com")] == "8"
     assert not any("dradriver.dev" in key for key in hard)
 
 

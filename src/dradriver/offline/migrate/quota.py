@@ -5,7 +5,7 @@ a pod asked for; DRA counts the devices claims request per DeviceClass, under
 `<class>.deviceclass.resource.k8s.io/devices`, and nothing else. So a GPU cap becomes a cap on
 the class migrated workloads use (dradriver's GPU class) and 0 for every other class dradriver
 ships that hands out full GPUs (each would be a way around it). `nvidia.com/mig-<profile>` caps
-become a cap on the profile's class (deviceclasses/quota/) and, since migrated workloads ask
+become a cap on the profile's class (deviceclasses/optional/) and, since migrated workloads ask
 `mig.<driver>` with a profile selector, their sum on the MIG class.
 """
 
@@ -127,7 +127,7 @@ def _mig(
             out,
             devices_name(cls),
             value.canonical(),
-            f"{key}: the class of MIG devices of {profile} (deviceclasses/quota/mig-profiles.yaml)",
+            f"{key}: the class of MIG devices of {profile} (deviceclasses/optional/mig-profiles.yaml)",
         )
     missing = sorted(p for p in profiles if p not in profile_classes)
     _set(

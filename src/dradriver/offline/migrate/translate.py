@@ -121,7 +121,8 @@ class _Context:
     #: (namespace, name) of every ResourceClaimTemplate, given or generated.
     templates: set[tuple[str, str]] = field(default_factory=set)
     #: dradriver's own classes (as shipped, named for `driver`) other than the GPU class that hand
-    #: out full GPUs, and those of one MIG profile by profile: what a migrated quota names.
+    #: out full GPUs, and those of one MIG profile by the device plugin's name of the profile
+    #: (1g.10gb.me): what a migrated quota names.
     other_gpu_classes: list[str] = field(default_factory=list)
     mig_profile_classes: dict[str, str] = field(default_factory=dict)
 
@@ -207,7 +208,9 @@ def _shipped(ctx: _Context, shipped: Sequence[Mapping[str, Any]]) -> None:
             ctx.other_gpu_classes.append(name)
         profile = _PROFILE_TEST.search(_expressions(obj))
         if types == {"mig"} and profile:
-            ctx.mig_profile_classes[profile.group(1)] = name
+            # By the device plugin's name of the profile, which writes a "+" as "." (1g.10gb+me ->
+            # nvidia.com/mig-1g.10gb.me): what a quota's requests.nvidia.com/mig-<profile> names.
+            ctx.mig_profile_classes[profile.group(1).replace("+", ".")] = name
 
 
 def _context(
@@ -239,7 +242,7 @@ def migrate(
     objects: Sequence[Mapping[str, Any]], *, driver: str, shipped: Sequence[Mapping[str, Any]] = ()
 ) -> list[Migration]:
     """Translate every object; the result has one Migration per input object, in order.
-    `shipped`: dradriver's DeviceClasses (deviceclasses/, deviceclasses/quota/), which migrated
+    `shipped`: dradriver's DeviceClasses (deviceclasses/, deviceclasses/optional/), which migrated
     ResourceQuotas name."""
     ctx = _context(objects, driver, shipped)
     return [_migrate_one(obj, ctx) for obj in objects]
