@@ -92,21 +92,26 @@ def serve(
         process.kill()
 
 
-def stream_latency_fake(runs: int) -> list[float]:
-    samples = []
+def stream_latency_fake(
+    runs: int, services: tuple[str, ...] = (kubeletclient.V1ALPHA1_HEALTH,)
+) -> dict[str, list[float]]:
+    """Per health service, XID -> UNHEALTHY on a stream of it; with several, all open at once."""
+    samples: dict[str, list[float]] = {s: [] for s in services}
     with short_tmpdir() as root, serve(root, FAST_RECOVERY) as process:
-        stream = TimedStream(process.dra_socket)
+        streams = {s: TimedStream(process.dra_socket, s) for s in services}
         state_dir = process.plugins_dir / DRIVER
         wait_for((state_dir / "health.json").exists, 20, "health.json")
         for run in range(runs + 1):  # the first run warms up
             device = f"gpu-{run % 8}"
             started = time.perf_counter()
             append_fake_event(state_dir, FakeEventRecord(device=device, xid=79, at=time.time()))
-            arrived = stream.first(device, Health.UNHEALTHY, started)
-            stream.first(device, Health.HEALTHY, arrived)
-            if run:
-                samples.append(arrived - started)
-        stream.close()
+            arrived = {s: stream.first(device, Health.UNHEALTHY, started) for s, stream in streams.items()}
+            for service, stream in streams.items():
+                stream.first(device, Health.HEALTHY, arrived[service])
+                if run:
+                    samples[service].append(arrived[service] - started)
+        for stream in streams.values():
+            stream.close()
     return samples
 
 
@@ -218,7 +223,10 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
 
     print(
-        summary("XID -> UNHEALTHY on the stream, fake GPUs (fake-event log)", stream_latency_fake(args.runs))
+        summary(
+            "XID -> UNHEALTHY on the stream, fake GPUs (fake-event log)",
+            stream_latency_fake(args.runs)[kubeletclient.V1ALPHA1_HEALTH],
+        )
     )
     print(
         summary(

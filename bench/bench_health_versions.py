@@ -12,35 +12,11 @@ period) before the next run. The fake-event log is polled every 0.2 s: most of a
 from __future__ import annotations
 
 import argparse
-import time
 
-from bench.bench_health import FAST_RECOVERY, TimedStream, serve
+from bench.bench_health import stream_latency_fake
 from bench.common import summary
-from dradriver.backend.fake.health import FakeEventRecord, append_fake_event
-from dradriver.health.board import Health
-from tests.helpers import DRIVER, short_tmpdir, wait_for
 
 VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
-
-
-def latencies(runs: int) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {v: [] for v in VERSIONS}
-    with short_tmpdir() as root, serve(root, FAST_RECOVERY) as process:
-        streams = {v: TimedStream(process.dra_socket, v) for v in VERSIONS}
-        state_dir = process.plugins_dir / DRIVER
-        wait_for((state_dir / "health.json").exists, 20, "health.json")
-        for run in range(runs + 1):  # the first run warms up
-            device = f"gpu-{run % 8}"
-            started = time.perf_counter()
-            append_fake_event(state_dir, FakeEventRecord(device=device, xid=79, at=time.time()))
-            arrived = {v: s.first(device, Health.UNHEALTHY, started) for v, s in streams.items()}
-            for version, stream in streams.items():
-                stream.first(device, Health.HEALTHY, arrived[version])
-                if run:
-                    samples[version].append(arrived[version] - started)
-        for stream in streams.values():
-            stream.close()
-    return samples
 
 
 def main() -> None:
@@ -49,7 +25,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
-    samples = latencies(args.runs)
+    samples = stream_latency_fake(args.runs, VERSIONS)
     for version, latency in samples.items():
         print(summary(f"XID -> UNHEALTHY on the {version} stream (both open)", latency))
     gaps = [abs(a - b) for a, b in zip(*samples.values(), strict=True)]
