@@ -159,18 +159,24 @@ def run_seconds(pod: dict[str, Any]) -> float:
     return (finished - started).total_seconds()
 
 
+def set_utilization(deployment: Deployment, devices: str, percent: int) -> None:
+    deployment.exec(
+        "sh",
+        "-c",
+        f"for d in {devices}; do dradriver fake-event --device $d --utilization {percent} || exit; done",
+    )
+
+
 def test_a_real_prometheus_computes_gpu_hours_per_namespace_as_the_claims_were_held(
-    real_cluster: RealCluster, fake_deployment: Deployment, tmp_path: Path
+    real_cluster: RealCluster, fake_deployment: Deployment, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     tool("prometheus")
     real_cluster.require_local("Prometheus on this host scrapes the plugin pod's IP")
     fake_deployment.set_env(DRADRIVER_TELEMETRY_INTERVAL=f"{TELEMETRY_SECONDS:g}")
     devices = " ".join(fake_deployment.devices())
-    fake_deployment.exec(
-        "sh",
-        "-c",
-        f"for d in {devices}; do dradriver fake-event --device $d --utilization {UTILIZATION} || exit; done",
-    )
+    # The fake telemetry outlives the deployment (the node's state directory): idle again after.
+    request.addfinalizer(lambda: set_utilization(fake_deployment, devices, 0))
+    set_utilization(fake_deployment, devices, UTILIZATION)
     (plugin,) = fake_deployment.pods()
     docs = documents()
     with prometheus(tmp_path, f"{plugin['status']['podIP']}:8080") as server:

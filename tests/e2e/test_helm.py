@@ -74,7 +74,14 @@ def test_install_test_upgrade_rollback_uninstall(
     try:
         # Install: the node's slices, then the example's pod Running on a fake GPU.
         started = time.monotonic()
-        helm(real_cluster, "install", RELEASE, chart, "-n", NAMESPACE, "--set", "hostDriver.layout=fake")
+        # --wait, as an operator installs: the plugin pod Ready, i.e. registered with the kubelet
+        # (slices alone can be published a moment before the kubelet has registered the plugin).
+        helm(
+            real_cluster,
+            *("install", RELEASE, chart, "-n", NAMESPACE, "--set", "hostDriver.layout=fake"),
+            *("--wait", "--timeout", "180s"),
+            timeout=240,
+        )
         wait(lambda: len(deployment.devices()) == FAKE_DEVICES, 180, "the node's slices published")
         slices_after = time.monotonic() - started
         real_cluster.kubectl("apply", "-f", str(EXAMPLE))
