@@ -157,6 +157,26 @@ def test_a_workload_makes_a_claim_per_pod_and_template_and_a_refused_pod_makes_n
     ]
 
 
+def test_a_pod_s_extended_resource_request_defaults_from_its_limit_resource_by_resource() -> None:
+    """A container requesting CPU and limiting nvidia.com/gpu asks requests.nvidia.com/gpu: 1."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "c", "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": 1}}}
+            ]
+        },
+    }
+    extended = {"extended-resource.gpu.dradriver.dev": "nvidia.com/gpu"}
+    planned = admissions([], [pod], extended, namespace="team-a")
+    outcomes = check(
+        QuotaLedger([parse_resource_quota(quota({"requests.nvidia.com/gpu": 0}))], extended), planned
+    )
+    assert [(o.admission.kind, o.admission.name) for o in outcomes if o.refusals] == [("Pod", "p")]
+
+
 def test_a_workload_of_a_billion_replicas_is_checked_for_its_first_thousand_pods() -> None:
     template = claim(exactly(), name="one", kind="ResourceClaimTemplate")
     deployment = {

@@ -337,15 +337,16 @@ def _ref(obj: Mapping[str, Any], namespace: str) -> tuple[str, str]:
 
 def _extended_amounts(spec: Mapping[str, Any], names: Iterable[str]) -> dict[str, int]:
     """requests.<name> of a pod for the extended resources `names`: its containers' requests
-    (limits, when a container gives none: extended resources default them) added up."""
+    added up, each defaulted from its limit (per resource, as the API server defaults them)."""
     wanted = set(names)
     amounts: dict[str, int] = {}
     for container in spec.get("containers") or []:
         resources = container.get("resources") if isinstance(container, Mapping) else None
         if not isinstance(resources, Mapping):
             continue
-        asked = resources.get("requests") or resources.get("limits") or {}
-        for name, amount in asked.items() if isinstance(asked, Mapping) else ():
+        limits, requests = resources.get("limits"), resources.get("requests")
+        asked = {**_mapping(limits), **_mapping(requests)}
+        for name, amount in asked.items():
             if name in wanted and str(amount).isdigit():
                 amounts[REQUESTS_PREFIX + name] = amounts.get(REQUESTS_PREFIX + name, 0) + int(str(amount))
     return amounts
