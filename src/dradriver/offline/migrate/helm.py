@@ -83,12 +83,12 @@ class _ComputeDomains(_Values):
     imex: _Imex | None = None
 
 
-class _Gpus(_Values):
+class _Toggle(_Values):
     enabled: bool | None = None
 
 
 class _Resources(_Values):
-    gpus: _Gpus | None = None
+    gpus: _Toggle | None = None
     compute_domains: _ComputeDomains | None = None
 
 
@@ -110,10 +110,6 @@ class _Containers(_Values):
     init: dict[str, Any] | None = None
     compute_domains: dict[str, Any] | None = None
     gpus: _GpusContainer | None = None
-
-
-class _Toggle(_Values):
-    enabled: bool | None = None
 
 
 class _KubeletPlugin(_Values):
