@@ -15,8 +15,9 @@ import argparse
 
 from bench.bench_health import stream_latency_fake
 from bench.common import summary
+from dradriver import kubeletclient
 
-VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+VERSIONS = tuple(kubeletclient.KUBELET_HEALTH_SERVICES)
 
 
 def main() -> None:
