@@ -9,6 +9,7 @@ checkpoint or write a spec.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
@@ -17,6 +18,12 @@ from pathlib import Path
 
 #: The longest unix socket path bind() takes on Linux (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH_BYTES = 107
+
+#: renameat2(2)'s flag that swaps two names atomically (Linux 3.15; glibc 2.28 has the call).
+_RENAME_EXCHANGE = 2
+#: Errnos of a kernel or filesystem without the exchange: a plain rename does instead.
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
 
 #: Directories we create: the kubelet, the runtime and `dradriver status` read them, nobody else writes.
 DIRECTORY_MODE = 0o755
@@ -112,10 +119,35 @@ def _write_temp(dir_fd: int, name: str, data: bytes, mode: int, durable: bool) -
 def _replace(dir_fd: int, name: str, data: bytes, mode: int, durable: bool) -> None:
     tmp = _write_temp(dir_fd, name, data, mode, durable)
     try:
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        swapped = _exchange(dir_fd, tmp, name)
+        if not swapped:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
+    if swapped:  # the old content, now under the temp name (start-up removes it after a crash)
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:  # a rename refuses to replace a directory: so does this
+            _exchange(dir_fd, tmp, name)
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise
+
+
+def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
+    """Swap `tmp` and an existing `name` atomically; False where `name` does not exist or the
+    filesystem cannot swap. Why not a rename over it: ext4 starts writing back the new file's
+    data first (auto_da_alloc), 0.14 ms a write here against 0.03 ms for a swap and an unlink."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOENT or err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, os.strerror(err), name)
 
 
 def write_atomically(target: Path, data: bytes, *, mode: int, durable: bool = True) -> None:

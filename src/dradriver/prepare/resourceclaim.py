@@ -139,7 +139,10 @@ def decode_claim(raw: Any) -> ResourceClaim:
     """The typed claim; ClaimFormatError naming the first bad field (and how many more)."""
     if not isinstance(raw, Mapping):
         raise ClaimFormatError(f"must be an object, not {type(raw).__name__}")
-    if (deep := too_deep(dict(raw))) is not None:
+    # Only `status` is walked: the model reads nothing deep elsewhere (metadata's fields are
+    # strings), and the API server's managedFields are most of a claim's containers.
+    if (deep := too_deep(raw.get("status"), MAX_DEPTH - 1)) is not None:
+        deep = ("status", *deep)
         shown = field_path(deep[:_SHOWN_PARTS]) + ("…" if len(deep) > _SHOWN_PARTS else "")
         raise ClaimFormatError(f"{shown}: nested deeper than {MAX_DEPTH} levels (the limit)")
     try:
