@@ -2,9 +2,9 @@
 
 Whoever can write to the CDI or state directory must not be able to redirect our writes: temp
 files are created with O_EXCL | O_NOFOLLOW under unpredictable names, relative to a descriptor
-of the directory, and renamed over the target (a rename replaces a planted symlink rather than
-following it). Modes are set explicitly, so the process umask never decides who can read a
-checkpoint or write a spec.
+of the directory, then swapped with the target (or renamed to its name where there is none); the
+old file is unlinked. Neither follows a planted symlink: it is swapped out or replaced. Modes are
+set explicitly, so the process umask never decides who can read a checkpoint or write a spec.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _exchange(dir_fd: int, tmp: str, name: str) -> bool:
 
 def write_atomically(target: Path, data: bytes, *, mode: int, durable: bool = True) -> None:
     """Replace `target` with `data` so that readers see the old or the new content, never a mix,
-    also when the process is killed at any instant (temp file, then rename). With `durable` the
+    also when the process is killed at any instant (temp file, then swap or rename). With `durable` the
     content and the rename are fsynced, so that a power failure leaves one whole version; without,
     a power failure may leave the old version or, on some filesystems, an empty file."""
     dir_fd = _open_directory(target.parent)
