@@ -125,3 +125,11 @@ def test_a_directory_in_the_targets_place_is_refused_and_kept(tmp_path: Path) ->
         write_atomically(tmp_path / "claim_gpu.json", b"ours", mode=0o644, durable=False)
     assert (tmp_path / "claim_gpu.json").is_dir()
     assert names(tmp_path) == ["claim_gpu.json"]
+
+
+def test_an_interpreter_that_cannot_load_libc_renames(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_dlopen(*_args: object, **_kwargs: object) -> None:
+        raise OSError("dynamic loading not supported")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_dlopen)
+    assert write._libc_renameat2() is None

@@ -13,7 +13,7 @@ import ctypes
 import errno
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 #: The longest unix socket path bind() takes on Linux (sun_path is 108 bytes with its NUL).
@@ -23,7 +23,17 @@ MAX_SOCKET_PATH_BYTES = 107
 _RENAME_EXCHANGE = 2
 #: Errnos of a kernel or filesystem without the exchange: a plain rename does instead.
 _NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
-_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+
+
+def _libc_renameat2() -> Callable[..., int] | None:
+    """libc's renameat2, or None (an older libc, or an interpreter that cannot load libraries)."""
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except OSError:
+        return None
+
+
+_renameat2 = _libc_renameat2()
 
 #: Directories we create: the kubelet, the runtime and `dradriver status` read them, nobody else writes.
 DIRECTORY_MODE = 0o755
