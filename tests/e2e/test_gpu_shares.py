@@ -23,6 +23,7 @@ import yaml
 from dradriver.backend.fake.mps_standin import STATE_FILE
 from dradriver.prepare.gpu_share_daemons import SHARES_DIRECTORY
 from dradriver.prepare.sharing_settings import MPS_PIPE_IN_CONTAINER
+from dradriver.quantity import Quantity
 from tests.deploy.manifests import EXAMPLES
 from tests.e2e.plugin import DRIVER, Deployment, wait
 from tests.e2e.realcluster import RealCluster
@@ -63,13 +64,41 @@ def shared_gpu(real_cluster: RealCluster, fake_deployment: Deployment) -> Iterat
 
     def shareable() -> bool:
         devices = [d for s in fake_deployment.slices() for d in s["spec"].get("devices", [])]
-        return [(d["name"], d.get("allowMultipleAllocations")) for d in devices] == [("gpu-0", True)]
+        return [(d["name"], d.get("allowMultipleAllocations"), _memory(d)) for d in devices] == [
+            ("gpu-0", True, 81920 * 2**20)
+        ]
 
-    wait(shareable, 60, "gpu-0 published shareable")
+    # The whole 80Gi for the four shares: the profile's GPU, and no claim of an earlier test
+    # still allocated on the pool's gpu-0 (the scheduler would count its share against it).
+    wait(shareable, 60, "gpu-0 published shareable with the profile's 80Gi")
+    wait(lambda: not _allocated_claims(real_cluster), 120, "no claim of an earlier test still on gpu-0")
     yield fake_deployment
+    # Whatever the test reached: a share pod left behind would hold the node's GPU for the next tests.
+    real_cluster.kubectl(
+        "delete", "pod", *(f"gpu-share-{n}" for n in range(5)), "--ignore-not-found", "--wait=true",
+        "--timeout=90s", timeout=120,
+    )  # fmt: skip
     for name in os.listdir(HOST_DIR):
         (HOST_DIR / name).unlink()
     HOST_DIR.rmdir()
+
+
+def _memory(device: dict[str, Any]) -> int | None:
+    """The device's memory capacity in bytes (the API server writes 81920Mi as 80Gi)."""
+    value = device.get("capacity", {}).get("memory", {}).get("value")
+    return Quantity.parse(value).as_int64() if isinstance(value, str) else None
+
+
+def _allocated_claims(cluster: RealCluster) -> list[str]:
+    """The claims allocated a device named gpu-0 of our driver."""
+    claims = cluster.get_json("resourceclaims", "--all-namespaces")["items"]
+    assert isinstance(claims, list)
+    return [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in claims
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if r.get("driver") == DRIVER and r.get("device") == "gpu-0"
+    ]
 
 
 def _pods(count: int, start: int = 0) -> list[dict[str, Any]]:
