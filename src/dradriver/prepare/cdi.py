@@ -305,7 +305,7 @@ class CdiDirectory:
 
     Runtimes watch the directory and re-read it on every change, and some fail every injection on
     the node if one file does not parse: so files appear only whole (temp name the runtime ignores,
-    then rename) and only after validation. Nothing is fsynced: a spec only matters until the next
+    then swapped in) and only after validation. Nothing is fsynced: a spec only matters until the next
     reboot, after which recovery removes every spec of the previous boot (see `CheckpointStore`).
     See `dradriver.files.write` for why a symlink planted in the directory is never followed.
     """

@@ -6,7 +6,7 @@ claims do, and since a write there costs a tenth of one on a disk. The claim's C
 bind-mounts each file read-only, so the directory has the same path on the host as in the
 plugin's container (the DaemonSet mounts /run/dradriver so). One directory for all: a directory
 per claim would cost a mkdir and an rmdir per claim. Files appear whole (`files.write`: temp name,
-then rename) before the spec that mounts them; they go with the claim (unprepare, a rolled back
+then swapped in) before the spec that mounts them; they go with the claim (unprepare, a rolled back
 prepare) and, after a crash, with every claim recovery does not keep; recovery writes a kept
 claim's files again when they are missing or changed, from its record.
 """
