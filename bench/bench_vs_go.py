@@ -28,7 +28,9 @@ starts every plugin twice:
 Beside them (unless --no-floor) runs `bench.grpc_floor`, the Python gRPC floor: a plugin on
 grpcio that GETs each claim and answers with no work of its own, driven the same way (GetInfo and
 the prepare phase; it publishes nothing). dradriver's cost beyond it is dradriver's; its cost
-beyond the Go reference is the Python runtime's.
+beyond the Go reference is the Python runtime's. `--work-floor` adds the Python work floor
+(`bench.grpc_floor --files`): the floor also writing the files each prepare must leave (CDI spec,
+device metadata, checkpoint), with nothing else, as the least a Python plugin can do per claim.
 
 The Go plugin runs with its client rate limit raised (--kube-api-qps/burst 1000) in every
 phase; `--go-default-limit` adds the back-to-back figures with its default limit (5 QPS,
@@ -142,18 +144,23 @@ def dradriver_plugin(executable: Path, baseline: bool = False, metadata: bool = 
     return Plugin("dradriver", driver, "dr", argv)
 
 
-def floor_plugin() -> Plugin:
-    """bench.grpc_floor: what a Python plugin on grpcio costs before doing any work of its own."""
-    driver = "floor.dradriver.dev"
+def floor_plugin(work: bool = False) -> Plugin:
+    """bench.grpc_floor: what a Python plugin on grpcio costs before doing any work of its own;
+    with `work`, the Python work floor: that plugin writing the files a prepare must leave."""
+    driver = "work-floor.dradriver.dev" if work else "floor.dradriver.dev"
 
     def argv(root: Path, kubeconfig: Path, _devices: int) -> list[str]:
         registration, dra = floor.sockets(root)
         return [
             sys.executable, "-m", "bench.grpc_floor", "--registration", str(registration),
             "--dra", str(dra), "--kubeconfig", str(kubeconfig), "--driver", driver, "--pool", NODE,
+            *(["--files", str(root)] if work else []),
         ]  # fmt: skip
 
-    floor = Plugin("Python gRPC floor", driver, "floor", argv, publishes=False)
+    if work:
+        floor = Plugin("Python work floor", driver, "work", argv, publishes=False)
+    else:
+        floor = Plugin("Python gRPC floor", driver, "floor", argv, publishes=False)
     return floor
 
 
@@ -548,11 +555,13 @@ def report(
     baseline_label: str = "dradriver baseline",
 ) -> str:
     go, ours = results.get("go", []), results.get("dr", [])
-    baseline, floor = results.get("base"), results.get("floor")
-    extra = (f" {baseline_label} |" if baseline is not None else "") + (
-        " Python gRPC floor | floor / Go | dradriver / floor |" if floor is not None else ""
+    baseline, floor, work = results.get("base"), results.get("floor"), results.get("work")
+    extra = (
+        (f" {baseline_label} |" if baseline is not None else "")
+        + (" Python gRPC floor | floor / Go | dradriver / floor |" if floor is not None else "")
+        + (" Python work floor | dradriver - work floor |" if work is not None else "")
     )
-    columns = 5 + (baseline is not None) + 3 * (floor is not None)
+    columns = 5 + (baseline is not None) + 3 * (floor is not None) + 2 * (work is not None)
     lines = [
         f"| figure (median of rounds; range) | Go reference | dradriver | dradriver / Go | target |{extra}",
         "|" + " --- |" * columns,
@@ -568,6 +577,14 @@ def report(
         if floor is not None:
             floor_text, floor_value = cell(floor, key, unit)
             row += f" {floor_text} | {ratio(floor_value, go_value)} | {ratio(our_value, floor_value)} |"
+        if work is not None:
+            work_text, work_value = cell(work, key, unit)
+            above = (
+                fmt(our_value - work_value, unit)
+                if unit == "ms" and our_value is not None and work_value is not None
+                else "-"
+            )
+            row += f" {work_text} | {above} |"
         lines.append(row)
     if go_default is not None:
         for key, label in (
@@ -614,6 +631,11 @@ def main() -> None:
     parser.add_argument(
         "--no-floor", action="store_true", help="leave out the Python gRPC floor (bench.grpc_floor)"
     )
+    parser.add_argument(
+        "--work-floor",
+        action="store_true",
+        help="add the Python work floor (bench.grpc_floor --files): the floor writing each claim's files",
+    )
     parser.add_argument("--only", choices=["go", "dradriver"], help="drive one plugin only (profiling)")
     parser.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU during the run")
     opts = parser.parse_args()
@@ -634,6 +656,8 @@ def main() -> None:
             plugins.append(dradriver_plugin(opts.dradriver, baseline=True, metadata=False))
         if not opts.no_floor:
             plugins.append(floor_plugin())
+        if opts.work_floor:
+            plugins.append(floor_plugin(work=True))
         if opts.only:
             plugins = [p for p in plugins if (p.prefix == "go") == (opts.only == "go") and p.publishes]
         admin, kubeconfigs, claims = api_server_for(plane, plugins)
