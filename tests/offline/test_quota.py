@@ -141,7 +141,10 @@ def test_a_workload_makes_a_claim_per_pod_and_template_and_a_refused_pod_makes_n
         "spec": {"parallelism": 3, "template": {"spec": pod_spec}},
     }
     extended = {"extended-resource.gpu.dradriver.dev": "nvidia.com/gpu"}
-    planned = admissions([(template, parse_claim(template))], [job], extended, namespace="team-a")
+    backed = {"nvidia.com/gpu": "extended-resource.gpu.dradriver.dev"}
+    planned = admissions(
+        [(template, parse_claim(template))], [job], extended, backed=backed, namespace="team-a"
+    )
     assert [(a.kind, a.name) for a in planned[:3]] == [
         ("ResourceClaim", "train-0-gpus"),
         ("Pod", "train-0"),
@@ -170,7 +173,8 @@ def test_a_pod_s_extended_resource_request_defaults_from_its_limit_resource_by_r
         },
     }
     extended = {"extended-resource.gpu.dradriver.dev": "nvidia.com/gpu"}
-    planned = admissions([], [pod], extended, namespace="team-a")
+    backed = {"nvidia.com/gpu": "extended-resource.gpu.dradriver.dev"}
+    planned = admissions([], [pod], extended, backed=backed, namespace="team-a")
     outcomes = check(
         QuotaLedger([parse_resource_quota(quota({"requests.nvidia.com/gpu": 0}))], extended), planned
     )

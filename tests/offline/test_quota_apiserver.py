@@ -289,6 +289,75 @@ def test_workloads_agree_with_the_api_server(api: KubeClient) -> None:
     assert 0 < refused_pods < pods, "the generated cases should both admit and refuse"
 
 
+POD_CASES = 30
+#: The extended resource the generated pods ask for, and the class that backs it.
+POD_RESOURCE = EXTENDED["qx.example.com"]
+
+
+def _pod_container(rng: random.Random, name: str, *, sidecar: bool = False) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name, "image": "none"}
+    if rng.random() < 0.8:
+        container["resources"] = {"limits": {POD_RESOURCE: str(rng.randint(0, 3))}}
+    if sidecar:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+def _pod(rng: random.Random, name: str) -> dict[str, Any]:
+    """A pod whose init containers (some of them sidecars) and containers ask for the resource."""
+    spec: dict[str, Any] = {
+        "containers": [_pod_container(rng, f"c{i}") for i in range(rng.randint(1, 3))],
+        "initContainers": [
+            _pod_container(rng, f"i{i}", sidecar=rng.random() < 0.4) for i in range(rng.randint(0, 3))
+        ],
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def test_pods_asking_an_extended_resource_agree_with_the_api_server(api: KubeClient) -> None:
+    """What a pod's init containers, sidecars and containers count as `requests.<resource>`
+    (`offline.extended`'s PodRequests): pods created one by one against a quota on it are
+    admitted or refused as `check` says, with its message."""
+    rng = random.Random(SEED + 2)
+    backed = {POD_RESOURCE: "qx.example.com"}
+    compared = refused = 0
+    disagreements: list[str] = []
+    for case in range(POD_CASES):
+        namespace = f"quota-pods-{case}"
+        hard = {f"requests.{POD_RESOURCE}": str(rng.randint(0, 6))}
+        quota = {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus"},
+            "spec": {"hard": hard},
+        }
+        ledger = _namespace(api, namespace, [quota])
+        for i in range(rng.randint(2, 4)):
+            pod = _pod(rng, f"pod-{i}")
+            planned = admissions([], [pod], EXTENDED, backed=backed, namespace=namespace)
+            usage = next((a.usage for a in planned if a.kind == "Pod"), {})
+            ours = {r.forbidden(f"pod-{i}", "pods") for r in ledger.admit(namespace, usage)}
+            try:
+                api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+                theirs = None
+            except ApiError as err:
+                if err.status != 403:
+                    raise
+                theirs = err.message
+                refused += 1
+            compared += 1
+            if (theirs is None and ours) or (theirs is not None and theirs not in ours):
+                disagreements.append(
+                    f"{namespace}: {hard}, {json.dumps(pod['spec'])}: API server: {theirs or 'created'}; "
+                    f"ours: {sorted(ours) or 'created'}"
+                )
+        with contextlib.suppress(ApiError):
+            api.request("DELETE", f"/api/v1/namespaces/{namespace}")
+    print(f"\npod agreement: {compared - len(disagreements)}/{compared} pods ({refused} refused)")
+    assert disagreements == []
+    assert 0 < refused < compared, "the generated cases should both admit and refuse"
+
+
 def test_quota_examples_classes_and_a_migrated_quota_are_accepted(
     api: KubeClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from dradriver.cli._common import CLIError
-from dradriver.offline.workloads import pod_spec
+from dradriver.offline.extended import ExtendedResourceError, pod_extended_resources, resource_classes
 
 T = TypeVar("T")
 
@@ -111,42 +111,32 @@ def parse_each(documents: Sequence[Document], parse: Callable[[Mapping[str, Any]
 
 
 def extended_resource_claims(workloads: Sequence[Document], classes: Sequence[Document]) -> list[Document]:
-    """The claims the scheduler creates for pods that ask for a device class's
-    `extendedResourceName` in their resource limits (DRAExtendedResource, Kubernetes >= 1.34):
-    one request per container and resource, of that class, with the requested count."""
-    mapped = {
-        c.obj["spec"]["extendedResourceName"]: c.obj["metadata"]["name"]
-        for c in classes
-        if isinstance(c.obj.get("spec"), Mapping) and c.obj["spec"].get("extendedResourceName")
-    }
+    """The claims the scheduler creates for pods that ask for an extended resource a device class
+    backs (DRAExtendedResource, Kubernetes >= 1.34; `offline.extended`)."""
+    backed = resource_classes(c.obj for c in classes)
     claims = []
     for doc in workloads:
-        spec = pod_spec(doc.obj)
-        if spec is None:
+        try:
+            asked = pod_extended_resources(doc.obj, backed)
+        except ExtendedResourceError as err:
+            raise CLIError(f"{doc.where}: {err}") from None
+        if asked is None or not asked.requests:
             continue
-        requests = []
-        for i, container in enumerate(spec.get("containers") or []):
-            limits = (container.get("resources") or {}).get("limits") or {}
-            for j, (resource, amount) in enumerate(sorted(limits.items())):
-                if resource in mapped:
-                    requests.append(
-                        {
-                            "name": f"container-{i}-request-{j}",
-                            "exactly": {"deviceClassName": mapped[resource], "count": int(amount)},
-                        }
-                    )
-        if requests:
-            meta = doc.obj.get("metadata") or {}
-            claim = {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {
-                    "name": f"{meta.get('name', 'pod')}-extended-resources",
-                    "namespace": meta.get("namespace", "default"),
-                },
-                "spec": {"devices": {"requests": requests}},
-            }
-            claims.append(Document(doc.path, doc.index, claim))
+        meta = doc.obj.get("metadata") or {}
+        requests = [
+            {"name": r.name, "exactly": {"deviceClassName": r.device_class, "count": r.count}}
+            for r in asked.requests
+        ]
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": f"{meta.get('name', 'pod')}-extended-resources",
+                "namespace": meta.get("namespace", "default"),
+            },
+            "spec": {"devices": {"requests": requests}},
+        }
+        claims.append(Document(doc.path, doc.index, claim))
     return claims
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from dradriver.cli import _common
 from dradriver.cli._dra_inputs import Document, read_objects
 from dradriver.offline.allocation import InputError, parse_claim
+from dradriver.offline.extended import ExtendedResourceError, pod_extended_resources, resource_classes
 from dradriver.offline.quota import (
     Outcome,
     QuotaInputError,
@@ -107,8 +108,19 @@ def check_quotas(
             claims.append((doc.obj, parse_claim(doc.obj)))
         except InputError as err:
             raise _common.CLIError(f"{doc.where}: {err}") from None
+    backed = resource_classes(d.obj for d in class_docs)
+    for doc in workload_docs:  # refused with the file and document that say it
+        try:
+            pod_extended_resources(doc.obj, backed)
+        except ExtendedResourceError as err:
+            raise _common.CLIError(f"{doc.where}: {err}") from None
     planned = admissions(
-        claims, [d.obj for d in workload_docs], extended, namespace=args.namespace, extended_resources=gate
+        claims,
+        [d.obj for d in workload_docs],
+        extended,
+        backed=backed,
+        namespace=args.namespace,
+        extended_resources=gate,
     )
     if args.resource_quotas:
         quotas = _parse(read_objects(args.resource_quotas, ["ResourceQuota"], "--resource-quota"))

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from dradriver.offline.allocation.model import ALL, Claim
+from dradriver.offline.extended import pod_extended_resources
 from dradriver.offline.workloads import pod_spec
 from dradriver.quantity import Quantity, QuantityError
 
@@ -335,35 +336,21 @@ def _ref(obj: Mapping[str, Any], namespace: str) -> tuple[str, str]:
     return str(meta.get("namespace") or namespace), name
 
 
-def _extended_amounts(spec: Mapping[str, Any], names: Iterable[str]) -> dict[str, int]:
-    """requests.<name> of a pod for the extended resources `names`: its containers' requests
-    added up, each defaulted from its limit (per resource, as the API server defaults them)."""
-    wanted = set(names)
-    amounts: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        resources = container.get("resources") if isinstance(container, Mapping) else None
-        if not isinstance(resources, Mapping):
-            continue
-        limits, requests = resources.get("limits"), resources.get("requests")
-        asked = {**_mapping(limits), **_mapping(requests)}
-        for name, amount in asked.items():
-            if name in wanted and str(amount).isdigit():
-                amounts[REQUESTS_PREFIX + name] = amounts.get(REQUESTS_PREFIX + name, 0) + int(str(amount))
-    return amounts
-
-
 def admissions(
     claims: Sequence[tuple[Mapping[str, Any], Claim]],
     workloads: Sequence[Mapping[str, Any]],
     extended: Mapping[str, str],
     *,
+    backed: Mapping[str, str] | None = None,
     namespace: str = "default",
     extended_resources: bool = True,
 ) -> list[Admission]:
     """Everything quota admission sees when the input is applied, in order: the claims as given,
     then per workload and pod the claims from its templates and its extended-resource pod and
-    claim. Objects without a namespace are in `namespace`. A template no workload names counts
-    as one claim."""
+    claim. `backed` maps each extended resource a class backs to it
+    (`offline.extended.resource_classes`). Objects without a namespace are in `namespace`. A
+    template no workload names counts as one claim. ExtendedResourceError for a pod's extended
+    resource the API server would refuse."""
 
     def usage(claim: Claim) -> dict[str, int]:
         return claim_usage(claim, extended, extended_resources=extended_resources)
@@ -377,13 +364,13 @@ def admissions(
         else:
             out.append(Admission("ResourceClaim", ns, name, f"ResourceClaim {ns}/{name}", usage(claim)))
     named: set[tuple[str, str]] = set()
-    by_resource = {resource: cls for cls, resource in extended.items()} if extended_resources else {}
     for obj in workloads:
         spec = pod_spec(obj)
-        if spec is None:
+        asked = pod_extended_resources(obj, (backed or {}) if extended_resources else {})
+        if spec is None or asked is None:
             continue
         ns, name = _ref(obj, namespace)
-        amounts = _extended_amounts(spec, by_resource)
+        amounts = {REQUESTS_PREFIX + resource: count for resource, count in asked.totals.items()}
         for pod in range(_replicas(obj)):
             pod_name = name if obj.get("kind") == "Pod" else f"{name}-{pod}"
             where = f"{obj.get('kind')} {ns}/{name}" + (
@@ -403,10 +390,9 @@ def admissions(
             if amounts:
                 out.append(Admission("Pod", ns, pod_name, where, amounts))
                 devices: dict[str, int] = {CLAIM_COUNT: 1}
-                for key, count in amounts.items():
-                    cls = by_resource[key.removeprefix(REQUESTS_PREFIX)]
-                    devices[devices_name(cls)] = devices.get(devices_name(cls), 0) + count
-                    devices[IMPLICIT_PREFIX + cls] = devices.get(IMPLICIT_PREFIX + cls, 0) + count
+                for request in asked.requests:
+                    for key in (devices_name(request.device_class), IMPLICIT_PREFIX + request.device_class):
+                        devices[key] = devices.get(key, 0) + request.count
                 claim_name = f"{pod_name}-extended-resources"
                 source = f"{where}, extended resources"
                 out.append(Admission("ResourceClaim", ns, claim_name, source, devices, after_pod=pod_name))

@@ -25,7 +25,7 @@ class InputError(ValueError):
     """A DRA object that cannot be simulated; the message names the object and field."""
 
 
-def _object_ref(obj: Mapping[str, Any]) -> str:
+def object_ref(obj: Mapping[str, Any]) -> str:
     kind = obj.get("kind", "object")
     meta = obj.get("metadata") or {}
     name = meta.get("name") or meta.get("generateName") or "<unnamed>"
@@ -72,7 +72,7 @@ def api_version_of(obj: Mapping[str, Any]) -> str:
     group, _, version = api_version.partition("/")
     if group != RESOURCE_GROUP or version not in API_VERSIONS:
         raise InputError(
-            f"{_object_ref(obj)}: apiVersion {api_version!r} is not one of "
+            f"{object_ref(obj)}: apiVersion {api_version!r} is not one of "
             + ", ".join(f"{RESOURCE_GROUP}/{v}" for v in API_VERSIONS)
         )
     return version
@@ -101,7 +101,7 @@ def _selectors(raw: Any, where: str) -> tuple[str, ...]:
 
 def parse_device_class(obj: Mapping[str, Any]) -> DeviceClass:
     api_version_of(obj)
-    ref = _object_ref(obj)
+    ref = object_ref(obj)
     name = _str(_mapping(obj.get("metadata"), f"{ref}: metadata").get("name"), f"{ref}: metadata.name")
     spec = _mapping(obj.get("spec"), f"{ref}: spec")
     config = tuple(
@@ -306,7 +306,7 @@ def _allocated(status: Mapping[str, Any], where: str) -> tuple[AllocatedDevice, 
 def parse_claim(obj: Mapping[str, Any]) -> Claim:
     """A ResourceClaim or ResourceClaimTemplate (whose spec.spec is a claim spec)."""
     version = api_version_of(obj)
-    ref = _object_ref(obj)
+    ref = object_ref(obj)
     kind = obj.get("kind")
     meta = _mapping(obj.get("metadata"), f"{ref}: metadata")
     name = _str(meta.get("name") or meta.get("generateName"), f"{ref}: metadata.name")
@@ -390,7 +390,7 @@ class Slice:
 
 def parse_slice(obj: Mapping[str, Any]) -> Slice:
     version = api_version_of(obj)
-    ref = _object_ref(obj)
+    ref = object_ref(obj)
     meta = _mapping(obj.get("metadata"), f"{ref}: metadata")
     name = str(meta.get("name") or meta.get("generateName") or "")
     spec = _mapping(obj.get("spec"), f"{ref}: spec")
