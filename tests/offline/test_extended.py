@@ -72,7 +72,8 @@ def test_requests_are_named_by_container_counting_init_containers_first_and_by_s
     """The second %d is the resource's place among all the container's requests (cpu, memory
     and the defaults from limits too), and the claim's requests are sorted by name."""
     regular = [container({GPU: 1}, {"cpu": "1", "memory": "1Gi"}) for _ in range(10)]
-    asked = pod_extended_resources(pod(*regular, init=(container({GPU: "2"}),)), BACKED)
+    sidecar = container({GPU: "2"}, restartPolicy="Always")
+    asked = pod_extended_resources(pod(*regular, init=(sidecar,)), BACKED)
     assert asked is not None
     assert asked.requests[:3] == (
         ExtendedRequest("container-0-request-0", CLASS, 2),
@@ -80,6 +81,41 @@ def test_requests_are_named_by_container_counting_init_containers_first_and_by_s
         ExtendedRequest("container-10-request-2", CLASS, 1),
     )
     assert len(asked.requests) == 11
+
+
+@pytest.mark.parametrize(
+    ("init", "requests"),
+    [
+        # The containers after it start once it is done: it uses their devices.
+        ((1,), [("container-1-request-0", 1), ("container-2-request-0", 2)]),
+        ((3,), [("container-1-request-0", 1), ("container-2-request-0", 2)]),
+        # What they lack is its own request...
+        ((4,), [("container-0-request-0", 1), ("container-1-request-0", 1), ("container-2-request-0", 2)]),
+        # ...and of several, one by one, only the largest is kept.
+        ((5, 6), [("container-1-request-0", 3), ("container-2-request-0", 1), ("container-3-request-0", 2)]),
+    ],
+)
+def test_an_init_container_reuses_the_devices_of_the_containers_after_it(
+    init: tuple[int, ...], requests: list[tuple[str, int]]
+) -> None:
+    asked = pod_extended_resources(
+        pod(container({GPU: 1}), container({GPU: 2}), init=tuple(container({GPU: n}) for n in init)), BACKED
+    )
+    assert asked is not None
+    assert [(r.name, r.count) for r in asked.requests] == requests
+
+
+def test_an_init_container_does_not_reuse_a_sidecar_that_runs_beside_it() -> None:
+    """A sidecar before it is running while it runs; one after it has not started."""
+    before = container({GPU: 1}, restartPolicy="Always")
+    after = container({GPU: 1}, restartPolicy="Always")
+    asked = pod_extended_resources(pod(init=(before, container({GPU: 1}), after)), BACKED)
+    assert asked is not None
+    assert [(r.name, r.count) for r in asked.requests] == [
+        ("container-0-request-0", 1),
+        ("container-2-request-0", 1),
+    ]
+    assert asked.totals == {GPU: 2}
 
 
 def test_a_request_for_none_asks_for_nothing_and_an_amount_may_carry_a_suffix() -> None:
@@ -108,6 +144,7 @@ def test_an_object_without_a_pod_spec_has_nothing_to_ask() -> None:
         ((1,), (1, 2), 3),
         (("sidecar:1", 2), (1,), 3),  # a sidecar runs beside the init container after it
         (("sidecar:1",), (1, 1), 3),  # and beside the containers
+        ((2, "sidecar:3"), (1,), 4),  # not beside the init container before it
     ],
 )
 def test_the_pod_total_is_what_resource_quota_counts(
@@ -122,9 +159,6 @@ def test_the_pod_total_is_what_resource_quota_counts(
     asked = pod_extended_resources(pod(*(container({GPU: n}) for n in regular), init=inits), BACKED)
     assert asked is not None
     assert asked.totals == {GPU: total}
-    assert sum(r.count for r in asked.requests) == sum(
-        int(str(n).removeprefix("sidecar:")) for n in init
-    ) + sum(regular)
 
 
 @pytest.mark.parametrize(
@@ -156,13 +190,16 @@ def test_an_amount_the_api_server_refuses_is_one_error_naming_the_object_and_fie
 
 
 def test_quota_counts_the_pod_total_and_the_claim_s_devices() -> None:
-    """An init container of 2 GPUs before a container of 1: the pod asks requests.nvidia.com/gpu 2
-    at most at once; the scheduler's claim holds 3 devices, one request per container."""
+    """A sidecar of 1 GPU and an init container of 2 before a container of 1: the pod asks
+    requests.nvidia.com/gpu 3 at most at once (the init container beside the sidecar); the
+    scheduler's claim holds 3 devices: the sidecar's, the container's, and the one the init
+    container needs beyond the container's."""
+    sidecar = container({GPU: 1}, restartPolicy="Always")
     planned = admissions(
-        [], [pod(container({GPU: 1}), init=(container({GPU: 2}),))], {CLASS: GPU}, backed=BACKED
+        [], [pod(container({GPU: 1}), init=(sidecar, container({GPU: 2})))], {CLASS: GPU}, backed=BACKED
     )
     assert [(a.kind, a.name, a.usage) for a in planned] == [
-        ("Pod", "p", {f"requests.{GPU}": 2}),
+        ("Pod", "p", {f"requests.{GPU}": 3}),
         (
             "ResourceClaim",
             "p-extended-resources",
@@ -199,12 +236,13 @@ def test_dry_run_builds_the_scheduler_s_claim_from_init_and_regular_containers(
     manifest = write(
         tmp_path,
         device_class(CLASS, GPU),
-        pod(container({GPU: 1}, {"cpu": "1"}), init=(container({GPU: 1}),)),
+        pod(container({GPU: 1}, {"cpu": "1"}), init=(container({GPU: 2}),)),
     )
     assert main(["dry-run", "--claim", manifest, "--fake-gpus", "dgx-h100", "-o", "json"]) == 0
     (claim,) = json.loads(capsys.readouterr().out)["nodes"][0]["claims"]
     assert claim["name"] == "p-extended-resources"
-    # The init container is container 0; the regular one's GPU comes after its cpu request.
+    # The init container is container 0 and needs one GPU beyond the regular one's, whose GPU
+    # comes after its cpu request.
     assert [(r["name"], r["deviceClassName"], r["count"]) for r in claim["requests"]] == [
         ("container-0-request-0", CLASS, 1),
         ("container-1-request-1", CLASS, 1),

@@ -166,6 +166,22 @@ def _namespace(api: KubeClient, name: str, quotas: list[dict[str, Any]]) -> Quot
     return QuotaLedger([parse_resource_quota(q) for q in _ready_quotas(api, name, len(quotas))], EXTENDED)
 
 
+def _refusal(api: KubeClient, path: str, body: dict[str, Any]) -> str | None:
+    """The API server's message when it refuses to create `body` (403 Forbidden); None when created."""
+    try:
+        api.request("POST", path, body=body)
+    except ApiError as err:
+        if err.status != 403:
+            raise
+        return err.message
+    return None
+
+
+def _agrees(ours: set[str], theirs: str | None) -> bool:
+    """Both admit, or the API server's refusal is one of ours."""
+    return not ours if theirs is None else theirs in ours
+
+
 def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
     rng = random.Random(SEED)
     compared = refused = 0
@@ -179,18 +195,10 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
             claim["metadata"]["namespace"] = namespace
             refusals = ledger.admit(namespace, claim_usage(parse_claim(claim), EXTENDED))
             ours = {r.forbidden(claim["metadata"]["name"]) for r in refusals}
-            try:
-                api.request(
-                    "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body=claim
-                )
-                theirs = None
-            except ApiError as err:
-                if err.status != 403:
-                    raise
-                theirs = err.message
-                refused += 1
+            theirs = _refusal(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", claim)
+            refused += theirs is not None
             compared += 1
-            if (theirs is None and ours) or (theirs is not None and theirs not in ours):
+            if not _agrees(ours, theirs):
                 disagreements.append(
                     f"{namespace}: quotas {json.dumps([q['spec']['hard'] for q in quotas])}, "
                     f"{json.dumps(claim['spec'])}: API server: {theirs or 'created'}; "
@@ -337,16 +345,10 @@ def test_pods_asking_an_extended_resource_agree_with_the_api_server(api: KubeCli
             planned = admissions([], [pod], EXTENDED, backed=backed, namespace=namespace)
             usage = next((a.usage for a in planned if a.kind == "Pod"), {})
             ours = {r.forbidden(f"pod-{i}", "pods") for r in ledger.admit(namespace, usage)}
-            try:
-                api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
-                theirs = None
-            except ApiError as err:
-                if err.status != 403:
-                    raise
-                theirs = err.message
-                refused += 1
+            theirs = _refusal(api, f"/api/v1/namespaces/{namespace}/pods", pod)
+            refused += theirs is not None
             compared += 1
-            if (theirs is None and ours) or (theirs is not None and theirs not in ours):
+            if not _agrees(ours, theirs):
                 disagreements.append(
                     f"{namespace}: {hard}, {json.dumps(pod['spec'])}: API server: {theirs or 'created'}; "
                     f"ours: {sorted(ours) or 'created'}"

@@ -92,25 +92,54 @@ def pod_extended_resources(obj: Mapping[str, Any], backed: Mapping[str, str]) ->
         for field in ("initContainers", "containers")
         for i, container in enumerate(_list(spec.get(field)))
     ]
-    requests: list[ExtendedRequest] = []
-    inits: list[tuple[Mapping[str, Any], dict[str, int]]] = []
-    regular: list[dict[str, int]] = []
+    asked: list[_Asked] = []
     for index, (where, container, init) in enumerate(containers):
         effective = _requests(container)
-        amounts = _amounts(where, container, effective, backed)
-        if init:
-            inits.append((container, amounts))
-        else:
-            regular.append(amounts)
         order = {resource: j for j, resource in enumerate(sorted(effective))}
-        requests += [
-            ExtendedRequest(f"container-{index}-request-{order[resource]}", backed[resource], count)
-            for resource, count in amounts.items()
-            if count > 0
-        ]
-    requests.sort(key=lambda r: r.name)
-    totals = _pod_totals(inits, regular)
+        amounts = _amounts(where, container, effective, backed)
+        names = {resource: f"container-{index}-request-{order[resource]}" for resource in amounts}
+        sidecar = init and container.get("restartPolicy") == "Always"
+        asked.append(_Asked(amounts, names, short_lived=init and not sidecar, sidecar=sidecar))
+    requests = sorted(
+        (r for resource in sorted(backed) for r in _claim_requests(asked, resource, backed[resource])),
+        key=lambda r: r.name,
+    )
+    totals = _pod_totals(asked)
     return PodExtendedResources(tuple(requests), {k: v for k, v in totals.items() if v > 0})
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What one container asks for, by resource, and the name its own request would have."""
+
+    amounts: dict[str, int]
+    names: dict[str, str]
+    #: An init container that is no sidecar: it runs alone, before the containers after it.
+    short_lived: bool
+    sidecar: bool
+
+
+def _claim_requests(asked: list[_Asked], resource: str, device_class: str) -> list[ExtendedRequest]:
+    """The scheduler's requests for one resource. A regular container or sidecar gets its own. A
+    plain init container first reuses the devices of the containers and sidecars after it, which
+    have not started yet, and asks only for what they lack; the plain init containers run one by
+    one, so only the largest of those asks is kept."""
+    own = {
+        i: ExtendedRequest(a.names[resource], device_class, a.amounts[resource])
+        for i, a in enumerate(asked)
+        if not a.short_lived and a.amounts.get(resource, 0) > 0
+    }
+    largest: ExtendedRequest | None = None
+    for i, a in enumerate(asked):
+        needed = a.amounts.get(resource, 0) if a.short_lived else 0
+        reused = 0
+        for later in (r for j, r in own.items() if j > i):
+            if reused >= needed:
+                break
+            reused += later.count
+        if needed > reused and (largest is None or largest.count < needed - reused):
+            largest = ExtendedRequest(a.names[resource], device_class, needed - reused)
+    return [*own.values(), *([largest] if largest is not None else [])]
 
 
 def _list(value: Any) -> list[Any]:
@@ -170,26 +199,24 @@ def _count(where: str, value: Any) -> int:
     return int(exact)
 
 
-def _pod_totals(
-    inits: list[tuple[Mapping[str, Any], dict[str, int]]], regular: list[dict[str, int]]
-) -> dict[str, int]:
+def _pod_totals(asked: list[_Asked]) -> dict[str, int]:
     """The pod's request of each resource (`PodRequests`): the regular containers' and sidecars'
-    sum, or an init container's need with the sidecars started before it, whichever is more."""
+    sum, or a plain init container's need with the sidecars started before it, whichever is more."""
     totals: dict[str, int] = {}
-    for amounts in regular:
-        _add(totals, amounts)
     sidecars: dict[str, int] = {}
     peak: dict[str, int] = {}
-    for container, amounts in inits:
-        if container.get("restartPolicy") == "Always":
-            _add(totals, amounts)
-            _add(sidecars, amounts)
-            need = dict(sidecars)
-        else:
-            need = dict(amounts)
+    for a in asked:
+        if a.short_lived:
+            need = dict(a.amounts)
             _add(need, sidecars)
-        for resource, count in need.items():
-            peak[resource] = max(peak.get(resource, 0), count)
+            for resource, count in need.items():
+                peak[resource] = max(peak.get(resource, 0), count)
+        else:
+            _add(totals, a.amounts)
+            if a.sidecar:
+                _add(sidecars, a.amounts)
+                for resource, count in sidecars.items():
+                    peak[resource] = max(peak.get(resource, 0), count)
     for resource, count in peak.items():
         totals[resource] = max(totals.get(resource, 0), count)
     return totals
