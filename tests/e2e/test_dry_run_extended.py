@@ -58,7 +58,7 @@ def manifest() -> dict[str, Any]:
 def test_the_scheduler_s_claim_is_the_one_dry_run_builds(
     real_cluster: RealCluster, fake_deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake_deployment.use_profile(FAKE_OVERLAY_PROFILE)
+    fake_deployment.use_profile(FAKE_OVERLAY_PROFILE)  # no rollout: the modules before keep it
     path = tmp_path / "pod.yaml"
     path.write_text(yaml.safe_dump(manifest()))
     args = ["dry-run", "--claim", str(path), "--cluster", "--kubeconfig", str(real_cluster.kubeconfig)]
