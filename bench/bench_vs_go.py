@@ -157,10 +157,8 @@ def floor_plugin(work: bool = False) -> Plugin:
             *(["--files", str(root)] if work else []),
         ]  # fmt: skip
 
-    if work:
-        floor = Plugin("Python work floor", driver, "work", argv, publishes=False)
-    else:
-        floor = Plugin("Python gRPC floor", driver, "floor", argv, publishes=False)
+    label, prefix = ("Python work floor", "work") if work else ("Python gRPC floor", "floor")
+    floor = Plugin(label, driver, prefix, argv, publishes=False)
     return floor
 
 

@@ -195,9 +195,8 @@ def test_quota_counts_the_pod_total_and_the_claim_s_devices() -> None:
     scheduler's claim holds 3 devices: the sidecar's, the container's, and the one the init
     container needs beyond the container's."""
     sidecar = container({GPU: 1}, restartPolicy="Always")
-    planned = admissions(
-        [], [pod(container({GPU: 1}), init=(sidecar, container({GPU: 2})))], {CLASS: GPU}, backed=BACKED
-    )
+    workload = pod(container({GPU: 1}), init=(sidecar, container({GPU: 2})))
+    planned = admissions([], [(workload, pod_extended_resources(workload, BACKED))], {CLASS: GPU})
     assert [(a.kind, a.name, a.usage) for a in planned] == [
         ("Pod", "p", {f"requests.{GPU}": 3}),
         (

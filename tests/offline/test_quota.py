@@ -11,6 +11,7 @@ import yaml
 
 from dradriver.cli import main
 from dradriver.offline.allocation.model import parse_claim
+from dradriver.offline.extended import pod_extended_resources
 from dradriver.offline.quota import (
     CLAIM_COUNT,
     IMPLICIT_PREFIX,
@@ -143,7 +144,10 @@ def test_a_workload_makes_a_claim_per_pod_and_template_and_a_refused_pod_makes_n
     extended = {"extended-resource.gpu.dradriver.dev": "nvidia.com/gpu"}
     backed = {"nvidia.com/gpu": "extended-resource.gpu.dradriver.dev"}
     planned = admissions(
-        [(template, parse_claim(template))], [job], extended, backed=backed, namespace="team-a"
+        [(template, parse_claim(template))],
+        [(job, pod_extended_resources(job, backed))],
+        extended,
+        namespace="team-a",
     )
     assert [(a.kind, a.name) for a in planned[:3]] == [
         ("ResourceClaim", "train-0-gpus"),
@@ -174,7 +178,7 @@ def test_a_pod_s_extended_resource_request_defaults_from_its_limit_resource_by_r
     }
     extended = {"extended-resource.gpu.dradriver.dev": "nvidia.com/gpu"}
     backed = {"nvidia.com/gpu": "extended-resource.gpu.dradriver.dev"}
-    planned = admissions([], [pod], extended, backed=backed, namespace="team-a")
+    planned = admissions([], [(pod, pod_extended_resources(pod, backed))], extended, namespace="team-a")
     outcomes = check(
         QuotaLedger([parse_resource_quota(quota({"requests.nvidia.com/gpu": 0}))], extended), planned
     )
@@ -192,7 +196,9 @@ def test_a_workload_of_a_billion_replicas_is_checked_for_its_first_thousand_pods
             "template": {"spec": {"resourceClaims": [{"name": "g", "resourceClaimTemplateName": "one"}]}},
         },
     }
-    planned = admissions([(template, parse_claim(template))], [deployment], {})
+    planned = admissions(
+        [(template, parse_claim(template))], [(deployment, pod_extended_resources(deployment, {}))], {}
+    )
     assert len(planned) == MAX_PODS
 
 

@@ -27,6 +27,7 @@ import yaml
 from dradriver.cli import main
 from dradriver.kube import ApiError, KubeClient, load_client
 from dradriver.offline.allocation.model import parse_claim
+from dradriver.offline.extended import pod_extended_resources
 from dradriver.offline.quota import (
     CLAIM_COUNT,
     IMPLICIT_PREFIX,
@@ -263,7 +264,8 @@ def test_workloads_agree_with_the_api_server(api: KubeClient) -> None:
             },
         }
         template["metadata"]["namespace"] = namespace
-        outcomes = check(ledger, admissions([(template, parse_claim(template))], [deployment], EXTENDED))
+        read = [(deployment, pod_extended_resources(deployment, {}))]
+        outcomes = check(ledger, admissions([(template, parse_claim(template))], read, EXTENDED))
         ours_admitted = sum(1 for o in outcomes if not o.refusals)
         ours = {r.message for o in outcomes for r in o.refusals}
         api.request(
@@ -342,7 +344,8 @@ def test_pods_asking_an_extended_resource_agree_with_the_api_server(api: KubeCli
         ledger = _namespace(api, namespace, [quota])
         for i in range(rng.randint(2, 4)):
             pod = _pod(rng, f"pod-{i}")
-            planned = admissions([], [pod], EXTENDED, backed=backed, namespace=namespace)
+            read = [(pod, pod_extended_resources(pod, backed))]
+            planned = admissions([], read, EXTENDED, namespace=namespace)
             usage = next((a.usage for a in planned if a.kind == "Pod"), {})
             ours = {r.forbidden(f"pod-{i}", "pods") for r in ledger.admit(namespace, usage)}
             theirs = _refusal(api, f"/api/v1/namespaces/{namespace}/pods", pod)

@@ -108,20 +108,15 @@ def check_quotas(
             claims.append((doc.obj, parse_claim(doc.obj)))
         except InputError as err:
             raise _common.CLIError(f"{doc.where}: {err}") from None
-    backed = resource_classes(d.obj for d in class_docs)
-    for doc in workload_docs:  # refused with the file and document that say it
+    # Without the gate no class backs an extended resource: pods ask for none through DRA.
+    backed = resource_classes(d.obj for d in class_docs) if gate else {}
+    workloads = []
+    for doc in workload_docs:
         try:
-            pod_extended_resources(doc.obj, backed)
+            workloads.append((doc.obj, pod_extended_resources(doc.obj, backed)))
         except ExtendedResourceError as err:
             raise _common.CLIError(f"{doc.where}: {err}") from None
-    planned = admissions(
-        claims,
-        [d.obj for d in workload_docs],
-        extended,
-        backed=backed,
-        namespace=args.namespace,
-        extended_resources=gate,
-    )
+    planned = admissions(claims, workloads, extended, namespace=args.namespace, extended_resources=gate)
     if args.resource_quotas:
         quotas = _parse(read_objects(args.resource_quotas, ["ResourceQuota"], "--resource-quota"))
     else:

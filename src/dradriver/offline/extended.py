@@ -1,18 +1,20 @@
 """Extended resources backed by DRA (DRAExtendedResource, KEP-5004): which device class backs
 which resource name, and what a pod's containers ask for, as Kubernetes 1.37 reads them (pure).
 
-Ported in behaviour from kube-scheduler (`DeviceClassMapping`, and `createDeviceRequests` with
-`buildContainerResourceIndices` of the dynamicresources plugin), the API server's validation of
-a container's resources and its `PodRequests` (what ResourceQuota counts for a pod):
+Ported in behaviour from kube-scheduler (`DeviceClassMapping`, and `createRequestsAndMappings`
+of the dynamicresources plugin), the API server's validation of a container's resources and its
+`PodRequests` (what ResourceQuota counts for a pod):
 - a class backs its `extendedResourceName`, or else `deviceclass.resource.kubernetes.io/<name>`;
   of several classes for one name, the newest wins (then the first by name);
 - every container asks, init containers first: its index counts `initContainers` then
   `containers`. Its requests are `resources.requests`, each defaulting from its limit;
 - an extended resource is a whole number of devices, at least 0. It is not overcommitted: a
   request needs a limit, and equals it. A request for 0 asks for nothing;
-- the scheduler's claim for the pod has one request per container and resource, named
-  `container-<i>-request-<j>`, where j is the resource's place among the container's requests
-  sorted by name. The requests are sorted by name;
+- the scheduler's claim for the pod has a request per regular container or sidecar and resource,
+  named `container-<i>-request-<j>`, where j is the resource's place among the container's
+  requests sorted by name. A plain init container reuses the devices of the containers after it
+  and asks only for what they lack, the largest such ask kept (`_claim_requests`). The requests
+  are sorted by name;
 - the pod as a whole asks for its containers' sum, or for more if an init container asks for
   more. A sidecar (an init container with `restartPolicy: Always`) runs beside the ones after it.
 """
@@ -100,8 +102,9 @@ def pod_extended_resources(obj: Mapping[str, Any], backed: Mapping[str, str]) ->
         names = {resource: f"container-{index}-request-{order[resource]}" for resource in amounts}
         sidecar = init and container.get("restartPolicy") == "Always"
         asked.append(_Asked(amounts, names, short_lived=init and not sidecar, sidecar=sidecar))
+    wanted = sorted({resource for a in asked for resource, count in a.amounts.items() if count > 0})
     requests = sorted(
-        (r for resource in sorted(backed) for r in _claim_requests(asked, resource, backed[resource])),
+        (r for resource in wanted for r in _claim_requests(asked, resource, backed[resource])),
         key=lambda r: r.name,
     )
     totals = _pod_totals(asked)

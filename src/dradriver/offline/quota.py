@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from dradriver.offline.allocation.model import ALL, Claim
-from dradriver.offline.extended import pod_extended_resources
+from dradriver.offline.extended import PodExtendedResources
 from dradriver.offline.workloads import pod_spec
 from dradriver.quantity import Quantity, QuantityError
 
@@ -338,19 +338,18 @@ def _ref(obj: Mapping[str, Any], namespace: str) -> tuple[str, str]:
 
 def admissions(
     claims: Sequence[tuple[Mapping[str, Any], Claim]],
-    workloads: Sequence[Mapping[str, Any]],
+    workloads: Sequence[tuple[Mapping[str, Any], PodExtendedResources | None]],
     extended: Mapping[str, str],
     *,
-    backed: Mapping[str, str] | None = None,
     namespace: str = "default",
     extended_resources: bool = True,
 ) -> list[Admission]:
     """Everything quota admission sees when the input is applied, in order: the claims as given,
     then per workload and pod the claims from its templates and its extended-resource pod and
-    claim. `backed` maps each extended resource a class backs to it
-    (`offline.extended.resource_classes`). Objects without a namespace are in `namespace`. A
-    template no workload names counts as one claim. ExtendedResourceError for a pod's extended
-    resource the API server would refuse."""
+    claim. Each workload comes with what its pods ask for through extended resources
+    (`offline.extended.pod_extended_resources`; None: no pod spec, skipped), as each claim comes
+    parsed. Objects without a namespace are in `namespace`. A template no workload names counts
+    as one claim."""
 
     def usage(claim: Claim) -> dict[str, int]:
         return claim_usage(claim, extended, extended_resources=extended_resources)
@@ -364,9 +363,8 @@ def admissions(
         else:
             out.append(Admission("ResourceClaim", ns, name, f"ResourceClaim {ns}/{name}", usage(claim)))
     named: set[tuple[str, str]] = set()
-    for obj in workloads:
+    for obj, asked in workloads:
         spec = pod_spec(obj)
-        asked = pod_extended_resources(obj, (backed or {}) if extended_resources else {})
         if spec is None or asked is None:
             continue
         ns, name = _ref(obj, namespace)

@@ -12,6 +12,7 @@ import yaml
 
 from dradriver.cli import main
 from dradriver.offline.allocation.model import parse_claim
+from dradriver.offline.extended import pod_extended_resources
 from dradriver.offline.quota import QuotaLedger, admissions, check, devices_name, parse_resource_quota
 from tests.deploy.manifests import OPTIONAL_DEVICECLASSES_DIR, deviceclasses
 
@@ -88,7 +89,8 @@ def test_the_migrated_quota_holds_the_migrated_workload_to_4_gpus(
     [quota] = [o for o in outputs if o["kind"] == "ResourceQuota"]
     templates = [o for o in outputs if o["kind"] == "ResourceClaimTemplate"]
     workloads = [o for o in outputs if o["kind"] == "Deployment"]
-    planned = admissions([(t, parse_claim(t)) for t in templates], workloads, {})
+    read = [(w, pod_extended_resources(w, {})) for w in workloads]
+    planned = admissions([(t, parse_claim(t)) for t in templates], read, {})
     outcomes = check(QuotaLedger([parse_resource_quota(quota)]), planned)
     assert [bool(o.refusals) for o in outcomes] == [False, False, True]
     assert outcomes[2].refusals[0].exceeded == (devices_name("gpu.dradriver.dev"),)
