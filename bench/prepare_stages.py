@@ -7,10 +7,11 @@ this one):
 
 One etcd + kube-apiserver (as bench_vs_go) and one `serve` on 128 fake GPUs, its CDI and
 device-metadata directories on a tmpfs and its checkpoint on disk, as on a node; the same
-client as bench_vs_go sends paced single-claim NodePrepareResources / NodeUnprepareResources
-(--pace-ms apart). `serve` runs with its stages wrapped in `time.perf_counter` (about 1 µs a
-stage), and writes each stage's samples when it ends. Printed: the client's p50 and each
-stage's p50, nested as they call each other.
+client as bench_vs_go sends paced NodePrepareResources / NodeUnprepareResources (--pace-ms
+apart, --batch claims a call). `serve` runs with its stages wrapped in `time.perf_counter` (about
+1 µs a stage), and writes each stage's samples when it ends. Printed: the client's p50 and each
+stage's p50, nested as they call each other (a stage run once per claim, such as the GET, has
+--batch samples per call, and with --batch several run at once).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 #: the label's indent is its nesting.
 STAGES: list[tuple[str, str, str | None, str]] = [
     ("prepare: the gRPC handler", "dradriver.plugin.dra", "_DRAPluginAdapter", "NodePrepareResources"),
+    ("  fetching every claim (GETs and decoding)", "dradriver.prepare.fetch", "ClaimFetcher", "fetch_all"),
     ("  the claim's GET", "dradriver.kube.client", "KubeClient", "get_resource_claim"),
     ("  decoding it", "dradriver.prepare.fetch", None, "decode_claim"),
     ("  Preparer.run", "dradriver.prepare.preparer", "Preparer", "run"),
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--dradriver-python", type=Path, default=Path(sys.executable))
     parser.add_argument("--calls", type=int, default=800, help="paced prepare/unprepare pairs")
     parser.add_argument("--pace-ms", type=float, default=20.0)
+    parser.add_argument("--batch", type=int, default=1, help="claims per call (bench_vs_go's batch: 64)")
     parser.add_argument("--serve-wrapped", type=Path, help=argparse.SUPPRESS)  # the plugin's side
     opts, rest = parser.parse_known_args()
     if opts.serve_wrapped is not None:
@@ -135,12 +138,12 @@ def drive(opts: argparse.Namespace) -> None:
                     client.wait_ready(30)
                     refs = claims["dr"]
                     for n in range(opts.calls + 20):  # the first 20: warm-up
-                        ref = refs[n % len(refs)]
+                        batch = [refs[(n * opts.batch + i) % len(refs)] for i in range(opts.batch)]
                         time.sleep(opts.pace_ms / 1000)
                         started = time.perf_counter()
-                        vs.prepared(client.prepare([ref]), [ref])
+                        vs.prepared(client.prepare(batch), batch)
                         prepared_at = time.perf_counter()
-                        client.unprepare([ref])
+                        client.unprepare(batch)
                         if n >= 20:
                             prepares.append(prepared_at - started)
                             unprepares.append(time.perf_counter() - prepared_at)

@@ -209,7 +209,7 @@ def _hold(_logger: Any, _method: str, event: Any) -> Any:
 
 
 def configure(fmt: LogFormat, level: int = 0, stream: Any = None) -> None:
-    """Route structlog, stdlib logging (grpc, urllib3), warnings and uncaught
+    """Route structlog, stdlib logging (grpc, other libraries), warnings and uncaught
     exceptions to `stream` (stderr), all in one format: JSON lines or readable console text.
 
     Exception records carry the traceback's frames but never local variables (they may hold

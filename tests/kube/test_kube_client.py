@@ -183,6 +183,19 @@ def test_objects_round_trip_as_dicts(fake_api: FakeApiServer, tmp_path: Path) ->
     assert event["metadata"]["namespace"] == "default"
 
 
+def test_a_server_url_with_a_path_prefixes_every_request(fake_api: FakeApiServer, tmp_path: Path) -> None:
+    """A server behind a proxy (`server: https://proxy/k8s/clusters/c-1`): every request goes under
+    its path, as kubectl sends it."""
+    fake_api.write_kubeconfig(tmp_path / "kubeconfig", server=f"{fake_api.url}/k8s/clusters/c-1/")
+    client = client_for(fake_api, tmp_path)
+    seen = len(fake_api.requests)
+    with pytest.raises(NotFoundError):  # the fake serves at its root only
+        client.get_resource_claim("team-a", "c")
+    assert [r.path for r in fake_api.requests_since(seen)] == [
+        "/k8s/clusters/c-1/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c"
+    ]
+
+
 def test_delete_preconditions(fake_api: FakeApiServer, tmp_path: Path) -> None:
     client = client_for(fake_api, tmp_path)
     spec = {"driver": "d", "pool": {"name": "p", "resourceSliceCount": 1}}

@@ -138,7 +138,7 @@ def test_serve_keeps_running_while_the_api_server_is_unreachable(tmp_path: Path)
 def _claim_watches(backend: Backend) -> int:
     """ResourceClaim watches the real API server holds open now (apiserver_longrunning_requests)."""
     response = backend.direct._send("GET", "/metrics", None, None, 10.0)
-    text = response.data.decode()
+    text = response.read().decode()
     return sum(
         int(float(line.rsplit(" ", 1)[1]))
         for line in text.splitlines()

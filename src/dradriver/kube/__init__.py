@@ -1,4 +1,5 @@
-"""Kubernetes API access: the official client underneath, raw JSON dicts on top.
+"""Kubernetes API access: raw JSON dicts over the standard library's HTTP client, its
+connections kept alive (`kube.transport`).
 
 `load_client()` finds cluster access (flag, in-cluster, $KUBECONFIG, ~/.kube/config) and
 returns None when there is none, so `serve` can run node-only.

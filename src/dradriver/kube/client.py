@@ -1,4 +1,5 @@
-"""A thin client for the Kubernetes API: raw JSON in and out over one urllib3 pool, bounded, retried.
+"""A thin client for the Kubernetes API: raw JSON in and out over reused connections
+(`kube.transport`), bounded, retried.
 
 Why not the official `kubernetes` package: its generated methods validate every argument and
 deserialise answers into models (about 11 ms per 128-device slice) where we need dicts, and
@@ -15,15 +16,13 @@ import json
 import os
 import ssl
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlencode
-
-import urllib3
-from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
 from dradriver import __version__
 from dradriver.kube.access import (
@@ -44,6 +43,7 @@ from dradriver.kube.errors import (
     api_error,
 )
 from dradriver.kube.retry import Backoff, parse_retry_after, retryable_status
+from dradriver.kube.transport import SEND_ERRORS, Answer, ConnectError, Connections, SendError
 from dradriver.logs import get_logger
 
 log = get_logger(component="kube")
@@ -128,30 +128,26 @@ def load_client(kubeconfig: str | None = None, **options: Any) -> KubeClient | N
         raise KubeError(f"cannot load {err}") from None
 
 
-def connection_pool(access: Access) -> urllib3.PoolManager:
-    """One pool for all requests to the server; TLS as the access says (client certificates are
-    loaded from a private temporary directory: Python's ssl reads them only from files)."""
-    # As the official client: up to 5 idle connections per core are kept for reuse.
-    options: dict[str, Any] = {"num_pools": 2, "maxsize": (os.cpu_count() or 1) * 5, "retries": False}
-    if access.server.startswith("https:"):
-        context = ssl.create_default_context(cadata=access.ca_pem)
-        if access.insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if access.client_cert is not None:
-            with tempfile.TemporaryDirectory(prefix="dradriver-tls-") as directory:
-                cert, key = Path(directory, "tls.crt"), Path(directory, "tls.key")
-                cert.write_text(access.client_cert[0])
-                key.touch(mode=0o600)
-                key.write_text(access.client_cert[1])
-                try:
-                    context.load_cert_chain(cert, key)
-                except ssl.SSLError as err:
-                    raise AccessError(f"{access.origin}: client-certificate and client-key: {err}") from None
-        options["ssl_context"] = context
-        if access.tls_server_name:
-            options["server_hostname"] = access.tls_server_name
-    return urllib3.PoolManager(**options)
+def tls_context(access: Access) -> ssl.SSLContext | None:
+    """TLS as the access says, for an https server (client certificates are loaded from a private
+    temporary directory: Python's ssl reads them only from files)."""
+    if not access.server.startswith("https:"):
+        return None
+    context = ssl.create_default_context(cadata=access.ca_pem)
+    if access.insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if access.client_cert is not None:
+        with tempfile.TemporaryDirectory(prefix="dradriver-tls-") as directory:
+            cert, key = Path(directory, "tls.crt"), Path(directory, "tls.key")
+            cert.write_text(access.client_cert[0])
+            key.touch(mode=0o600)
+            key.write_text(access.client_cert[1])
+            try:
+                context.load_cert_chain(cert, key)
+            except ssl.SSLError as err:
+                raise AccessError(f"{access.origin}: client-certificate and client-key: {err}") from None
+    return context
 
 
 @dataclass(frozen=True)
@@ -165,36 +161,49 @@ class WatchStream:
 
     The iterator ends when the server ends the watch or the read times out (reconnect from the
     last resourceVersion); an ERROR event raises (GoneError for 410: list again).
+    Lock rule: `_lock` guards `_closed` and `_reading`; the connection is closed by the thread
+    that iterates, or by `close()` when none does (closing it under a reader would break the read).
     """
 
-    def __init__(self, response: Any) -> None:
-        self._response = response
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self._lock = threading.Lock()
         self._closed = False
+        self._reading = False
 
     def __iter__(self) -> Iterator[WatchEvent]:
+        with self._lock:
+            if self._closed:
+                return
+            self._reading = True
         try:
-            for line in _lines(self._response):
+            while line := self._answer.readline():
+                if not line.strip():
+                    continue
                 event = json.loads(line)
                 kind = event.get("type", "")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
                     raise api_error(int(obj.get("code") or 500), json.dumps(obj))
                 yield WatchEvent(kind, obj)
-        except (HTTPError, OSError, ValueError, RecursionError) as err:
+        except (*SEND_ERRORS, ValueError, RecursionError) as err:
             if not self._closed:
                 log.debug("watch stream ended", error=str(err))
         finally:
-            self.close()
+            with self._lock:
+                self._closed = True
+                self._reading = False
+            self._answer.close()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        # shutdown() unblocks a read in progress on another thread; close() alone would not.
-        # It refuses once urllib3 closed the response or pooled the connection (the stream ended).
-        with contextlib.suppress(RuntimeError, ValueError, OSError):
-            self._response.shutdown()
-        self._response.release_conn()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reading = self._reading
+        self._answer.stop()
+        if not reading:
+            self._answer.close()
 
     def __enter__(self) -> WatchStream:
         return self
@@ -216,8 +225,15 @@ class KubeClient:
     ) -> None:
         self._access = access
         self._credentials = Credentials(access)
-        self._pool = connection_pool(access)
         self.timeouts = timeouts or Timeouts()
+        # As the official client: up to 5 idle connections per core are kept for reuse.
+        self._connections = Connections(
+            access.server,
+            tls=tls_context(access),
+            server_name=access.tls_server_name,
+            idle_limit=(os.cpu_count() or 1) * 5,
+            connect_timeout=self.timeouts.connect,
+        )
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
 
@@ -232,7 +248,7 @@ class KubeClient:
         return self._access.token is not None or self._access.token_file is not None
 
     def close(self) -> None:
-        self._pool.clear()
+        self._connections.close()
 
     # -- generic -------------------------------------------------------------------------------
 
@@ -286,48 +302,40 @@ class KubeClient:
         read_timeout: float,
         *,
         accept: str = JSON,
-    ) -> urllib3.BaseHTTPResponse:
-        """Send and return the raw response (not yet read); connection errors -> UnreachableError.
+    ) -> Answer:
+        """Send and return the answer (its body not yet read); connection errors -> UnreachableError.
         A 401 to a renewable token renews it and sends once more."""
-        url = f"{self._access.server}{path}" + (f"?{urlencode(query)}" if query else "")
+        target = path + (f"?{urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         for renew in (True, False):
             headers = {"Accept": accept, "Content-Type": JSON, "User-Agent": USER_AGENT}
             try:
                 if (authorization := self._credentials.header()) is not None:
                     headers["Authorization"] = authorization
-                response = self._pool.request(
-                    method,
-                    url,
-                    body=data,
-                    headers=headers,
-                    timeout=urllib3.Timeout(connect=self.timeouts.connect, read=read_timeout),
-                    preload_content=False,
-                    redirect=False,
+                answer = self._connections.send(
+                    method, target, body=data, headers=headers, read_timeout=read_timeout
                 )
             except AccessError as err:
                 raise KubeError(str(err)) from None
-            except ConnectTimeoutError as err:  # includes connection refused and DNS failures
+            except ConnectError as err:  # refused, DNS, timed out: the request was not sent
                 raise _NotConnectedError(f"{method} {path}: cannot connect to {self.host}: {err}") from err
-            except HTTPError as err:
+            except SendError as err:
                 raise UnreachableError(f"{method} {path}: {err}") from err
-            if response.status != 401 or not renew or not self._credentials.renewable:
-                return response
-            response.drain_conn()
-            response.release_conn()
+            if answer.status != 401 or not renew or not self._credentials.renewable:
+                return answer
+            with contextlib.suppress(SendError):
+                answer.read()
             self._credentials.invalidate()
         raise AssertionError("unreachable")  # the second pass always returns
 
     def _once(self, method: str, path: str, query: list[tuple[str, str]] | None, body: Json | None) -> Json:
-        response = self._send(method, path, query, body, self.timeouts.read)
+        answer = self._send(method, path, query, body, self.timeouts.read)
         try:
-            data = response.read()
-        except HTTPError as err:
+            data = answer.read()
+        except SendError as err:
             raise UnreachableError(f"{method} {path}: reading the answer: {err}") from err
-        if not 200 <= response.status < 300:
-            raise api_error(
-                response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
-            )
+        if not 200 <= answer.status < 300:
+            raise api_error(answer.status, data, retry_after=parse_retry_after(answer.header("Retry-After")))
         try:
             result: Json = json.loads(data) if data else {}
         except (ValueError, RecursionError) as err:
@@ -345,14 +353,14 @@ class KubeClient:
         ]
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        response = self._send("GET", path, query, None, self.timeouts.watch_read, accept=accept)
-        if response.status != 200:
-            data = response.read()
-            response.release_conn()
-            raise api_error(
-                response.status, data, retry_after=parse_retry_after(response.headers.get("Retry-After"))
-            )
-        return WatchStream(response)
+        answer = self._send("GET", path, query, None, self.timeouts.watch_read, accept=accept)
+        if answer.status != 200:
+            try:
+                data = answer.read()
+            except SendError as err:
+                raise UnreachableError(f"GET {path}: reading the answer: {err}") from err
+            raise api_error(answer.status, data, retry_after=parse_retry_after(answer.header("Retry-After")))
+        return WatchStream(answer)
 
     # -- discovery -----------------------------------------------------------------------------
 
@@ -450,17 +458,6 @@ class KubeClient:
 
 class _NotConnectedError(UnreachableError):
     """The connection was never established, so the request surely did not reach the server."""
-
-
-def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[str]:
-    """The lines of a streamed response as they arrive (a watch sends one JSON event a line)."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=False):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line:
-                yield line.decode("utf-8", errors="replace")
 
 
 def _seg(value: str) -> str:
