@@ -94,6 +94,9 @@ def test_files_merge_as_kubectl_merges_them(tmp_path: Path) -> None:
         ),
         ({"client-key-data": "%%%"}, {"server": "https://s"}, "user 'u': client-key-data is not base64"),
         ({}, {}, "cluster 'c': server is not set"),
+        ({}, {"server": "10.0.0.1:6443"}, "cluster 'c': server '10.0.0.1:6443' is not an https://"),
+        ({}, {"server": "https://"}, "cluster 'c': server 'https://' is not an https://"),
+        ({}, {"server": "https://h:port"}, "cluster 'c': server 'https://h:port' is not an https://"),
         ({}, {"server": "https://s", "proxy-url": "http://p"}, "cluster 'c': proxy-url is not supported"),
         (
             {},

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
 from dradriver.files import FileInputError, load_document
 
@@ -127,6 +128,8 @@ def resolve(documents: Sequence[tuple[Path, Mapping[str, Any]]], origin: str) ->
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise AccessError(f"{where}: server is not set")
+    if not _server_url(server):
+        raise AccessError(f"{where}: server {server!r} is not an https:// (or http://) URL with a host")
     if cluster.get("proxy-url"):
         raise AccessError(f"{where}: proxy-url is not supported by dradriver")
     ca_pem = _pem(cluster, "certificate-authority", cluster_dir, where)
@@ -178,6 +181,15 @@ class _UserCredentials(TypedDict, total=False):
     token: str
     token_file: Path
     exec_plugin: ExecPlugin
+
+
+def _server_url(server: str) -> bool:
+    """Whether `server` is a URL requests can be sent to: scheme, host, and a valid port if any."""
+    try:
+        url = urlsplit(server)
+        return url.scheme in ("https", "http") and bool(url.hostname) and url.port != 0
+    except ValueError:  # a port that is no number, or out of range
+        return False
 
 
 def _user_credentials(

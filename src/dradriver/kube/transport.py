@@ -2,12 +2,13 @@
 kept alive and reused.
 
 Why not urllib3: a prepare's work is a claim's GET, and on a node's few cores its CPU time is
-what the call waits for. Through urllib3's pool a GET took 0.45 ms of CPU with eight in flight
-(its URL parsing, header dictionaries, response wrapper and pool queue); over `http.client`
-0.26 ms, and a 64-claim prepare call answered 15 ms sooner (bench/RESULTS.md, issue 36, fourth
-pass). What urllib3's pool did for us is here: idle connections reused (LIFO) up to a bound,
-one dropped by the server noticed before it is used, TLS with a separate server name, a connect
-timeout apart from the read timeout, and a streamed answer that another thread can stop.
+what the call waits for. Through urllib3's pool (its URL parsing, header dictionaries, response
+wrapper and pool queue) 64 GETs took 28 ms of CPU one after the other and 34 ms with eight in
+flight; over `http.client` 16 and 24 ms (bench/RESULTS.md, issue 36, fourth pass).
+
+What urllib3's pool did for us is here: idle connections reused (LIFO) up to a bound, one the
+server closed noticed before it is used, TLS with a separate server name, a connect timeout apart
+from the read timeout, and a streamed answer that another thread can stop.
 """
 
 from __future__ import annotations
