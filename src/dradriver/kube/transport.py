@@ -201,11 +201,12 @@ class Connections:
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:
     """Whether an idle connection was ended by the server: an idle connection has nothing to read
-    unless it was closed (or the server broke the protocol)."""
+    unless it was closed (or the server broke the protocol). poll, not select: any fd number."""
     if conn.sock is None:
         return True
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([conn.sock], [], [], 0)
+        poller.register(conn.sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
