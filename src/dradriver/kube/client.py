@@ -330,12 +330,9 @@ class KubeClient:
 
     def _once(self, method: str, path: str, query: list[tuple[str, str]] | None, body: Json | None) -> Json:
         answer = self._send(method, path, query, body, self.timeouts.read)
-        try:
-            data = answer.read()
-        except SendError as err:
-            raise UnreachableError(f"{method} {path}: reading the answer: {err}") from err
+        data = _read(answer, method, path)
         if not 200 <= answer.status < 300:
-            raise api_error(answer.status, data, retry_after=parse_retry_after(answer.header("Retry-After")))
+            raise _refused(answer, data)
         try:
             result: Json = json.loads(data) if data else {}
         except (ValueError, RecursionError) as err:
@@ -355,11 +352,7 @@ class KubeClient:
             query.append(("fieldSelector", field_selector))
         answer = self._send("GET", path, query, None, self.timeouts.watch_read, accept=accept)
         if answer.status != 200:
-            try:
-                data = answer.read()
-            except SendError as err:
-                raise UnreachableError(f"GET {path}: reading the answer: {err}") from err
-            raise api_error(answer.status, data, retry_after=parse_retry_after(answer.header("Retry-After")))
+            raise _refused(answer, _read(answer, "GET", path))
         return WatchStream(answer)
 
     # -- discovery -----------------------------------------------------------------------------
@@ -458,6 +451,19 @@ class KubeClient:
 
 class _NotConnectedError(UnreachableError):
     """The connection was never established, so the request surely did not reach the server."""
+
+
+def _read(answer: Answer, method: str, path: str) -> bytes:
+    """The whole body of an answer; UnreachableError if it cannot be read."""
+    try:
+        return answer.read()
+    except SendError as err:
+        raise UnreachableError(f"{method} {path}: reading the answer: {err}") from err
+
+
+def _refused(answer: Answer, body: bytes) -> ApiError:
+    """The error an answer that is no success stands for."""
+    return api_error(answer.status, body, retry_after=parse_retry_after(answer.header("Retry-After")))
 
 
 def _seg(value: str) -> str:

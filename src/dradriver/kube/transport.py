@@ -116,14 +116,14 @@ class Connections:
         connect_timeout: float,
     ) -> None:
         url = urlsplit(server)
-        self._https = url.scheme == "https"
+        https = url.scheme == "https"
         self._host = url.hostname or ""
-        self._port = url.port or (443 if self._https else 80)
-        self.base = url.path.rstrip("/")
-        self._tls = (tls or ssl.create_default_context()) if self._https else None
+        self._port = url.port or (443 if https else 80)
+        self._base = url.path.rstrip("/")
+        self._tls = (tls or ssl.create_default_context()) if https else None
         self._server_name = server_name or self._host
         self._idle_limit = idle_limit
-        self.connect_timeout = connect_timeout
+        self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
         self._idle: list[http.client.HTTPConnection] = []
         self._closed = False
@@ -140,7 +140,7 @@ class Connections:
             assert sock is not None
             try:
                 sock.settimeout(read_timeout)
-                conn.request(method, self.base + path, body=body, headers=headers)
+                conn.request(method, self._base + path, body=body, headers=headers)
                 return Answer(self, conn, sock, conn.getresponse())
             except SEND_ERRORS as err:
                 conn.close()
@@ -192,11 +192,11 @@ class Connections:
             return _TLSConnection(
                 self._host,
                 self._port,
-                timeout=self.connect_timeout,
+                timeout=self._connect_timeout,
                 context=self._tls,
                 server_name=self._server_name,
             )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:
