@@ -282,6 +282,10 @@ def _root_is_shared() -> bool:
 
 #: One local cluster per machine (it owns /var/lib/kubelet): a second one waits for this lock.
 MACHINE_LOCK = Path("/var/tmp/dradriver-e2e-cluster.lock")
+#: Written into KUBELET_ROOT by `start`, naming the cluster's work directory. Found by whoever
+#: holds MACHINE_LOCK while no kubelet runs, it marks what a killed run left (its holder is
+#: gone), not another kubelet's state.
+OWNER_MARK = KUBELET_ROOT / ".dradriver-e2e-cluster"
 
 
 class LocalCluster:
@@ -329,8 +333,13 @@ class LocalCluster:
             print(f"waiting for another local cluster to finish (lock {MACHINE_LOCK})", file=sys.stderr)
             fcntl.flock(self._lock, fcntl.LOCK_EX)
         if KUBELET_ROOT.exists() and any(KUBELET_ROOT.iterdir()):
-            self._release_lock()  # and touch nothing: it belongs to someone else
-            raise ClusterError(f"{KUBELET_ROOT} is not empty: another kubelet owns this machine")
+            killed_run = _killed_runs_work_dir()
+            if killed_run is None:
+                self._release_lock()  # and touch nothing: it belongs to someone else
+                raise ClusterError(f"{KUBELET_ROOT} is not empty: another kubelet owns this machine")
+            _remove_leftovers(killed_run)
+        KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
+        OWNER_MARK.write_text(f"{self.work_dir}\n")
         self._host = _HostState(
             chains=_iptables_chains(),
             netns=_netns(),
@@ -731,20 +740,10 @@ state = "{self.work_dir / "containerd/state"}"
             component.stop()
         self._components.clear()
         self.control_plane.stop()
-        self._sweep_container_processes()
-        self._unmount()
+        _kill_processes_of(self.work_dir)
+        _unmount(self.work_dir, keep_netns=self._host.netns)
         self._remove_network()
-        _remove_kubepods_cgroups()
-        for path in (
-            KUBELET_ROOT,
-            self.work_dir / "containerd",
-            self.work_dir / "run",
-            self.work_dir / "etcd",
-        ):
-            shutil.rmtree(path, ignore_errors=True)
-        for directory in CDI_DIRS:
-            for spec in Path(directory).glob("k8s.*-claim_*"):
-                spec.unlink(missing_ok=True)
+        _remove_state(self.work_dir)
         self._host = None
         self._release_lock()
 
@@ -765,53 +764,8 @@ state = "{self.work_dir / "containerd/state"}"
         ):
             time.sleep(0.2)
 
-    def _sweep_container_processes(self) -> None:
-        """Shims and container processes that outlived containerd (killed by their cgroup)."""
-        socket_path = str(self.containerd_socket)
-        for pid in _pids():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if (
-                cmdline
-                and cmdline[0].endswith(b"containerd-shim-runc-v2")
-                and socket_path.encode() in b" ".join(cmdline)
-            ):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        for procs in _kubepods_cgroup_files("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                for pid_text in procs.read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid_text), signal.SIGKILL)
-
-    def _unmount(self) -> None:
-        roots = (str(KUBELET_ROOT), str(self.work_dir / "containerd"), "/run/netns", "/var/run/netns")
-        before = self._host.netns if self._host else set()
-        for _ in range(3):
-            mounts = [
-                line.split()[1]
-                for line in Path("/proc/mounts").read_text().splitlines()
-                if any(line.split()[1] == r or line.split()[1].startswith(r + "/") for r in roots)
-            ]
-            mounts = [m for m in mounts if Path(m).name not in before]
-            if not mounts:
-                break
-            for mount in sorted(mounts, key=len, reverse=True):
-                subprocess.run(["umount", mount], capture_output=True, check=False)
-                subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
-        for name in _netns() - before:
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-
     def _remove_network(self) -> None:
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
-        for rule in (
-            ["-t", "nat", "-D", "PREROUTING", "-j", NAT_CHAIN],
-            ["-t", "nat", "-D", "OUTPUT", "-j", NAT_CHAIN],
-            ["-D", "FORWARD", "-j", FORWARD_CHAIN],
-        ):
-            subprocess.run(["iptables", "-w", *rule], capture_output=True, check=False)
+        _remove_bridge_and_chains()
         if self._host is None:
             return
         # Chains that appeared while the cluster ran (ours, the kubelet's canaries and firewall):
@@ -896,3 +850,85 @@ def _remove_kubepods_cgroups() -> None:
                 directory.rmdir()
         with contextlib.suppress(OSError):
             kubepods.rmdir()
+
+
+def _killed_runs_work_dir() -> Path | None:
+    """The work directory OWNER_MARK names, when no kubelet runs; None when the state in
+    KUBELET_ROOT may be someone else's."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        named = OWNER_MARK.read_text().strip()
+        if named.startswith("/") and not any(_command_line(pid)[:1] == [b"kubelet"] for pid in _pids()):
+            return Path(named)
+    return None
+
+
+def _command_line(pid: int) -> list[bytes]:
+    """The process's arguments, its program by base name; [] when it is gone."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return []
+    return [os.path.basename(args[0]), *args[1:]]
+
+
+def _kill_processes_of(work_dir: Path) -> None:
+    """Every process whose command line names the work directory (the components, containerd's
+    shims), then every process left in the pods' cgroups."""
+    named = str(work_dir).encode()
+    for pid in _pids():
+        args = _command_line(pid)[1:]
+        if pid != os.getpid() and any(a.endswith(named) or named + b"/" in a for a in args):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for procs in _kubepods_cgroup_files("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            for pid_text in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid_text), signal.SIGKILL)
+
+
+def _unmount(work_dir: Path, keep_netns: set[str]) -> None:
+    roots = (str(KUBELET_ROOT), str(work_dir / "containerd"), "/run/netns", "/var/run/netns")
+    for _ in range(3):
+        mounts = [
+            line.split()[1]
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if any(line.split()[1] == r or line.split()[1].startswith(r + "/") for r in roots)
+        ]
+        mounts = [m for m in mounts if Path(m).name not in keep_netns]
+        if not mounts:
+            break
+        for mount in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", mount], capture_output=True, check=False)
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+    for name in _netns() - keep_netns:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+def _remove_bridge_and_chains() -> None:
+    """The pod bridge and the two chains `_network_rules` adds, which carry this suite's names."""
+    subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+    for table, chain in (("nat", NAT_CHAIN), ("filter", FORWARD_CHAIN)):
+        _delete_jumps_to("iptables", table, chain)
+        subprocess.run(["iptables", "-w", "-t", table, "-F", chain], capture_output=True, check=False)
+        subprocess.run(["iptables", "-w", "-t", table, "-X", chain], capture_output=True, check=False)
+
+
+def _remove_state(work_dir: Path) -> None:
+    _remove_kubepods_cgroups()
+    for path in (KUBELET_ROOT, work_dir / "containerd", work_dir / "run", work_dir / "etcd"):
+        shutil.rmtree(path, ignore_errors=True)
+    for directory in CDI_DIRS:
+        for spec in Path(directory).glob("k8s.*-claim_*"):
+            spec.unlink(missing_ok=True)
+
+
+def _remove_leftovers(work_dir: Path) -> None:
+    """What a local cluster killed before its `stop` left: its processes, mounts, network and state.
+    Its network namespaces stay (which were its own is not known); the chains the kubelet added
+    stay too, and the next cluster takes them as the host's."""
+    print(f"removing what a killed local cluster ({work_dir}) left on this machine", file=sys.stderr)
+    _kill_processes_of(work_dir)
+    _unmount(work_dir, keep_netns=_netns())
+    _remove_bridge_and_chains()
+    _remove_state(work_dir)

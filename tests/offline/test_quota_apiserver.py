@@ -164,7 +164,30 @@ def _namespace(api: KubeClient, name: str, quotas: list[dict[str, Any]]) -> Quot
                 "kind": "ServiceAccount", "metadata": {"name": "default"}})  # fmt: skip
     for quota in quotas:
         api.request("POST", f"/api/v1/namespaces/{name}/resourcequotas", body=quota)
-    return QuotaLedger([parse_resource_quota(q) for q in _ready_quotas(api, name, len(quotas))], EXTENDED)
+    ready = _ready_quotas(api, name, len(quotas))
+    _wait_for_admission(api, name)
+    return QuotaLedger([parse_resource_quota(q) for q in ready], EXTENDED)
+
+
+#: Created once a case's quotas are ready; it limits only ConfigMaps, which no case creates.
+SENTINEL = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "sentinel"},
+            "spec": {"hard": {"count/configmaps": "0"}}}  # fmt: skip
+
+
+def _wait_for_admission(api: KubeClient, namespace: str) -> None:
+    """Until the API server's quota admission has the namespace's quotas. It reads them from its
+    own informer, which can lag the quota controller; until then it uses what a live lookup found
+    when the namespace's first quota was created (none), kept 30 s, and admits claims unchecked.
+    The informer delivers quotas in the order they were written, so once a ConfigMap is refused
+    by the sentinel, created after the others' status, admission has that status too."""
+    api.request("POST", f"/api/v1/namespaces/{namespace}/resourcequotas", body=SENTINEL)
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "probe-"}}
+    wait_until(
+        lambda: "quota: sentinel" in (_refusal(api, path, probe) or ""),
+        60,
+        f"the API server's quota admission to have the quotas of {namespace}",
+    )
 
 
 def _refusal(api: KubeClient, path: str, body: dict[str, Any]) -> str | None:
