@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml $(LOCK)
 demo: $(STAMP)
 	$(BIN)/python -m dradriver.demo
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each test file whole in one: its slowest
+# tests wait on purpose (an API outage, kill -9 cycles, a GPU's recovery), so two cores run four.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The real-cluster suite: every test marked `cluster`. It starts a single-node Kubernetes from
 # DRADRIVER_E2E_BIN (a directory of binaries; ../shared/k8s is unpacked when it is there) or uses
