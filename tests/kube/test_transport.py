@@ -112,6 +112,11 @@ def test_an_answer_cut_short_is_a_send_error(server: _Server) -> None:
     answer = connections.send("GET", "/w", body=None, headers={}, read_timeout=0.5)
     with pytest.raises(SendError):
         answer.read()  # the stream never ends: the read times out
+    server.stream_lines = 0
+    assert _get(connections) == b'{"ok": true}'
+    (cut, _), (after, _) = server.seen
+    assert after != cut, "the connection of the answer cut short was used again"
+    connections.close()
 
 
 def test_a_stream_read_on_one_thread_is_stopped_from_another(server: _Server) -> None:
