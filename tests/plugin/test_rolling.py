@@ -230,10 +230,11 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
             server.legacy_kubelet()
             # A new socket may get the freed inode number again: its change time tells them apart.
             first = identity(paths.registration_socket)
+            assert first is not None
             peer.close()
             peer_path.unlink()
             wait_for(
-                lambda: identity(paths.registration_socket) != first,
+                lambda: identity(paths.registration_socket) not in (first, None),
                 10,
                 "the registration socket to be re-created",
             )
@@ -245,8 +246,12 @@ def test_with_an_old_kubelet_the_instance_registers_again_when_the_other_leaves(
             server.stop(grace=0)
 
 
-def identity(path: Path) -> tuple[int, int]:
-    st = os.stat(path)
+def identity(path: Path) -> tuple[int, int] | None:
+    """Inode and change time; None while the socket is being re-created (removed, not yet bound)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
     return st.st_ino, st.st_ctime_ns
 
 
