@@ -126,7 +126,11 @@ def test_fatal_xid_makes_the_device_unhealthy_then_it_recovers_by_itself() -> No
         assert recovered.startswith("healthy again at ")
         assert recovered.endswith(f"no fatal event for 20s and the GPU passed its re-check (was: {message})")
         wait_for(lambda: 'dradriver_devices{health="healthy",type="gpu"} 8.0' in scrape(port), 10, "metrics")
-        assert "device health: all 8 devices healthy (source: fake)" in status(serve).stdout
+        wait_for(
+            lambda: "device health: all 8 devices healthy (source: fake)" in status(serve).stdout,
+            20,
+            "the health file (written after the board the metrics show)",
+        )
 
 
 def test_each_kubelet_opens_its_health_version_and_every_stream_sees_the_same_change() -> None:
@@ -291,7 +295,7 @@ def test_health_monitoring_can_be_switched_off() -> None:
         assert refused.returncode == 2
         assert "health.json not found" in refused.stderr
         assert "no device health report" in status(serve).stdout
-        assert "health monitoring is disabled" in serve.log()
+        wait_for(lambda: "health monitoring is disabled" in serve.log(), 10, "the line saying so")
 
 
 def node_events(backend: Backend, node: str) -> list[dict[str, Any]]:
@@ -342,7 +346,7 @@ def test_unhealthy_device_is_tainted_on_the_slice_and_untainted_when_healthy(bac
         assert all(t == [] for name, t in device_taints(backend, node).items() if name != "gpu-4")
 
         wait_for(lambda: device_taints(backend, node)["gpu-4"] == [], 15, "the taint to go")
-        assert stream.latest["gpu-4"][0] == Health.HEALTHY
+        stream.wait("gpu-4", Health.HEALTHY)
         wait_for(lambda: len(node_events(backend, node)) >= 2, 10, "Node Events")
         events = node_events(backend, node)
         assert [(e["reason"], e["type"]) for e in events] == [

@@ -74,6 +74,8 @@ def test_a_call_that_outlives_its_deadline_is_logged_and_counted() -> None:
                     fcntl.flock(held, fcntl.LOCK_UN)
                 wait_for(lambda: FAILED in metric_lines(port), 30, f"{FAILED} (log: {serve.log()})")
                 assert f"{COUNTED} 1.0" in metric_lines(port)
+                # The call's line follows its metrics.
+                wait_for(lambda: call_records(serve.log(), "NodePrepareResources"), 10, "the call's line")
                 (record,) = call_records(serve.log(), "NodePrepareResources")
                 assert record["unanswered"] == "DEADLINE_EXCEEDED"
                 assert record["level"] == "warning"

@@ -191,7 +191,10 @@ def test_200_half_open_connections_do_not_make_200_threads() -> None:
     port = free_port()
     with running_serve(["--metrics-address", f"127.0.0.1:{port}"]) as serve:
         assert serve.proc is not None
-        wait_for(lambda: http_get(port, "/healthz") == (200, "ok\n"), HANG_SECONDS, "the probe server")
+        # Counted once start-up's threads run (ready) and the metrics lane has its worker.
+        kubeletclient.register(serve.registration_socket)
+        wait_for(lambda: http_get(port, "/readyz") == (200, "ok\n"), HANG_SECONDS, "readiness")
+        assert http_get(port, "/metrics")[0] == 200
         before = _threads(serve.proc.pid)
         half_open = []
         try:

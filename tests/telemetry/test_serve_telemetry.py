@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,21 @@ def in_pod(proc: Path, pid: int, pod_uid: str) -> None:
     (proc / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/{slice_name}/cri-containerd-1.scope\n")
 
 
-def samples(port: int, name: str) -> list[Any]:
+def samples(port: int, *names: str) -> list[Any]:
+    """The samples of `names` in one scrape."""
     status, text = http_get(port, "/metrics")
     assert status == 200
-    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name in names]
+
+
+def values(port: int, names: Sequence[str], **labels: str) -> dict[str, float]:
+    """The first value of each of `names` with `labels`, from one scrape (a reading between two
+    scrapes would move the series apart); 0.0 for a series not there."""
+    found: dict[str, float] = {}
+    for s in samples(port, *names):
+        if labels.items() <= s.labels.items():
+            found.setdefault(s.name, s.value)
+    return {name: found.get(name, 0.0) for name in names}
 
 
 def value(port: int, name: str, **labels: str) -> float | None:
@@ -159,9 +171,12 @@ def test_a_claims_load_shows_in_its_series_split_per_pod_and_an_idle_claim_gets_
                 )
 
             wait_for(lambda: idle_events() == [("Pod", "pod-c"), ("ResourceClaim", "idle")], 15, "Events")
-            idle_seconds = value(port, "dradriver_claim_idle_seconds", claim_name="idle")
-            assert idle_seconds is not None
-            assert idle_seconds >= 1
+            # The Events are sent as the reading is taken, before /metrics serves it.
+            wait_for(
+                lambda: (value(port, "dradriver_claim_idle_seconds", claim_name="idle") or 0) >= 1,
+                10,
+                "the idle seconds",
+            )
             assert value(port, "dradriver_claim_idle_seconds", claim_name="busy") is None
             assert "claim idle" in serve.log()
         finally:
@@ -235,7 +250,7 @@ def test_a_claims_cost_counters_carry_on_across_a_serve_killed_and_restarted() -
                 10,
                 f"busy time (log: {serve.log()})",
             )
-            before = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
+            before = values(port, (allocated, busy), claim_name="train")
             assert value(port, "dradriver_gpu_allocated_devices", claim_name="train") == 1
             assert before[busy] <= before[allocated]
             serve.kill()
@@ -249,7 +264,7 @@ def test_a_claims_cost_counters_carry_on_across_a_serve_killed_and_restarted() -
                 20,
                 f"a reading of the restarted serve (log: {serve.log()})",
             )
-            after = {name: value(port, name, claim_name="train") or 0.0 for name in (allocated, busy)}
+            after = values(port, (allocated, busy), claim_name="train")
             assert after[allocated] > before[allocated]
             assert after[busy] >= before[busy] > 0
         finally:
