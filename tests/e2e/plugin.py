@@ -7,7 +7,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,12 @@ class CdiRecorder:
     def specs(self) -> list[dict[str, Any]]:
         names = self.deployment.exec("sh", "-c", f"ls {SEEN_DIR} 2>/dev/null || true").split()
         return [json.loads(self.deployment.exec("cat", f"{SEEN_DIR}/{name}")) for name in names]
+
+
+def _one_ready(pods: list[dict[str, Any]]) -> bool:
+    """One pod, every container of it ready (a pod just created reports none yet)."""
+    statuses = pods[0]["status"].get("containerStatuses", []) if len(pods) == 1 else []
+    return bool(statuses) and all(c["ready"] for c in statuses)
 
 
 @dataclass
@@ -130,7 +136,8 @@ class Deployment:
         self.cluster.kubectl(
             "-n", NAMESPACE, "rollout", "status", f"daemonset/{DAEMONSET}", "--timeout=180s", timeout=200
         )
-        wait(lambda: len(self.pods()) == 1, 60, "exactly one plugin pod on the node")
+        # Rollout status may judge a DaemonSet status the controller has not updated yet.
+        wait(lambda: _one_ready(self.pods()), 120, "exactly one plugin pod on the node, ready")
 
     def wait_replaced(self, old_pod: str, timeout: float = 180) -> int:
         """Wait until the node's one plugin pod is a ready one other than `old_pod`, watching the
@@ -141,11 +148,7 @@ class Deployment:
             nonlocal most
             pods = self.pods()
             most = max(most, len(pods))
-            return (
-                len(pods) == 1
-                and pods[0]["metadata"]["name"] != old_pod
-                and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
-            )
+            return _one_ready(pods) and pods[0]["metadata"]["name"] != old_pod
 
         wait(replaced, timeout, "the new plugin pod ready and the old one gone")
         return most
@@ -172,6 +175,15 @@ class Deployment:
             "-n", NAMESPACE, "exec", self.pod(), "-c", "plugin", "--", *command, check=check
         )
         return done.stdout
+
+    def set_utilization(self, devices: Sequence[str], percent: int) -> None:
+        """The fake backend's SM utilisation of `devices` (it outlives the pod: the node's state)."""
+        names = " ".join(devices)
+        self.exec(
+            "sh",
+            "-c",
+            f"for d in {names}; do dradriver fake-event --device $d --utilization {percent} || exit; done",
+        )
 
     def status(self) -> dict[str, Any]:
         """`dradriver status -o json` inside the plugin pod: the checkpoint as the node has it."""
@@ -217,6 +229,27 @@ class Deployment:
             stderr=subprocess.DEVNULL,
         )
         try:
+            # Copying once its directory is there: a short Job's spec may come and go at once.
+            wait(
+                lambda: (
+                    self.cluster.kubectl(
+                        "-n",
+                        NAMESPACE,
+                        "exec",
+                        pod,
+                        "-c",
+                        "plugin",
+                        "--",
+                        "test",
+                        "-d",
+                        SEEN_DIR,
+                        check=False,
+                    ).returncode
+                    == 0
+                ),
+                30,
+                "the CDI recorder to run",
+            )
             yield CdiRecorder(self)
         finally:
             self.exec("touch", f"{SEEN_DIR}/.stop", check=False)

@@ -159,24 +159,16 @@ def run_seconds(pod: dict[str, Any]) -> float:
     return (finished - started).total_seconds()
 
 
-def set_utilization(deployment: Deployment, devices: str, percent: int) -> None:
-    deployment.exec(
-        "sh",
-        "-c",
-        f"for d in {devices}; do dradriver fake-event --device $d --utilization {percent} || exit; done",
-    )
-
-
 def test_a_real_prometheus_computes_gpu_hours_per_namespace_as_the_claims_were_held(
     real_cluster: RealCluster, fake_deployment: Deployment, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     tool("prometheus")
     real_cluster.require_local("Prometheus on this host scrapes the plugin pod's IP")
     fake_deployment.set_env(DRADRIVER_TELEMETRY_INTERVAL=f"{TELEMETRY_SECONDS:g}")
-    devices = " ".join(fake_deployment.devices())
+    devices = fake_deployment.devices()
     # The fake telemetry outlives the deployment (the node's state directory): idle again after.
-    request.addfinalizer(lambda: set_utilization(fake_deployment, devices, 0))
-    set_utilization(fake_deployment, devices, UTILIZATION)
+    request.addfinalizer(lambda: fake_deployment.set_utilization(devices, 0))
+    fake_deployment.set_utilization(devices, UTILIZATION)
     (plugin,) = fake_deployment.pods()
     docs = documents()
     with prometheus(tmp_path, f"{plugin['status']['podIP']}:8080") as server:
@@ -186,13 +178,19 @@ def test_a_real_prometheus_computes_gpu_hours_per_namespace_as_the_claims_were_h
                 real_cluster, docs, lambda p: p["status"].get("phase") == "Succeeded", 180, "the pods done"
             )
             wait_unprepared(fake_deployment)
-            held = allocations(fake_deployment.all_logs())
             claims = {
                 (p["metadata"]["namespace"], p["metadata"]["name"]): p["status"]["resourceClaimStatuses"][0][
                     "resourceClaimName"
                 ]
                 for p in pods
             }
+
+            def logged() -> dict[str, float] | None:
+                # An "unprepared" line follows the state wait_unprepared reads (it waits for the answer).
+                held = allocations(fake_deployment.all_logs())
+                return held if all(f"{ns}/{claim}" in held for (ns, _), claim in claims.items()) else None
+
+            held = wait(logged, 30, "every claim's prepared and unprepared lines")
             truth = {key: held[f"{key[0]}/{claim}"] for key, claim in claims.items()}
 
             # Await the scrape that found the claims' series gone, then a rule evaluation after it.

@@ -158,8 +158,14 @@ def test_cuda_loads_and_sees_exactly_its_gpus_in_each_image(
                 seen[name] = probed = cuda.parse_probe(log)
                 assert pod["status"]["phase"] == "Succeeded", f"{name}: {log}"
                 assert probed.ok, f"{name}: {log}"
-                devices = allocated(history, pod)
-                assert len(devices) == PODS[name][0], (name, devices)
+                # The history is a watch's, read on its own thread.
+                devices = wait(
+                    lambda pod=pod, name=name: (
+                        found if len(found := allocated(history, pod)) == PODS[name][0] else None
+                    ),
+                    30,
+                    f"{name}'s {PODS[name][0]} allocated device(s) in the claim history",
+                )
                 uuids = {gpus[d].uuid for d in devices}
                 assert set(probed.devices) == {cuda.bare_uuid(u) for u in uuids}, (name, log)
                 assert {line.rsplit("UUID: ", 1)[1].rstrip(")") for line in probed.nvidia_smi} == uuids, log

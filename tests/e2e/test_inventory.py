@@ -125,11 +125,15 @@ def test_profile_changes_reach_the_slices_and_the_scheduler(
         wait(lambda: taints(deployment, "gpu-1") != [], 30, "gpu-1 tainted")
         assert taints(deployment, "gpu-1") == [(f"{DRIVER}/unhealthy", "device-gone")]
         assert deployment.devices() == ["gpu-0", "gpu-1"]
-        events = real_cluster.get_json(
-            "events", "-n", NODE_EVENTS_NAMESPACE, "--field-selector", "reason=DeviceUnhealthy"
-        )["items"]
-        assert isinstance(events, list)
-        assert any("gpu-1" in e["message"] and "no longer on the node" in e["message"] for e in events)
+
+        def gone_event() -> bool:
+            # Sent from the Events queue: it may follow the taint.
+            events: Any = real_cluster.get_json(
+                "events", "-n", NODE_EVENTS_NAMESPACE, "--field-selector", "reason=DeviceUnhealthy"
+            )["items"]
+            return any("gpu-1" in e["message"] and "no longer on the node" in e["message"] for e in events)
+
+        wait(gone_event, 30, "the DeviceUnhealthy Event of gpu-1")
 
         real_cluster.kubectl("delete", "pod", holder, "--wait=true")
         wait(lambda: deployment.devices() == ["gpu-0"], 60, "gpu-1 gone once its claim is unprepared")

@@ -22,6 +22,7 @@ from dradriver.kube import ApiError
 from dradriver.offline.quota import devices_name
 from tests.e2e.plugin import Deployment, wait
 from tests.e2e.realcluster import RealCluster
+from tests.offline.quota_admission import wait_for_admission
 from tests.release.release import ReleaseDirectory
 
 pytestmark = pytest.mark.cluster
@@ -89,6 +90,7 @@ def test_the_api_server_refuses_what_dry_run_said_with_its_message(
     path = f"/api/v1/namespaces/{namespace}/resourcequotas/gpus"
     wait(lambda: set(api.request("GET", path).get("status", {}).get("used") or {}) == {GPUS, SHARES}, 60,
          "the quota controller to fill the quota's status")  # fmt: skip
+    wait_for_admission(api, namespace)  # admission's own informer may lag the status
 
     claims = [claim(f"gpu-{n}", "gpu.dradriver.dev") for n in range(3)]
     claims += [claim(f"share-{n}", "gpu-share.gpu.dradriver.dev") for n in range(2)]

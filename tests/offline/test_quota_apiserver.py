@@ -43,6 +43,7 @@ from tests.e2e.cluster import ControlPlane, missing_binaries, node_ip
 from tests.e2e.processes import Component, free_port, wait_until
 from tests.e2e.realcluster import BIN_ENV
 from tests.offline.migrate.test_quota import DEVICE_PLUGIN_QUOTA
+from tests.offline.quota_admission import refusal, wait_for_admission
 
 pytestmark = pytest.mark.cluster
 
@@ -165,40 +166,8 @@ def _namespace(api: KubeClient, name: str, quotas: list[dict[str, Any]]) -> Quot
     for quota in quotas:
         api.request("POST", f"/api/v1/namespaces/{name}/resourcequotas", body=quota)
     ready = _ready_quotas(api, name, len(quotas))
-    _wait_for_admission(api, name)
+    wait_for_admission(api, name)
     return QuotaLedger([parse_resource_quota(q) for q in ready], EXTENDED)
-
-
-#: Created once a case's quotas are ready; it limits only ConfigMaps, which no case creates.
-SENTINEL = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "sentinel"},
-            "spec": {"hard": {"count/configmaps": "0"}}}  # fmt: skip
-
-
-def _wait_for_admission(api: KubeClient, namespace: str) -> None:
-    """Until the API server's quota admission has the namespace's quotas. It reads them from its
-    own informer, which can lag the quota controller; until then it uses what a live lookup found
-    when the namespace's first quota was created (none), kept 30 s, and admits claims unchecked.
-    The informer delivers quotas in the order they were written, so once a ConfigMap is refused
-    by the sentinel, created after the others' status, admission has that status too."""
-    api.request("POST", f"/api/v1/namespaces/{namespace}/resourcequotas", body=SENTINEL)
-    path = f"/api/v1/namespaces/{namespace}/configmaps"
-    probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "probe-"}}
-    wait_until(
-        lambda: "quota: sentinel" in (_refusal(api, path, probe) or ""),
-        60,
-        f"the API server's quota admission to have the quotas of {namespace}",
-    )
-
-
-def _refusal(api: KubeClient, path: str, body: dict[str, Any]) -> str | None:
-    """The API server's message when it refuses to create `body` (403 Forbidden); None when created."""
-    try:
-        api.request("POST", path, body=body)
-    except ApiError as err:
-        if err.status != 403:
-            raise
-        return err.message
-    return None
 
 
 def _agrees(ours: set[str], theirs: str | None) -> bool:
@@ -219,7 +188,7 @@ def test_admission_agrees_with_the_api_server(api: KubeClient) -> None:
             claim["metadata"]["namespace"] = namespace
             refusals = ledger.admit(namespace, claim_usage(parse_claim(claim), EXTENDED))
             ours = {r.forbidden(claim["metadata"]["name"]) for r in refusals}
-            theirs = _refusal(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", claim)
+            theirs = refusal(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", claim)
             refused += theirs is not None
             compared += 1
             if not _agrees(ours, theirs):
@@ -371,7 +340,7 @@ def test_pods_asking_an_extended_resource_agree_with_the_api_server(api: KubeCli
             planned = admissions([], read, EXTENDED, namespace=namespace)
             usage = next((a.usage for a in planned if a.kind == "Pod"), {})
             ours = {r.forbidden(f"pod-{i}", "pods") for r in ledger.admit(namespace, usage)}
-            theirs = _refusal(api, f"/api/v1/namespaces/{namespace}/pods", pod)
+            theirs = refusal(api, f"/api/v1/namespaces/{namespace}/pods", pod)
             refused += theirs is not None
             compared += 1
             if not _agrees(ours, theirs):
