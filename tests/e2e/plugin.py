@@ -209,44 +209,16 @@ class Deployment:
             f"mkdir -p {SEEN_DIR}; i=0; while [ ! -e {SEEN_DIR}/.stop ] && [ $i -lt 6000 ]; do "
             f'for f in {pattern}; do [ -e "$f" ] && cp "$f" {SEEN_DIR}/; done; sleep 0.05; i=$((i+1)); done'
         )
+        in_pod = ("-n", NAMESPACE, "exec", pod, "-c", "plugin", "--")
         watcher = subprocess.Popen(
-            [
-                kubectl(),
-                "--kubeconfig",
-                str(self.cluster.kubeconfig),
-                "-n",
-                NAMESPACE,
-                "exec",
-                pod,
-                "-c",
-                "plugin",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
+            [kubectl(), "--kubeconfig", str(self.cluster.kubeconfig), *in_pod, "sh", "-c", script],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
             # Copying once its directory is there: a short Job's spec may come and go at once.
             wait(
-                lambda: (
-                    self.cluster.kubectl(
-                        "-n",
-                        NAMESPACE,
-                        "exec",
-                        pod,
-                        "-c",
-                        "plugin",
-                        "--",
-                        "test",
-                        "-d",
-                        SEEN_DIR,
-                        check=False,
-                    ).returncode
-                    == 0
-                ),
+                lambda: self.cluster.kubectl(*in_pod, "test", "-d", SEEN_DIR, check=False).returncode == 0,
                 30,
                 "the CDI recorder to run",
             )
