@@ -108,15 +108,17 @@ def one(samples: list[Any], **labels: str) -> Any:
 
 
 def test_a_pods_load_shows_in_its_claims_series_split_per_pod_and_an_idle_claim_gets_events(
-    real_cluster: RealCluster, fake_deployment: Deployment
+    real_cluster: RealCluster, fake_deployment: Deployment, request: pytest.FixtureRequest
 ) -> None:
     fake_deployment.set_env(
         DRADRIVER_TELEMETRY_INTERVAL="1", DRADRIVER_IDLE_THRESHOLD="5", DRADRIVER_IDLE_WINDOW="3"
     )
     documents = workloads()
     # Every device busy before a claim is prepared: only the idle claim's, once known, goes idle
-    # (the shared claim's pods take longer than the idle window to start).
+    # (the shared claim's pods take longer than the idle window to start). The fake telemetry
+    # outlives the deployment (the node's state directory): idle again after.
     devices = fake_deployment.devices()
+    request.addfinalizer(lambda: fake_deployment.set_utilization(devices, 0))
     fake_deployment.set_utilization(devices, 70)
     real_cluster.kubectl("apply", "-f", str(IDLE_EVENTS_RBAC))  # Events in the tenants' namespaces
     real_cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
@@ -144,6 +146,7 @@ def test_a_pods_load_shows_in_its_claims_series_split_per_pod_and_an_idle_claim_
 
         found = wait(loaded, 75, "the shared device's load split per pod in /metrics")
         series = one(found["dradriver_gpu_sm_utilization_ratio"], device=device)
+        assert series.value == pytest.approx(0.7)
         assert series.labels["claim_name"] == "telemetry-shared"
         assert series.labels["claim_uid"] == claim["metadata"]["uid"]
         assert series.labels["sharing"] == "TimeSlicing(Default)"
@@ -196,4 +199,3 @@ def test_a_pods_load_shows_in_its_claims_series_split_per_pod_and_an_idle_claim_
         real_cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=yaml.safe_dump_all(documents))
         real_cluster.kubectl("delete", "-f", str(IDLE_EVENTS_RBAC))
         wait_unprepared(fake_deployment)
-        fake_deployment.set_utilization(devices, 0)  # the next test's devices idle, as they were

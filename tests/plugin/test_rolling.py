@@ -107,9 +107,9 @@ def test_two_instances_register_side_by_side_with_their_own_sockets() -> None:
             assert registration.endpoint == str(serve.plugins_dir / DRIVER / f"dra-{pod}.sock")
             with kubeletclient.DRAClient(registration.endpoint, registration.service) as client:
                 assert dict(client.prepare([]).claims) == {}
-        # The second instance offered itself to the kubelet only once it could serve.
         # Logged once the registration socket it answered on is up.
         wait_for(lambda: "registering now" in new.log(), 10, "the registration's line")
+        # The second instance offered itself to the kubelet only once it could serve.
         log = new.log()
         assert log.index('"driver ready"') < log.index("registering now that the driver is ready")
         assert "registering now" not in old.log()

@@ -63,17 +63,16 @@ def samples(port: int, *names: str) -> list[Any]:
 
 def values(port: int, names: Sequence[str], **labels: str) -> dict[str, float]:
     """The first value of each of `names` with `labels`, from one scrape (a reading between two
-    scrapes would move the series apart); 0.0 for a series not there."""
+    scrapes would move the series apart); a series not there is left out."""
     found: dict[str, float] = {}
     for s in samples(port, *names):
         if labels.items() <= s.labels.items():
             found.setdefault(s.name, s.value)
-    return {name: found.get(name, 0.0) for name in names}
+    return found
 
 
 def value(port: int, name: str, **labels: str) -> float | None:
-    found = [s.value for s in samples(port, name) if labels.items() <= s.labels.items()]
-    return found[0] if found else None
+    return values(port, (name,), **labels).get(name)
 
 
 def test_a_claims_load_shows_in_its_series_split_per_pod_and_an_idle_claim_gets_events(
